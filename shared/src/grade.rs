@@ -1,0 +1,152 @@
+//! What grading produces and how it fails.
+//!
+//! A [`Grade`] is one strategy's verdict on one output. A [`Fault`] is a failure to produce or
+//! grade at all; it says whether trying again could help ([`Fault::is_transient`]) and, for rate
+//! limits, when. Strategies and runners never retry or sleep themselves: the executor (locally)
+//! or the worker's delay queues (in the service) own retries.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One strategy's verdict on one output.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Grade {
+    /// In [0, 1].
+    pub score: f64,
+    pub passed: bool,
+    /// Strategy-specific details (design §4, "details" column).
+    #[serde(default)]
+    pub details: Value,
+    /// Per rubric criterion: `{name: {score, scale, normalized, weight, reasoning}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rubric_scores: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_patterns: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_errors: Option<Vec<SchemaError>>,
+    /// Tokens and cost spent grading (LLM-backed strategies).
+    #[serde(default, skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
+}
+
+impl Grade {
+    /// A grade with the score clamped into [0, 1] (NaN becomes 0).
+    pub fn new(score: f64, passed: bool, details: Value) -> Self {
+        Grade {
+            score: clamp_unit(score),
+            passed,
+            details,
+            ..Grade::default()
+        }
+    }
+}
+
+/// Clamps into [0, 1]; NaN becomes 0.
+pub fn clamp_unit(v: f64) -> f64 {
+    if v.is_nan() {
+        0.0
+    } else {
+        v.clamp(0.0, 1.0)
+    }
+}
+
+/// A JSON Schema violation, as the report spec seed has it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SchemaError {
+    /// JSON pointer into the instance.
+    pub path: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<String>,
+}
+
+/// Tokens and money spent on one step.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Usage {
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cost_usd: f64,
+}
+
+impl Usage {
+    pub fn is_zero(&self) -> bool {
+        self.input_tokens == 0 && self.output_tokens == 0 && self.cost_usd == 0.0
+    }
+
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cost_usd += other.cost_usd;
+    }
+
+    pub fn total_tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+/// A failure to produce or grade an output.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fault {
+    /// Trying again may succeed: a timeout, HTTP 429/5xx, a dropped connection.
+    #[error("transient: {message}")]
+    Transient {
+        message: String,
+        /// The provider asked us to wait this long (`Retry-After`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
+    },
+    /// Trying again will fail the same way: a crashing script, a bad definition.
+    #[error("{message}")]
+    Permanent { message: String },
+    /// The case ran past its timeout.
+    #[error("timed out after {timeout_ms} ms")]
+    Timeout { timeout_ms: u64 },
+}
+
+impl Fault {
+    pub fn transient(message: impl Into<String>) -> Self {
+        Fault::Transient {
+            message: message.into(),
+            retry_after_ms: None,
+        }
+    }
+
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Fault::Permanent {
+            message: message.into(),
+        }
+    }
+
+    /// Whether a later attempt could succeed. Timeouts count: a hang may be a passing blip.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Fault::Transient { .. } | Fault::Timeout { .. })
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Fault::Transient {
+                retry_after_ms: Some(ms),
+                ..
+            } => Some(Duration::from_millis(*ms)),
+            _ => None,
+        }
+    }
+}
+
+/// A tool call read from a transcript (for `tool_usage`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ToolCall {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Value,
+}

@@ -1,0 +1,24 @@
+//! skilleval's domain: everything that evaluates a skill, with no process-level wiring.
+//!
+//! The flow every binary follows is `load package -> plan jobs -> execute one job -> aggregate
+//! results -> render report`:
+//!
+//! - [`package`] opens a skill folder or ZIP (hardened against hostile archives), reads
+//!   `SKILL.md`, converts any accepted eval format into the one [`model`], and validates it,
+//!   reporting every [`problem`] at once with a JSON pointer.
+//! - [`plan`] turns a validated package into [`plan::Job`]s, one per test case, each carrying
+//!   the resolved case so whoever executes it needs nothing else.
+//! - [`executor`] runs one job: a [`runner`] produces the output (sandboxed by [`sandbox`] when
+//!   the code is the package's), a [`strategy`] grades it under the case's timeout.
+//! - [`summary`] aggregates job results into statistics and a verdict; [`report`] renders them
+//!   as Markdown or JSON, and [`artifacts`] writes the skill-creator compatible files.
+//!
+//! The CLI feeds jobs from an in-process pool; the worker feeds them from RabbitMQ. Both call
+//! the same [`executor::Executor`].
+
+pub mod grade;
+pub mod model;
+pub mod problem;
+pub mod runner;
+pub mod sandbox;
+pub mod strategy;

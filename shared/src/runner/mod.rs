@@ -1,0 +1,95 @@
+//! Output runners: how a test case's output is produced before it is graded.
+//!
+//! `given` takes a recorded output supplied with the case or the job; `command` runs a package
+//! script in the sandbox with the test input as JSON on stdin. LLM runners register here too.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::grade::{Fault, ToolCall, Usage};
+use crate::model::{Given, RunnerConfig, TestCase};
+use crate::strategy::GradeEnv;
+
+pub mod command;
+pub mod given;
+pub mod transcript;
+
+/// What a runner is asked to produce.
+#[derive(Debug, Clone, Copy)]
+pub struct ProduceRequest<'a> {
+    /// The resolved case: prompt templated, strategy filled in.
+    pub case: &'a TestCase,
+    pub runner: &'a RunnerConfig,
+    /// A recorded output sent with the job (production samples), before the case's own.
+    pub given: Option<&'a Given>,
+    /// Package-level environment from `setup.environment`.
+    pub environment: &'a BTreeMap<String, String>,
+}
+
+/// A produced output.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Produced {
+    /// The text that is graded.
+    pub output: String,
+    /// Tool calls read from the transcript, when there was one.
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// Tokens and cost spent producing the output.
+    pub usage: Usage,
+    /// The output was cut at the sandbox's size limit.
+    pub truncated: bool,
+    /// Extra facts for the result's details (stderr tail, exit code...).
+    pub details: Value,
+}
+
+/// Produces a test case's output.
+#[async_trait]
+pub trait OutputRunner: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Whether this runner calls a model.
+    fn needs_model(&self) -> bool {
+        false
+    }
+
+    async fn produce(&self, req: &ProduceRequest<'_>, env: &GradeEnv) -> Result<Produced, Fault>;
+}
+
+/// Runners by name.
+#[derive(Clone, Default)]
+pub struct RunnerRegistry {
+    by_name: BTreeMap<&'static str, Arc<dyn OutputRunner>>,
+}
+
+impl fmt::Debug for RunnerRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunnerRegistry")
+            .field("runners", &self.by_name.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl RunnerRegistry {
+    /// `given` and `command`.
+    pub fn builtin() -> Self {
+        RunnerRegistry::default()
+            .with(Arc::new(given::GivenRunner))
+            .with(Arc::new(command::CommandRunner))
+    }
+
+    pub fn with(mut self, runner: Arc<dyn OutputRunner>) -> Self {
+        self.by_name.insert(runner.name(), runner);
+        self
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn OutputRunner>> {
+        self.by_name.get(name)
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.by_name.keys().copied().collect()
+    }
+}

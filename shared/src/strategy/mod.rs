@@ -1,0 +1,160 @@
+//! Grading strategies: one file per strategy, all behind [`Strategy`], registered by name in
+//! [`StrategyRegistry::builtin`].
+//!
+//! A strategy has two phases. [`Strategy::compile`] runs once per test-case definition (at
+//! validation and when a worker first sees a case): it checks the case's fields, reports every
+//! problem with a JSON pointer, and builds a [`Grader`] holding the compiled artefacts (regexes,
+//! schema validators). [`Grader::grade`] then runs once per output and never recompiles.
+//! Graders are async so strategies that call HTTP (LLM judges, embeddings) plug in through
+//! [`StrategyRegistryBuilder::register`] without touching the executor or the runners.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::grade::{Fault, Grade, ToolCall};
+use crate::model::{Profile, TestCase};
+use crate::problem::Problem;
+use crate::sandbox::Sandbox;
+
+/// A grading strategy, registered by name.
+pub trait Strategy: Send + Sync {
+    /// The name test cases use in `evaluation.strategy`.
+    fn name(&self) -> &'static str;
+
+    /// Whether grading calls a model (the CLI says which cases need one when none is configured).
+    fn needs_model(&self) -> bool {
+        false
+    }
+
+    /// Checks the case and builds its grader. Problems carry pointers under `ctx.pointer`.
+    fn compile(&self, case: &TestCase, ctx: &CompileContext<'_>) -> Result<Arc<dyn Grader>, Vec<Problem>>;
+}
+
+/// A compiled grader for one test-case definition.
+#[async_trait]
+pub trait Grader: Send + Sync + fmt::Debug {
+    async fn grade(&self, input: &GradeInput<'_>, env: &GradeEnv) -> Result<Grade, Fault>;
+}
+
+/// What [`Strategy::compile`] may look at besides the case.
+pub struct CompileContext<'a> {
+    /// To compile sub-strategies (`hybrid`).
+    pub registry: &'a StrategyRegistry,
+    /// The package on disk (custom scripts must exist in it).
+    pub package_root: &'a Path,
+    /// The file problems are reported against.
+    pub file: &'a str,
+    /// Pointer to the test case in that file, e.g. `/testCases/3`.
+    pub pointer: String,
+    pub profile: Profile,
+}
+
+impl CompileContext<'_> {
+    /// A problem at `suffix` below this case (`/expected/patterns/0`).
+    pub fn problem(&self, suffix: &str, message: impl Into<String>) -> Problem {
+        Problem::error(self.file, format!("{}{}", self.pointer, suffix), message)
+    }
+}
+
+/// One output to grade, with what the grader may compare it to.
+#[derive(Debug, Clone, Copy)]
+pub struct GradeInput<'a> {
+    pub output: &'a str,
+    /// The templated prompt the output answers.
+    pub prompt: &'a str,
+    pub context: Option<&'a Value>,
+    /// Tool calls read from the transcript, when the runner produced one.
+    pub tool_calls: Option<&'a [ToolCall]>,
+    pub case: &'a TestCase,
+}
+
+/// Process-level facilities a grader may use.
+#[derive(Debug, Clone)]
+pub struct GradeEnv {
+    /// Runs untrusted scripts (custom graders, command runners).
+    pub sandbox: Arc<Sandbox>,
+    /// Root of the package on disk, mounted read-only into the sandbox.
+    pub package_root: Arc<Path>,
+}
+
+/// Strategies by name.
+#[derive(Clone, Default)]
+pub struct StrategyRegistry {
+    by_name: BTreeMap<&'static str, Arc<dyn Strategy>>,
+    aliases: BTreeMap<&'static str, &'static str>,
+}
+
+impl fmt::Debug for StrategyRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StrategyRegistry")
+            .field("strategies", &self.by_name.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Builds a registry: the built-in strategies plus any registered later (LLM-backed ones).
+#[derive(Default)]
+pub struct StrategyRegistryBuilder {
+    registry: StrategyRegistry,
+}
+
+impl StrategyRegistryBuilder {
+    pub fn register(mut self, strategy: Arc<dyn Strategy>) -> Self {
+        self.registry.by_name.insert(strategy.name(), strategy);
+        self
+    }
+
+    pub fn alias(mut self, alias: &'static str, target: &'static str) -> Self {
+        self.registry.aliases.insert(alias, target);
+        self
+    }
+
+    pub fn build(self) -> StrategyRegistry {
+        self.registry
+    }
+}
+
+impl StrategyRegistry {
+    pub fn builder() -> StrategyRegistryBuilder {
+        StrategyRegistryBuilder::default()
+    }
+
+    /// Every strategy that needs neither a model nor a network, under its design name.
+    pub fn builtin() -> StrategyRegistryBuilder {
+        builtin::register(StrategyRegistry::builder())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Strategy>> {
+        let name = self.aliases.get(name).copied().unwrap_or(name);
+        self.by_name.get(name)
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.by_name.keys().copied().collect()
+    }
+
+    /// Compiles a case with its named strategy; an unknown name is a problem at `/evaluation/strategy`.
+    pub fn compile(&self, name: &str, case: &TestCase, ctx: &CompileContext<'_>) -> Result<Arc<dyn Grader>, Vec<Problem>> {
+        match self.get(name) {
+            Some(strategy) => strategy.compile(case, ctx),
+            None => Err(vec![ctx.problem(
+                "/evaluation/strategy",
+                format!(
+                    "unknown strategy `{name}`; known: {}",
+                    self.names().join(", ")
+                ),
+            )]),
+        }
+    }
+}
+
+/// Strategies known by name but not registered in this process (LLM-backed ones before a
+/// provider is configured). Validation accepts them; running them says a model is needed.
+pub const MODEL_STRATEGIES: &[&str] = &["llm_judge", "assertions", "semantic_sim"];
+
+mod builtin;
