@@ -28,6 +28,8 @@ pub struct ProduceRequest<'a> {
     pub given: Option<&'a Given>,
     /// Package-level environment from `setup.environment`.
     pub environment: &'a BTreeMap<String, String>,
+    /// Time left for this attempt; a sandboxed process is killed when it runs out.
+    pub timeout: std::time::Duration,
 }
 
 /// A produced output.

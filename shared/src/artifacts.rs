@@ -1,0 +1,360 @@
+//! Files a local run leaves in the skill folder, in the shapes skill authors' tools already read.
+//!
+//! - `eval/runs/<run-id>/grading/<case-id>.json`: one file per case holding both the JSON-shapes
+//!   seed's `grading.json` (assertions with result, confidence, evidence; overall_score;
+//!   eval_critique) and skill-creator's (`expectations[{text, passed, evidence}]`, `summary`),
+//!   written from the same grade. Their `timing` objects are merged: every field of both.
+//! - `eval/benchmark.json`: one entry appended per run; `description_version` goes up when the
+//!   SHA-256 of the skill's description changes.
+
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::executor::{CaseStatus, JobResult};
+use crate::summary::RunSummary;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("could not write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} exists but is not a benchmark.json we can extend: {message}")]
+    BadBenchmark { path: PathBuf, message: String },
+}
+
+/// SHA-256 hex of a description.
+pub fn description_hash(description: &str) -> String {
+    hex::encode(Sha256::digest(description.as_bytes()))
+}
+
+/// One expectation in skill-creator's shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Expectation {
+    pub text: String,
+    pub passed: bool,
+    pub evidence: String,
+}
+
+fn short(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.chars().take(300).collect(),
+        other => other.to_string().chars().take(300).collect(),
+    }
+}
+
+/// The expectations a grade stands for: per assertion when the strategy judged assertions, per
+/// check/rule/component when it has them, otherwise one line for the whole grade.
+pub fn expectations(r: &JobResult) -> Vec<Expectation> {
+    let d = &r.details;
+    if let Some(items) = d.get("assertions").and_then(Value::as_array) {
+        return items
+            .iter()
+            .map(|a| Expectation {
+                text: a.get("assertion").or_else(|| a.get("text")).map(short).unwrap_or_default(),
+                passed: a.get("result").and_then(Value::as_str) == Some("pass")
+                    || a.get("passed").and_then(Value::as_bool) == Some(true),
+                evidence: a.get("evidence").map(short).unwrap_or_default(),
+            })
+            .collect();
+    }
+    for key in ["checks", "rules", "components"] {
+        if let Some(items) = d.get(key).and_then(Value::as_array) {
+            if !items.is_empty() {
+                return items
+                    .iter()
+                    .map(|c| Expectation {
+                        text: c
+                            .get("check")
+                            .or_else(|| c.get("rule"))
+                            .or_else(|| c.get("strategy"))
+                            .map(short)
+                            .unwrap_or_else(|| short(c)),
+                        passed: c.get("passed").and_then(Value::as_bool).unwrap_or(false),
+                        evidence: c.get("detail").or_else(|| c.get("details")).map(short).unwrap_or_default(),
+                    })
+                    .collect();
+            }
+        }
+    }
+    let evidence = match (&r.error, r.status) {
+        (Some(e), _) => e.to_string(),
+        (None, CaseStatus::Passed | CaseStatus::Failed) => short(&r.details),
+        _ => String::new(),
+    };
+    vec![Expectation {
+        text: format!("{} grading of `{}`", r.strategy, r.test_case_id),
+        passed: r.passed(),
+        evidence,
+    }]
+}
+
+/// The merged `grading.json` of one case.
+pub fn grading_json(r: &JobResult) -> Value {
+    let exps = expectations(r);
+    let passed = exps.iter().filter(|e| e.passed).count();
+    let total = exps.len();
+    let assertions: Vec<Value> = match r.details.get("assertions").and_then(Value::as_array) {
+        Some(items) => items.clone(),
+        None => exps
+            .iter()
+            .map(|e| {
+                json!({
+                    "assertion": e.text,
+                    "result": if e.passed { "pass" } else { "fail" },
+                    "confidence": "high",
+                    "evidence": e.evidence,
+                })
+            })
+            .collect(),
+    };
+    let duration = (r.finished_at - r.started_at).num_milliseconds().max(0) as f64 / 1000.0;
+    let graded = r.duration_ms as f64 / 1000.0;
+    json!({
+        "test_case_id": r.test_case_id,
+        "run_id": r.run_id,
+        "timestamp": r.finished_at.to_rfc3339(),
+        "status": r.status.as_str(),
+        "strategy": r.strategy,
+        "score": r.score,
+        "assertions": assertions,
+        "overall_score": r.score.unwrap_or(0.0),
+        "factual_issues": r.details.get("factual_issues").cloned().unwrap_or_else(|| json!([])),
+        "eval_critique": r.details.get("eval_critique").cloned().unwrap_or_else(|| json!({
+            "vague_assertions": [], "missing_coverage": [], "suggested_assertions": []
+        })),
+        "expectations": exps,
+        "summary": {
+            "passed": passed,
+            "failed": total - passed,
+            "total": total,
+            "pass_rate": if total == 0 { 0.0 } else { passed as f64 / total as f64 },
+        },
+        "timing": {
+            "start": r.started_at.to_rfc3339(),
+            "end": r.finished_at.to_rfc3339(),
+            "duration_seconds": duration,
+            "executor_duration_seconds": graded,
+            "grader_duration_seconds": 0.0,
+            "total_duration_seconds": duration.max(graded),
+        },
+        "details": r.details,
+        "error": r.error,
+        "attempts": r.attempts,
+    })
+}
+
+/// Writes `grading/<case-id>.json` for every result under `run_dir`; returns the files written.
+pub fn write_grading(run_dir: &Path, results: &[JobResult]) -> Result<Vec<PathBuf>, ArtifactError> {
+    let dir = run_dir.join("grading");
+    std::fs::create_dir_all(&dir).map_err(|source| ArtifactError::Write {
+        path: dir.clone(),
+        source,
+    })?;
+    let mut written = Vec::with_capacity(results.len());
+    for r in results {
+        let path = dir.join(format!("{}.json", safe_file_name(&r.test_case_id)));
+        write_json(&path, &grading_json(r))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// Case ids become file names: anything but `[A-Za-z0-9._-]` turns into `_`.
+pub fn safe_file_name(id: &str) -> String {
+    let s: String = id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' })
+        .collect();
+    if s.is_empty() || s.chars().all(|c| c == '.') {
+        "_".into()
+    } else {
+        s
+    }
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<(), ArtifactError> {
+    let text = serde_json::to_string_pretty(value).unwrap_or_default();
+    std::fs::write(path, text + "\n").map_err(|source| ArtifactError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Appends this run to `benchmark.json` (creating it), returning the entry's description version.
+pub fn append_benchmark(
+    path: &Path,
+    skill_name: &str,
+    description: &str,
+    run_id: uuid::Uuid,
+    results: &[JobResult],
+    summary: &RunSummary,
+    now: DateTime<Utc>,
+) -> Result<u64, ArtifactError> {
+    let mut doc: Value = match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| ArtifactError::BadBenchmark {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => json!({
+            "skill_name": skill_name,
+            "description_version": 0,
+            "created_at": now.to_rfc3339(),
+            "entries": [],
+        }),
+        Err(source) => {
+            return Err(ArtifactError::Write {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let hash = description_hash(description);
+    let Some(obj) = doc.as_object_mut() else {
+        return Err(ArtifactError::BadBenchmark {
+            path: path.to_path_buf(),
+            message: "the top level is not an object".into(),
+        });
+    };
+    let entries = obj.entry("entries").or_insert_with(|| json!([]));
+    let Some(entries) = entries.as_array_mut() else {
+        return Err(ArtifactError::BadBenchmark {
+            path: path.to_path_buf(),
+            message: "`entries` is not an array".into(),
+        });
+    };
+    let last = entries.last();
+    let last_version = last.and_then(|e| e.get("description_version")).and_then(Value::as_u64).unwrap_or(0);
+    let last_hash = last.and_then(|e| e.get("description_hash")).and_then(Value::as_str);
+    let version = match last_hash {
+        Some(h) if h == hash => last_version.max(1),
+        _ => last_version + 1,
+    };
+    let mut per_case: Vec<&JobResult> = results.iter().collect();
+    per_case.sort_by_key(|r| r.case_index);
+    entries.push(json!({
+        "description_version": version,
+        "description_hash": hash,
+        "timestamp": now.to_rfc3339(),
+        "run_id": run_id,
+        "scores": {
+            "mean": summary.mean,
+            "median": summary.median,
+            "std_dev": summary.std_dev,
+            "min": summary.min,
+            "max": summary.max,
+        },
+        "pass_rate": summary.pass_rate,
+        "verdict": summary.verdict.as_str(),
+        "per_test_case": per_case.iter().map(|r| json!({
+            "test_case_id": r.test_case_id,
+            "score": r.score.unwrap_or(0.0),
+            "status": r.status.as_str(),
+            "duration_seconds": r.duration_ms as f64 / 1000.0,
+        })).collect::<Vec<_>>(),
+        "total_duration_seconds": summary.durations.wall_ms as f64 / 1000.0,
+        "num_test_cases": results.len(),
+    }));
+    obj.insert("description_version".into(), json!(version));
+    obj.insert("skill_name".into(), json!(skill_name));
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|source| ArtifactError::Write {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    write_json(path, &doc)?;
+    Ok(version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grade::Usage;
+    use crate::model::Settings;
+    use crate::summary::summarize;
+    use uuid::Uuid;
+
+    fn result(id: &str, details: Value, status: CaseStatus) -> JobResult {
+        let now = Utc::now();
+        JobResult {
+            run_id: Uuid::nil(),
+            test_case_id: id.into(),
+            name: id.into(),
+            case_index: 0,
+            status,
+            strategy: "regex_match".into(),
+            score: Some(if status == CaseStatus::Passed { 1.0 } else { 0.5 }),
+            details,
+            rubric_scores: None,
+            feedback: None,
+            output: None,
+            output_truncated: false,
+            expected_output: None,
+            matched_patterns: None,
+            schema_errors: None,
+            duration_ms: 1500,
+            attempts: vec![],
+            error: None,
+            produce_usage: Usage::default(),
+            grade_usage: Usage::default(),
+            tags: vec![],
+            suites: vec![],
+            weight: 1.0,
+            critical: false,
+            started_at: now,
+            finished_at: now,
+        }
+    }
+
+    #[test]
+    fn grading_json_has_both_shapes() {
+        let r = result(
+            "tc/1",
+            json!({"checks": [{"check": "calls search", "passed": true, "detail": "1 call"}, {"check": "order", "passed": false, "detail": "b before a"}]}),
+            CaseStatus::Failed,
+        );
+        let g = grading_json(&r);
+        assert_eq!(g["expectations"][0], json!({"text": "calls search", "passed": true, "evidence": "1 call"}));
+        assert_eq!(g["summary"], json!({"passed": 1, "failed": 1, "total": 2, "pass_rate": 0.5}));
+        assert_eq!(g["assertions"][1]["result"], "fail");
+        assert_eq!(g["overall_score"], 0.5);
+        assert_eq!(g["timing"]["executor_duration_seconds"], 1.5);
+        assert!(g["eval_critique"]["vague_assertions"].is_array());
+    }
+
+    #[test]
+    fn grading_files_use_safe_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_grading(dir.path(), &[result("../tc 1", json!({}), CaseStatus::Passed)]).unwrap();
+        assert_eq!(files[0], dir.path().join("grading").join(".._tc_1.json"));
+        assert!(files[0].exists());
+        assert_eq!(safe_file_name(".."), "_");
+    }
+
+    #[test]
+    fn benchmark_versions_follow_the_description_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("eval/benchmark.json");
+        let rs = vec![result("a", json!({}), CaseStatus::Passed)];
+        let s = summarize(&rs, &Settings::default());
+        let now = Utc::now();
+        assert_eq!(append_benchmark(&path, "calc", "v1 text", Uuid::nil(), &rs, &s, now).unwrap(), 1);
+        assert_eq!(append_benchmark(&path, "calc", "v1 text", Uuid::nil(), &rs, &s, now).unwrap(), 1);
+        assert_eq!(append_benchmark(&path, "calc", "v2 text", Uuid::nil(), &rs, &s, now).unwrap(), 2);
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let entries = doc["entries"].as_array().unwrap();
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[2]["description_hash"], description_hash("v2 text"));
+        assert_eq!(doc["description_version"], 2);
+        assert_eq!(entries[0]["per_test_case"][0]["duration_seconds"], 1.5);
+        // SHA-256 of "abc" (FIPS 180-2 test vector).
+        assert_eq!(description_hash("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+}

@@ -1,0 +1,704 @@
+//! Executing one job: produce the output, grade it, under the case's timeout.
+//!
+//! This is the one code path that grades, whether the job came from the CLI's in-process pool or
+//! from RabbitMQ. It never sleeps or retries a *fault* itself: a transient fault comes back in
+//! the [`JobResult`] (`status: errored`, `error.kind: transient`) and the caller decides — the
+//! CLI with [`RetryPolicy`], the worker through its delay queues. What the executor does repeat
+//! is a *failing* case with `retryCount` (flaky cases), keeping every attempt.
+//!
+//! Graders are compiled once per (package hash, case id) and cached, so a regex or schema
+//! validator is built once per test-case definition, never per output.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::grade::{Fault, Grade, SchemaError, Usage};
+use crate::plan::Job;
+use crate::runner::{ProduceRequest, Produced, RunnerRegistry};
+use crate::sandbox::Sandbox;
+use crate::strategy::{CompileContext, GradeEnv, GradeInput, Grader, StrategyRegistry};
+
+/// Outputs longer than this are cut in stored results (the grade saw the whole output).
+pub const MAX_STORED_OUTPUT_BYTES: usize = 256 * 1024;
+
+/// Most compiled graders kept; past it the cache is emptied (cheap to rebuild, bounded memory).
+const GRADER_CACHE_CAPACITY: usize = 50_000;
+
+/// The state of one test case's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum CaseStatus {
+    /// Published, not finished (service only).
+    Queued,
+    Passed,
+    Failed,
+    /// Could not be produced or graded: timeout, crash, provider failure.
+    Errored,
+    /// Not run: the run was cancelled or stopped by `failFast`.
+    Skipped,
+}
+
+impl CaseStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CaseStatus::Queued => "queued",
+            CaseStatus::Passed => "passed",
+            CaseStatus::Failed => "failed",
+            CaseStatus::Errored => "errored",
+            CaseStatus::Skipped => "skipped",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => CaseStatus::Queued,
+            "passed" => CaseStatus::Passed,
+            "failed" => CaseStatus::Failed,
+            "errored" => CaseStatus::Errored,
+            "skipped" => CaseStatus::Skipped,
+            _ => return None,
+        })
+    }
+
+    pub fn is_final(self) -> bool {
+        !matches!(self, CaseStatus::Queued)
+    }
+}
+
+/// One attempt at a case (a `retryCount` re-run is another attempt).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Attempt {
+    pub number: u32,
+    pub status: CaseStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+    pub duration_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The result of one job: what is stored per test case.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobResult {
+    pub run_id: Uuid,
+    pub test_case_id: String,
+    pub name: String,
+    pub case_index: u32,
+    pub status: CaseStatus,
+    pub strategy: String,
+    /// `None` when the case errored (it was never graded).
+    pub score: Option<f64>,
+    pub details: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rubric_scores: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    #[serde(default)]
+    pub output_truncated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_output: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_patterns: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_errors: Option<Vec<SchemaError>>,
+    /// Of the last attempt.
+    pub duration_ms: u64,
+    pub attempts: Vec<Attempt>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Fault>,
+    /// Spent producing the output (all attempts).
+    #[serde(default)]
+    pub produce_usage: Usage,
+    /// Spent grading it (all attempts).
+    #[serde(default)]
+    pub grade_usage: Usage,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub suites: Vec<String>,
+    pub weight: f64,
+    pub critical: bool,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+}
+
+impl JobResult {
+    pub fn passed(&self) -> bool {
+        self.status == CaseStatus::Passed
+    }
+
+    /// A result for a case that never ran (cancelled, failFast).
+    pub fn skipped(job: &Job, reason: &str) -> Self {
+        let now = Utc::now();
+        let mut r = JobResult::base(job, now);
+        r.status = CaseStatus::Skipped;
+        r.details = serde_json::json!({ "skipped": reason });
+        r.finished_at = now;
+        r
+    }
+
+    /// A result for a job whose fault the caller gave up retrying.
+    pub fn errored(job: &Job, fault: Fault) -> Self {
+        let now = Utc::now();
+        let mut r = JobResult::base(job, now);
+        r.status = CaseStatus::Errored;
+        r.details = serde_json::json!({ "error": fault.to_string() });
+        r.attempts.push(Attempt {
+            number: 1,
+            status: CaseStatus::Errored,
+            score: None,
+            duration_ms: 0,
+            error: Some(fault.to_string()),
+        });
+        r.error = Some(fault);
+        r
+    }
+
+    fn base(job: &Job, started_at: DateTime<Utc>) -> Self {
+        JobResult {
+            run_id: job.run_id,
+            test_case_id: job.case.id.clone(),
+            name: if job.case.name.is_empty() {
+                job.case.id.clone()
+            } else {
+                job.case.name.clone()
+            },
+            case_index: job.case_index,
+            status: CaseStatus::Queued,
+            strategy: job.strategy().to_string(),
+            score: None,
+            details: Value::Null,
+            rubric_scores: None,
+            feedback: None,
+            output: None,
+            output_truncated: false,
+            expected_output: job.case.expected.output.clone(),
+            matched_patterns: None,
+            schema_errors: None,
+            duration_ms: 0,
+            attempts: Vec::new(),
+            error: None,
+            produce_usage: Usage::default(),
+            grade_usage: Usage::default(),
+            tags: job.case.tags.clone(),
+            suites: job.suites.clone(),
+            weight: job.case.weight,
+            critical: job.case.is_critical(),
+            started_at,
+            finished_at: started_at,
+        }
+    }
+}
+
+/// How the CLI retries transient faults (the worker uses delay queues instead).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Total deliveries, the first included.
+    pub max_attempts: u32,
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Delay before delivery `next_attempt` (2, 3, ...): exponential with full jitter,
+    /// at least what the provider asked for with `Retry-After`.
+    pub fn delay(&self, next_attempt: u32, fault: &Fault) -> Duration {
+        let exp = self
+            .base_delay
+            .saturating_mul(1u32 << next_attempt.saturating_sub(2).min(16))
+            .min(self.max_delay);
+        let jittered = exp.mul_f64(0.5 + rand::random::<f64>() * 0.5);
+        match fault.retry_after() {
+            Some(asked) => jittered.max(asked),
+            None => jittered,
+        }
+    }
+}
+
+/// Produces and grades jobs.
+pub struct Executor {
+    strategies: StrategyRegistry,
+    runners: RunnerRegistry,
+    sandbox: Arc<Sandbox>,
+    graders: Mutex<HashMap<(String, String), Arc<dyn Grader>>>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("strategies", &self.strategies)
+            .field("runners", &self.runners)
+            .finish()
+    }
+}
+
+impl Executor {
+    pub fn new(strategies: StrategyRegistry, runners: RunnerRegistry, sandbox: Arc<Sandbox>) -> Self {
+        Executor {
+            strategies,
+            runners,
+            sandbox,
+            graders: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn strategies(&self) -> &StrategyRegistry {
+        &self.strategies
+    }
+
+    pub fn runners(&self) -> &RunnerRegistry {
+        &self.runners
+    }
+
+    /// Whether producing or grading this job needs a model provider that is not configured.
+    pub fn needs_missing_model(&self, job: &Job) -> Option<String> {
+        if self.runners.get(&job.runner.kind).is_none() && job.runner.kind == "llm" {
+            return Some("runner `llm` (no model provider configured)".into());
+        }
+        match self.strategies.get(job.strategy()) {
+            Some(s) if s.needs_model() => Some(format!("strategy `{}` (no model provider configured)", job.strategy())),
+            _ => None,
+        }
+    }
+
+    /// Seeds the grader cache with graders compiled at validation time.
+    pub fn prime<I>(&self, package_hash: &str, graders: I)
+    where
+        I: IntoIterator<Item = (String, Arc<dyn Grader>)>,
+    {
+        if let Ok(mut cache) = self.graders.lock() {
+            for (case_id, grader) in graders {
+                cache.insert((package_hash.to_string(), case_id), grader);
+            }
+        }
+    }
+
+    /// The compiled grader of a job's case, built once per (package hash, case id).
+    pub fn grader_for(&self, job: &Job, package_root: &Path) -> Result<Arc<dyn Grader>, Fault> {
+        let key = (job.package_hash.clone(), job.case.id.clone());
+        if let Some(g) = self.graders.lock().ok().and_then(|c| c.get(&key).cloned()) {
+            return Ok(g);
+        }
+        let ctx = CompileContext {
+            registry: &self.strategies,
+            package_root,
+            file: "test case",
+            pointer: format!("/{}", crate::problem::escape_token(&job.case.id)),
+            profile: job.profile,
+        };
+        let grader = self
+            .strategies
+            .compile(job.strategy(), &job.case, &ctx)
+            .map_err(|problems| {
+                Fault::permanent(format!(
+                    "the test case does not compile: {}",
+                    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+                ))
+            })?;
+        if let Ok(mut cache) = self.graders.lock() {
+            if cache.len() >= GRADER_CACHE_CAPACITY {
+                cache.clear();
+            }
+            cache.insert(key, grader.clone());
+        }
+        Ok(grader)
+    }
+
+    /// Produces and grades one job. Never panics and never returns without a result: faults
+    /// become an `errored` result whose `error` says whether a retry could help.
+    #[tracing::instrument(skip_all, fields(run_id = %job.run_id, test_case_id = %job.case.id))]
+    pub async fn execute(&self, job: &Job, package_root: &Path) -> JobResult {
+        let started = Utc::now();
+        let mut result = JobResult::base(job, started);
+        let env = GradeEnv {
+            sandbox: self.sandbox.clone(),
+            package_root: Arc::from(package_root),
+        };
+        let grader = match self.grader_for(job, package_root) {
+            Ok(g) => g,
+            Err(fault) => return finish_errored(result, 1, fault, 0),
+        };
+        let max_attempts = job.retry_count.saturating_add(1);
+        for n in 1..=max_attempts {
+            let t0 = Instant::now();
+            let timeout = Duration::from_millis(job.timeout_ms);
+            let outcome = tokio::time::timeout(timeout, self.attempt(job, grader.as_ref(), &env, timeout)).await;
+            let elapsed = duration_ms(t0.elapsed());
+            let number = n;
+            match outcome {
+                Err(_) => {
+                    return finish_errored(
+                        result,
+                        number,
+                        Fault::Timeout {
+                            timeout_ms: job.timeout_ms,
+                        },
+                        elapsed,
+                    )
+                }
+                Ok((produce_usage, Err(fault))) => {
+                    result.produce_usage.add(&produce_usage);
+                    return finish_errored(result, number, fault, elapsed);
+                }
+                Ok((produce_usage, Ok((produced, grade)))) => {
+                    result.produce_usage.add(&produce_usage);
+                    result.grade_usage.add(&grade.usage);
+                    let status = if grade.passed {
+                        CaseStatus::Passed
+                    } else {
+                        CaseStatus::Failed
+                    };
+                    result.attempts.push(Attempt {
+                        number,
+                        status,
+                        score: Some(grade.score),
+                        duration_ms: elapsed,
+                        error: None,
+                    });
+                    apply_grade(&mut result, produced, grade, elapsed);
+                    result.status = status;
+                    if status == CaseStatus::Passed {
+                        break;
+                    }
+                }
+            }
+        }
+        result.finished_at = Utc::now();
+        result
+    }
+
+    /// One attempt: produce, then grade. Returns what producing cost even when grading fails.
+    async fn attempt(
+        &self,
+        job: &Job,
+        grader: &dyn Grader,
+        env: &GradeEnv,
+        timeout: Duration,
+    ) -> (Usage, Result<(Produced, Grade), Fault>) {
+        let Some(runner) = self.runners.get(&job.runner.kind) else {
+            let known = self.runners.names().join(", ");
+            let msg = if job.runner.kind == "llm" {
+                "runner `llm` needs a model provider; none is configured (see docs/providers.md)".to_string()
+            } else {
+                format!("unknown runner `{}`; known: {known}", job.runner.kind)
+            };
+            return (Usage::default(), Err(Fault::permanent(msg)));
+        };
+        let req = ProduceRequest {
+            case: &job.case,
+            runner: &job.runner,
+            given: job.given.as_ref(),
+            environment: &job.environment,
+            timeout,
+        };
+        let produced = match runner.produce(&req, env).await {
+            Ok(p) => p,
+            Err(fault) => return (Usage::default(), Err(fault)),
+        };
+        let usage = produced.usage;
+        let input = GradeInput {
+            output: &produced.output,
+            prompt: &job.case.input.prompt,
+            context: job.case.input.context.as_ref(),
+            tool_calls: produced.tool_calls.as_deref(),
+            case: &job.case,
+        };
+        let graded = grader.grade(&input, env).await;
+        (usage, graded.map(|g| (produced, g)))
+    }
+}
+
+fn apply_grade(result: &mut JobResult, produced: Produced, grade: Grade, elapsed: u64) {
+    result.score = Some(grade.score);
+    let mut details = grade.details;
+    if !produced.details.is_null() {
+        if let Value::Object(map) = &mut details {
+            map.insert("runner".into(), produced.details);
+        } else {
+            details = serde_json::json!({ "grade": details, "runner": produced.details });
+        }
+    }
+    result.details = details;
+    result.rubric_scores = grade.rubric_scores;
+    result.feedback = grade.feedback;
+    result.matched_patterns = grade.matched_patterns;
+    result.schema_errors = grade.schema_errors;
+    let (output, cut) = cap_output(produced.output);
+    result.output = Some(output);
+    result.output_truncated = produced.truncated || cut;
+    result.duration_ms = elapsed;
+    result.error = None;
+}
+
+fn finish_errored(mut result: JobResult, number: u32, fault: Fault, elapsed: u64) -> JobResult {
+    result.attempts.push(Attempt {
+        number,
+        status: CaseStatus::Errored,
+        score: None,
+        duration_ms: elapsed,
+        error: Some(fault.to_string()),
+    });
+    result.status = CaseStatus::Errored;
+    result.score = None;
+    result.details = serde_json::json!({ "error": fault.to_string() });
+    result.duration_ms = elapsed;
+    result.error = Some(fault);
+    result.finished_at = Utc::now();
+    result
+}
+
+fn cap_output(mut s: String) -> (String, bool) {
+    if s.len() <= MAX_STORED_OUTPUT_BYTES {
+        return (s, false);
+    }
+    let mut cut = MAX_STORED_OUTPUT_BYTES;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    s.truncate(cut);
+    (s, true)
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Given, RunnerConfig, TestCase};
+    use crate::runner::OutputRunner;
+    use crate::strategy::Strategy;
+    use async_trait::async_trait;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// Passes when the output equals "ok"; counts its grades.
+    #[derive(Debug, Default)]
+    struct Equals {
+        grades: Arc<AtomicU32>,
+    }
+
+    impl Strategy for Equals {
+        fn name(&self) -> &'static str {
+            "equals_ok"
+        }
+        fn compile(&self, _case: &TestCase, _ctx: &CompileContext<'_>) -> Result<Arc<dyn Grader>, Vec<crate::problem::Problem>> {
+            Ok(Arc::new(EqualsGrader {
+                grades: self.grades.clone(),
+            }))
+        }
+    }
+
+    #[derive(Debug)]
+    struct EqualsGrader {
+        grades: Arc<AtomicU32>,
+    }
+
+    #[async_trait]
+    impl Grader for EqualsGrader {
+        async fn grade(&self, input: &GradeInput<'_>, _env: &GradeEnv) -> Result<Grade, Fault> {
+            self.grades.fetch_add(1, Ordering::SeqCst);
+            let ok = input.output == "ok";
+            Ok(Grade::new(if ok { 1.0 } else { 0.0 }, ok, Value::Null))
+        }
+    }
+
+    /// Produces scripted outputs in order: "sleep" hangs, "fail" is a permanent fault.
+    #[derive(Debug)]
+    struct Scripted {
+        outputs: Vec<&'static str>,
+        calls: AtomicU32,
+    }
+
+    #[async_trait]
+    impl OutputRunner for Scripted {
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+        async fn produce(&self, _req: &ProduceRequest<'_>, _env: &GradeEnv) -> Result<Produced, Fault> {
+            let i = self.calls.fetch_add(1, Ordering::SeqCst) as usize;
+            match self.outputs.get(i).copied().unwrap_or("ok") {
+                "sleep" => {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok(Produced::default())
+                }
+                "fail" => Err(Fault::permanent("script crashed")),
+                "429" => Err(Fault::Transient {
+                    message: "rate limited".into(),
+                    retry_after_ms: Some(2_000),
+                }),
+                out => Ok(Produced {
+                    output: out.to_string(),
+                    ..Produced::default()
+                }),
+            }
+        }
+    }
+
+    fn executor(outputs: Vec<&'static str>) -> (Executor, Arc<AtomicU32>) {
+        let grades = Arc::new(AtomicU32::new(0));
+        let strategies = StrategyRegistry::builder()
+            .register(Arc::new(Equals {
+                grades: grades.clone(),
+            }))
+            .build();
+        let runners = RunnerRegistry::default().with(Arc::new(Scripted {
+            outputs,
+            calls: AtomicU32::new(0),
+        }));
+        (Executor::new(strategies, runners, Arc::new(Sandbox::default())), grades)
+    }
+
+    fn job(retry_count: u32, timeout_ms: u64) -> Job {
+        let mut case = TestCase {
+            id: "tc-1".into(),
+            name: "one".into(),
+            weight: 2.0,
+            ..TestCase::default()
+        };
+        case.evaluation.strategy = "equals_ok".into();
+        Job {
+            run_id: Uuid::nil(),
+            case,
+            case_index: 0,
+            profile: crate::model::Profile::Deterministic,
+            runner: RunnerConfig {
+                kind: "scripted".into(),
+                ..RunnerConfig::default()
+            },
+            timeout_ms,
+            retry_count,
+            package_hash: "hash".into(),
+            environment: Default::default(),
+            given: None,
+            suites: vec![],
+            attempt: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn passing_case_is_graded_once() {
+        let (ex, grades) = executor(vec!["ok"]);
+        let r = ex.execute(&job(0, 1_000), Path::new("/")).await;
+        assert_eq!(r.status, CaseStatus::Passed);
+        assert_eq!(r.score, Some(1.0));
+        assert_eq!(r.output.as_deref(), Some("ok"));
+        assert_eq!(r.attempts.len(), 1);
+        assert_eq!(r.weight, 2.0);
+        assert_eq!(grades.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn failing_flaky_case_is_retried_and_every_attempt_kept() {
+        let (ex, _) = executor(vec!["no", "no", "ok"]);
+        let r = ex.execute(&job(3, 1_000), Path::new("/")).await;
+        assert_eq!(r.status, CaseStatus::Passed);
+        let statuses: Vec<_> = r.attempts.iter().map(|a| a.status).collect();
+        assert_eq!(statuses, vec![CaseStatus::Failed, CaseStatus::Failed, CaseStatus::Passed]);
+    }
+
+    #[tokio::test]
+    async fn failing_case_stops_after_retry_count() {
+        let (ex, _) = executor(vec!["no", "no", "no", "ok"]);
+        let r = ex.execute(&job(1, 1_000), Path::new("/")).await;
+        assert_eq!(r.status, CaseStatus::Failed);
+        assert_eq!(r.attempts.len(), 2);
+        assert_eq!(r.score, Some(0.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hanging_runner_is_errored_at_the_timeout_not_failed() {
+        let (ex, grades) = executor(vec!["sleep"]);
+        let r = ex.execute(&job(2, 250), Path::new("/")).await;
+        assert_eq!(r.status, CaseStatus::Errored);
+        assert_eq!(r.error, Some(Fault::Timeout { timeout_ms: 250 }));
+        assert!(r.error.as_ref().is_some_and(Fault::is_transient));
+        assert_eq!(r.score, None);
+        // An erroring case is not re-run by retryCount (that is for failing cases).
+        assert_eq!(r.attempts.len(), 1);
+        assert_eq!(grades.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn permanent_fault_is_errored_and_not_transient() {
+        let (ex, _) = executor(vec!["fail"]);
+        let r = ex.execute(&job(0, 1_000), Path::new("/")).await;
+        assert_eq!(r.status, CaseStatus::Errored);
+        assert!(!r.error.as_ref().is_some_and(Fault::is_transient));
+        assert!(r.details["error"].as_str().unwrap_or_default().contains("script crashed"));
+    }
+
+    #[tokio::test]
+    async fn unknown_strategy_errors_with_the_known_names() {
+        let (ex, _) = executor(vec!["ok"]);
+        let mut j = job(0, 1_000);
+        j.case.evaluation.strategy = "nope".into();
+        let r = ex.execute(&j, Path::new("/")).await;
+        assert_eq!(r.status, CaseStatus::Errored);
+        let msg = r.error.map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains("unknown strategy `nope`") && msg.contains("equals_ok"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn graders_are_compiled_once_per_definition() {
+        let (ex, _) = executor(vec![]);
+        let j = job(0, 1_000);
+        let a = ex.grader_for(&j, Path::new("/")).unwrap();
+        let b = ex.grader_for(&j, Path::new("/")).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    #[test]
+    fn retry_delay_grows_and_honours_retry_after() {
+        let p = RetryPolicy::default();
+        let f = Fault::transient("x");
+        let d2 = p.delay(2, &f);
+        assert!(d2 >= Duration::from_millis(250) && d2 <= Duration::from_millis(500), "{d2:?}");
+        let d4 = p.delay(4, &f);
+        assert!(d4 >= Duration::from_millis(1_000) && d4 <= Duration::from_millis(2_000), "{d4:?}");
+        let asked = Fault::Transient {
+            message: "429".into(),
+            retry_after_ms: Some(7_000),
+        };
+        assert!(p.delay(2, &asked) >= Duration::from_secs(7));
+        assert!(p.delay(40, &f) <= p.max_delay);
+    }
+
+    #[test]
+    fn given_output_travels_with_the_job() {
+        let mut j = job(0, 1_000);
+        j.given = Some(Given {
+            output: "x".into(),
+            tool_calls: None,
+        });
+        let back: Job = serde_json::from_str(&serde_json::to_string(&j).unwrap()).unwrap();
+        assert_eq!(back, j);
+    }
+
+    #[test]
+    fn stored_output_is_capped_on_a_char_boundary() {
+        let s = "é".repeat(MAX_STORED_OUTPUT_BYTES);
+        let (out, cut) = cap_output(s);
+        assert!(cut);
+        assert!(out.len() <= MAX_STORED_OUTPUT_BYTES);
+    }
+}
