@@ -18,6 +18,7 @@
 
 pub mod grade;
 pub mod model;
+pub mod package;
 pub mod problem;
 pub mod runner;
 pub mod sandbox;

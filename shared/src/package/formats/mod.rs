@@ -1,0 +1,472 @@
+//! The accepted eval-definition formats and their conversion into the one [`EvalConfig`].
+//!
+//! Discovery, first found wins: `eval/tests.json` (v2, or the v1 shape), `tests.json` at the
+//! root (v1; a v2-shaped file is read as v2 too), `eval/eval_metadata.json` (the JSON-shapes
+//! seed), `evals/evals.json` (skill-creator). Each converter also records, per case, the JSON
+//! pointer of that case in the source file and how v2 field paths map back onto source field
+//! paths, so a problem found in the converted case points at what the author wrote
+//! (`/3/expectedPatterns/0` rather than `/3/expected/patterns/0`).
+//!
+//! JSON syntax errors become problems with line and column; type errors become problems with
+//! the pointer of the offending value (via `serde_path_to_error`). Each case is decoded on its
+//! own, so every broken case is reported at once. A file that is not UTF-8 is refused.
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::error::PackageError;
+use crate::model::EvalConfig;
+use crate::problem::{escape_token, Problem};
+
+pub mod eval_metadata;
+pub mod skill_creator;
+pub mod v1;
+pub mod v2;
+
+/// The format an eval definition was written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalFormat {
+    /// `tests.json` v2, the canonical model.
+    V2,
+    /// `tests.json` v1: a list of `{name, input, expectedOutput, expectedPatterns, timeout}`.
+    V1,
+    /// `eval/eval_metadata.json`: `{skill_name, version, test_cases: [{id, prompt, assertions}]}`.
+    EvalMetadata,
+    /// skill-creator's `evals/evals.json`: `{skill_name, evals: [{id, prompt, expectations}]}`.
+    SkillCreator,
+}
+
+impl EvalFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvalFormat::V2 => "tests.json v2",
+            EvalFormat::V1 => "tests.json v1",
+            EvalFormat::EvalMetadata => "eval_metadata.json",
+            EvalFormat::SkillCreator => "skill-creator evals.json",
+        }
+    }
+}
+
+impl fmt::Display for EvalFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where eval definitions are looked for, in order.
+pub const EVAL_FILES: &[&str] = &[
+    "eval/tests.json",
+    "tests.json",
+    "eval/eval_metadata.json",
+    "evals/evals.json",
+];
+
+/// Where trigger evals are looked for, in order.
+pub const TRIGGER_FILES: &[&str] = &["eval/triggers.json", "evals/triggers.json"];
+
+/// How v2 field paths below a case map onto the source file's paths below that case:
+/// `(v2 prefix, source prefix)`, most specific first. Empty for v2 (identity).
+pub type Renames = &'static [(&'static str, &'static str)];
+
+/// One converted case's origin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaseSource {
+    /// Pointer of the case in the source file (`/testCases/3`, `/0`, `/evals/2`).
+    pub pointer: String,
+    pub renames: Renames,
+}
+
+/// An eval definition converted to the canonical model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Converted {
+    pub format: EvalFormat,
+    pub config: EvalConfig,
+    /// One per `config.test_cases`, same order.
+    pub sources: Vec<CaseSource>,
+    /// Pointer of the case list (`/testCases`, `` for a v1 array, `/evals`).
+    pub list_pointer: String,
+    /// The `skill_name` the file declares, with its pointer, to compare with `SKILL.md`.
+    pub skill_name: Option<(String, String)>,
+    pub problems: Vec<Problem>,
+}
+
+impl Converted {
+    pub(crate) fn empty(format: EvalFormat, list_pointer: &str) -> Self {
+        Converted {
+            format,
+            config: EvalConfig {
+                version: "2.0".to_string(),
+                profile: Default::default(),
+                settings: Default::default(),
+                setup: None,
+                teardown: None,
+                test_cases: Vec::new(),
+                suites: Vec::new(),
+            },
+            sources: Vec::new(),
+            list_pointer: list_pointer.to_string(),
+            skill_name: None,
+            problems: Vec::new(),
+        }
+    }
+}
+
+/// Maps a v2 suffix below a case (`/expected/patterns/0`) onto the source file. A suffix
+/// without a source counterpart (a field the converter generated) maps to the case itself.
+pub fn source_suffix(renames: Renames, is_v2: bool, suffix: &str) -> Option<String> {
+    if is_v2 || suffix.is_empty() {
+        return Some(suffix.to_string());
+    }
+    for (v2, source) in renames {
+        if let Some(rest) = suffix.strip_prefix(v2) {
+            if rest.is_empty() || rest.starts_with('/') {
+                return Some(format!("{source}{rest}"));
+            }
+        }
+    }
+    None
+}
+
+/// Converts the content of eval file `file` (one of [`EVAL_FILES`]).
+pub fn convert(file: &str, bytes: &[u8]) -> Result<Converted, PackageError> {
+    let value = match parse_json(file, bytes)? {
+        Ok(v) => v,
+        Err(problem) => {
+            let format = match file {
+                "eval/eval_metadata.json" => EvalFormat::EvalMetadata,
+                "evals/evals.json" => EvalFormat::SkillCreator,
+                _ => EvalFormat::V2,
+            };
+            let mut converted = Converted::empty(format, "");
+            converted.problems.push(problem);
+            return Ok(converted);
+        }
+    };
+    Ok(match file {
+        "eval/eval_metadata.json" => eval_metadata::convert(&value, file),
+        "evals/evals.json" => skill_creator::convert(&value, file),
+        _ => convert_tests_json(&value, file),
+    })
+}
+
+/// `tests.json`, at the root or in `eval/`: v2 when `version` starts with `2` or there are
+/// `testCases`, v1 when it is a list or has `tests`.
+fn convert_tests_json(value: &Value, file: &str) -> Converted {
+    match value {
+        Value::Object(obj) => {
+            let is_v2 = obj.contains_key("testCases")
+                || obj
+                    .get("version")
+                    .and_then(Value::as_str)
+                    .is_some_and(|v| v.starts_with('2'));
+            if is_v2 {
+                v2::convert(value, file)
+            } else if obj.contains_key("tests") {
+                v1::convert(value, file)
+            } else {
+                let mut converted = Converted::empty(EvalFormat::V2, "/testCases");
+                converted.problems.push(Problem::error(
+                    file,
+                    "",
+                    "unrecognised tests.json: expected a v2 object with `version: \"2.0\"` and \
+                     `testCases`, or a v1 list of tests (or `{\"tests\": [...]}`)",
+                ));
+                converted
+            }
+        }
+        Value::Array(_) => v1::convert(value, file),
+        _ => {
+            let mut converted = Converted::empty(EvalFormat::V2, "/testCases");
+            converted.problems.push(Problem::error(
+                file,
+                "",
+                "tests.json must be a JSON object (v2) or a list of tests (v1)",
+            ));
+            converted
+        }
+    }
+}
+
+/// Parses JSON: `Err` refuses a non-UTF-8 file; `Ok(Err)` is a syntax problem with line and
+/// column. A UTF-8 byte-order mark is accepted.
+pub fn parse_json(file: &str, bytes: &[u8]) -> Result<Result<Value, Problem>, PackageError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        PackageError::refused(
+            "non_utf8_json",
+            Some(file),
+            format!(
+                "the file is not UTF-8 (invalid byte at offset {})",
+                e.valid_up_to()
+            ),
+        )
+    })?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    Ok(serde_json::from_str(text).map_err(|e| {
+        Problem::error(
+            file,
+            "",
+            format!(
+                "invalid JSON at line {}, column {}: {}",
+                e.line(),
+                e.column(),
+                strip_position(&e.to_string())
+            ),
+        )
+    }))
+}
+
+/// serde_json appends ` at line L column C`; we say it first.
+fn strip_position(message: &str) -> &str {
+    message
+        .find(" at line ")
+        .map_or(message, |idx| &message[..idx])
+}
+
+/// Decodes `value` (found at `base` in `file`) into `T`; a type error becomes a problem at the
+/// pointer of the offending value.
+pub fn typed<T: DeserializeOwned>(value: &Value, file: &str, base: &str) -> Result<T, Problem> {
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let mut pointer = base.to_string();
+        for segment in err.path().iter() {
+            match segment {
+                serde_path_to_error::Segment::Seq { index } => {
+                    pointer.push('/');
+                    pointer.push_str(&index.to_string());
+                }
+                serde_path_to_error::Segment::Map { key } => {
+                    pointer.push('/');
+                    pointer.push_str(&escape_token(key));
+                }
+                serde_path_to_error::Segment::Enum { .. }
+                | serde_path_to_error::Segment::Unknown => break,
+            }
+        }
+        Problem::error(
+            file,
+            pointer,
+            strip_position(&err.inner().to_string()).to_string(),
+        )
+    })
+}
+
+/// A warning for each key of `value` (an object at `base`) not in `known`.
+pub fn warn_unknown_keys(
+    value: &Value,
+    known: &[&str],
+    file: &str,
+    base: &str,
+    what: &str,
+    problems: &mut Vec<Problem>,
+) {
+    let Value::Object(obj) = value else {
+        return;
+    };
+    for key in obj.keys() {
+        if !known.contains(&key.as_str()) {
+            problems.push(Problem::warning(
+                file,
+                format!("{base}/{}", escape_token(key)),
+                format!(
+                    "unknown {what} field `{key}` is ignored (known: {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+    }
+}
+
+/// A case id written as a string or an integer (skill-creator uses integers).
+pub(crate) fn id_string(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// Deserializes an id that may be a string or an integer.
+pub(crate) fn deserialize_id<'de, D: serde::Deserializer<'de>>(de: D) -> Result<String, D::Error> {
+    let value = Value::deserialize(de)?;
+    id_string(&value).ok_or_else(|| {
+        serde::de::Error::custom(format!("`id` must be a string or an integer, not {value}"))
+    })
+}
+
+/// A short case name from a prompt: its first non-empty line, at most 80 characters.
+pub(crate) fn name_from_prompt(prompt: &str) -> String {
+    let line = prompt
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    if line.chars().count() > 80 {
+        let cut: String = line.chars().take(79).collect();
+        format!("{cut}…")
+    } else {
+        line.to_string()
+    }
+}
+
+/// One trigger eval: should the skill be selected for this query?
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TriggerCase {
+    #[serde(alias = "prompt")]
+    pub query: String,
+    #[serde(alias = "shouldTrigger")]
+    pub should_trigger: bool,
+}
+
+/// Reads a trigger file: `[{query, should_trigger}]` (or `{"evals": [...]}`; `prompt` and
+/// `shouldTrigger` are accepted spellings).
+pub fn convert_triggers(
+    file: &str,
+    bytes: &[u8],
+) -> Result<(Vec<TriggerCase>, Vec<Problem>), PackageError> {
+    let mut problems = Vec::new();
+    let value = match parse_json(file, bytes)? {
+        Ok(v) => v,
+        Err(p) => return Ok((Vec::new(), vec![p])),
+    };
+    let (items, base) = match &value {
+        Value::Array(items) => (items, ""),
+        Value::Object(obj) => match obj.get("evals") {
+            Some(Value::Array(items)) => (items, "/evals"),
+            _ => {
+                problems.push(Problem::error(
+                    file,
+                    "",
+                    "a trigger file must be a list of `{query, should_trigger}`",
+                ));
+                return Ok((Vec::new(), problems));
+            }
+        },
+        _ => {
+            problems.push(Problem::error(
+                file,
+                "",
+                "a trigger file must be a list of `{query, should_trigger}`",
+            ));
+            return Ok((Vec::new(), problems));
+        }
+    };
+    let mut triggers = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{base}/{i}");
+        match typed::<TriggerCase>(item, file, &at) {
+            Ok(t) if t.query.trim().is_empty() => {
+                problems.push(Problem::error(
+                    file,
+                    format!("{at}/query"),
+                    "`query` must not be empty",
+                ));
+            }
+            Ok(t) => triggers.push(t),
+            Err(p) => problems.push(p),
+        }
+    }
+    Ok((triggers, problems))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syntax_error_has_line_and_column() {
+        let err = parse_json("eval/tests.json", b"{\n  \"a\": ,\n}")
+            .expect("utf-8")
+            .expect_err("bad json");
+        assert_eq!(err.pointer, "");
+        assert!(
+            err.message
+                .starts_with("invalid JSON at line 2, column 8: expected value"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn non_utf8_json_is_refused() {
+        let err = parse_json("eval/tests.json", b"{\"a\": \"\xff\"}").expect_err("refused");
+        assert_eq!(err.limit(), Some("non_utf8_json"));
+        assert_eq!(err.entry(), Some("eval/tests.json"));
+    }
+
+    #[test]
+    fn type_error_points_at_the_value() {
+        let value: Value =
+            serde_json::json!({"testCases": [{"id": "a", "evaluation": {"timeout": "soon"}}]});
+        let case = &value["testCases"][0];
+        let err = typed::<crate::model::TestCase>(case, "eval/tests.json", "/testCases/0")
+            .expect_err("type error");
+        assert_eq!(err.pointer, "/testCases/0/evaluation/timeout");
+        assert!(
+            err.message.contains("invalid type: string \"soon\""),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn suffixes_map_back_to_source_fields() {
+        let renames: Renames = &[
+            ("/expected/patterns", "/expectedPatterns"),
+            ("/input/prompt", "/input"),
+        ];
+        assert_eq!(
+            source_suffix(renames, false, "/expected/patterns/2").as_deref(),
+            Some("/expectedPatterns/2")
+        );
+        assert_eq!(
+            source_suffix(renames, false, "/input/prompt").as_deref(),
+            Some("/input")
+        );
+        assert_eq!(source_suffix(renames, false, "/evaluation/strategy"), None);
+        assert_eq!(
+            source_suffix(renames, true, "/evaluation/strategy").as_deref(),
+            Some("/evaluation/strategy")
+        );
+    }
+
+    #[test]
+    fn triggers_accept_both_spellings() {
+        let (t, problems) = convert_triggers(
+            "eval/triggers.json",
+            br#"[{"query": "make a pdf", "should_trigger": true}, {"prompt": "weather?", "shouldTrigger": false}, {"query": ""}]"#,
+        )
+        .expect("utf-8");
+        assert_eq!(
+            t,
+            vec![
+                TriggerCase {
+                    query: "make a pdf".into(),
+                    should_trigger: true
+                },
+                TriggerCase {
+                    query: "weather?".into(),
+                    should_trigger: false
+                },
+            ]
+        );
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].pointer, "/2");
+        assert!(
+            problems[0].message.contains("should_trigger"),
+            "{}",
+            problems[0].message
+        );
+    }
+
+    #[test]
+    fn name_from_prompt_takes_first_line() {
+        assert_eq!(
+            name_from_prompt("\n  Make a chart\nwith data"),
+            "Make a chart"
+        );
+        assert_eq!(name_from_prompt(&"x".repeat(100)).chars().count(), 80);
+    }
+}

@@ -1,0 +1,168 @@
+//! `tests.json` v2: already the canonical model. Decoding is done per case so every broken case
+//! is reported; tags written under `metadata.tags` are moved into the case's `tags`; the loaded
+//! `version` is always `"2.0"`. Unknown top-level and case fields are warnings (typos such as
+//! `expectd` would otherwise be silently ignored).
+
+use serde_json::Value;
+
+use super::{typed, warn_unknown_keys, CaseSource, Converted, EvalFormat};
+use crate::model::{EvalConfig, TestCase};
+use crate::problem::Problem;
+
+const TOP_KEYS: &[&str] = &[
+    "$schema",
+    "version",
+    "profile",
+    "settings",
+    "setup",
+    "teardown",
+    "testCases",
+    "suites",
+];
+const CASE_KEYS: &[&str] = &[
+    "id",
+    "name",
+    "description",
+    "tags",
+    "input",
+    "expected",
+    "evaluation",
+    "metadata",
+    "weight",
+    "given",
+];
+
+pub fn convert(value: &Value, file: &str) -> Converted {
+    let mut out = Converted::empty(EvalFormat::V2, "/testCases");
+    let Value::Object(obj) = value else {
+        out.problems.push(Problem::error(
+            file,
+            "",
+            "a v2 tests.json must be a JSON object",
+        ));
+        return out;
+    };
+    warn_unknown_keys(value, TOP_KEYS, file, "", "top-level", &mut out.problems);
+    if let Some(version) = obj.get("version").and_then(Value::as_str) {
+        if !version.starts_with('2') {
+            out.problems.push(Problem::warning(
+                file,
+                "/version",
+                format!("version `{version}` with `testCases`: read as v2 (\"2.0\")"),
+            ));
+        }
+    }
+
+    // Everything but the cases in one go; the cases one by one.
+    let mut top = obj.clone();
+    let cases = top.remove("testCases");
+    match typed::<EvalConfig>(&Value::Object(top), file, "") {
+        Ok(config) => out.config = config,
+        Err(problem) => out.problems.push(problem),
+    }
+    out.config.version = "2.0".to_string();
+    out.config.test_cases.clear();
+
+    match cases {
+        None => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let at = format!("/testCases/{i}");
+                if !item.is_object() {
+                    out.problems.push(Problem::error(
+                        file,
+                        &at,
+                        "a test case must be a JSON object",
+                    ));
+                    continue;
+                }
+                warn_unknown_keys(item, CASE_KEYS, file, &at, "test case", &mut out.problems);
+                match typed::<TestCase>(item, file, &at) {
+                    Ok(mut case) => {
+                        merge_metadata_tags(&mut case);
+                        out.config.test_cases.push(case);
+                        out.sources.push(CaseSource {
+                            pointer: at,
+                            renames: &[],
+                        });
+                    }
+                    Err(problem) => out.problems.push(problem),
+                }
+            }
+        }
+        Some(_) => out.problems.push(Problem::error(
+            file,
+            "/testCases",
+            "`testCases` must be a list of test cases",
+        )),
+    }
+    out
+}
+
+/// Moves `metadata.tags` into `tags` (keeping order, without duplicates).
+fn merge_metadata_tags(case: &mut TestCase) {
+    for tag in std::mem::take(&mut case.metadata.tags) {
+        if !case.tags.contains(&tag) {
+            case.tags.push(tag);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reports_every_broken_case_and_keeps_the_good_ones() {
+        let value = json!({
+            "version": "2.0",
+            "profile": "structured",
+            "testCases": [
+                {"id": "a", "input": {"prompt": "x"}},
+                {"id": "b", "weight": "heavy"},
+                {"name": "no id"},
+                {"id": "c", "metadata": {"tags": ["pii"], "priority": "critical"}, "tags": ["x"], "expectd": {}}
+            ]
+        });
+        let out = convert(&value, "eval/tests.json");
+        let ids: Vec<&str> = out
+            .config
+            .test_cases
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect();
+        assert_eq!(ids, ["a", "c"]);
+        assert_eq!(out.sources[1].pointer, "/testCases/3");
+        assert_eq!(out.config.test_cases[1].tags, ["x", "pii"]);
+        assert!(out.config.test_cases[1].metadata.tags.is_empty());
+        let pointers: Vec<(&str, bool)> = out
+            .problems
+            .iter()
+            .map(|p| (p.pointer.as_str(), p.is_error()))
+            .collect();
+        assert_eq!(
+            pointers,
+            [
+                ("/testCases/1/weight", true),
+                ("/testCases/2", true),
+                ("/testCases/3/expectd", false)
+            ]
+        );
+        assert!(out.problems[1].message.contains("missing field `id`"));
+    }
+
+    #[test]
+    fn bad_top_level_field_still_reads_cases() {
+        let value = json!({"version": "2.0", "profile": "artsy", "testCases": [{"id": "a"}]});
+        let out = convert(&value, "eval/tests.json");
+        assert_eq!(out.config.test_cases.len(), 1);
+        assert_eq!(out.problems.len(), 1);
+        assert_eq!(out.problems[0].pointer, "/profile");
+        assert!(
+            out.problems[0].message.contains("unknown variant `artsy`"),
+            "{}",
+            out.problems[0].message
+        );
+    }
+}

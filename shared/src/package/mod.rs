@@ -1,0 +1,381 @@
+//! Skill packages: open a folder or a ZIP (hardened against hostile archives), read `SKILL.md`,
+//! find and convert the eval definition into the canonical [`model`](crate::model), template
+//! prompts, and validate everything at once.
+//!
+//! ```text
+//! Package::open(path)        folder -> open_dir, anything else -> ZIP
+//!   zip::extract             limits, zip slip, links, duplicates, bombs   (refusals)
+//!   tree::scan + hash        file limits, links leaving the folder, SHA-256 content hash
+//!   skill_md::parse          front matter rules                          (problems)
+//!   formats::convert         v2 / v1 / eval_metadata / skill-creator -> EvalConfig
+//!   template::resolve        {{var}} in v2 prompts
+//! validate(&package, &registry) -> Validation { problems, graders }
+//! ```
+//!
+//! Hard limits are [`PackageError::Refused`] and stop loading at once: nothing past a refusal
+//! is trusted. Everything else is a [`Problem`] with a file and a JSON pointer, collected so an
+//! author sees every problem in one pass; [`Package::open_validated`] turns error problems into
+//! [`PackageError::Invalid`].
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use tempfile::TempDir;
+
+use crate::model::EvalConfig;
+use crate::problem::Problem;
+use crate::strategy::StrategyRegistry;
+
+mod error;
+pub mod formats;
+mod limits;
+mod paths;
+pub mod skill_md;
+pub mod template;
+mod tree;
+pub mod validate;
+mod zip;
+
+pub use error::PackageError;
+pub use formats::{EvalFormat, TriggerCase, EVAL_FILES, TRIGGER_FILES};
+pub use limits::PackageLimits;
+pub use skill_md::SkillManifest;
+pub use tree::PackageFile;
+pub use validate::{validate, Validation};
+
+use formats::{source_suffix, Renames};
+use skill_md::SKILL_MD;
+
+/// An opened skill package.
+#[derive(Debug)]
+pub struct Package {
+    root: PathBuf,
+    /// Owns the extraction folder of a ZIP opened without a destination; removed on drop.
+    _temp: Option<TempDir>,
+    /// SHA-256 (hex) of the package's files: equal for a folder and the ZIP of that folder.
+    pub content_hash: String,
+    /// Every file, sorted by path (skipped folders and our own outputs excluded).
+    pub files: Vec<PackageFile>,
+    /// The parsed `SKILL.md`; empty (default) when it is missing or has no usable front matter,
+    /// in which case an error problem says why (so a valid package always has a real one).
+    pub manifest: SkillManifest,
+    /// The eval definition's format; `None` when no eval file was found.
+    pub format: Option<EvalFormat>,
+    /// The eval file read (`eval/tests.json`, ...); empty when none was found.
+    pub eval_file: String,
+    /// The definition as converted, prompts templated: what runs.
+    pub config: EvalConfig,
+    /// The definition as converted, prompts not templated: what is stored and re-graded.
+    pub raw_config: EvalConfig,
+    /// Per case of `config.test_cases`, its JSON pointer in `eval_file` (`/testCases/3`, `/0`).
+    pub case_pointers: Vec<String>,
+    pub triggers: Vec<TriggerCase>,
+    /// The trigger file read, when there was one.
+    pub trigger_file: Option<String>,
+    /// Problems found while loading (SKILL.md, JSON, conversion, templating); [`validate`]
+    /// reports them with its own.
+    pub problems: Vec<Problem>,
+    case_renames: Vec<Renames>,
+    list_pointer: String,
+}
+
+impl Package {
+    /// Opens a folder in place, or a ZIP file (any path that is not a folder) into a
+    /// temporary folder owned by the package.
+    pub fn open(path: &Path, limits: &PackageLimits) -> Result<Package, PackageError> {
+        let meta = fs::metadata(path).map_err(|e| PackageError::io(path, e))?;
+        if meta.is_dir() {
+            return Package::open_dir(path, limits);
+        }
+        if meta.len() > limits.max_compressed_bytes {
+            return Err(PackageError::refused(
+                "max_compressed_bytes",
+                None,
+                format!(
+                    "the archive is {} (limit max_compressed_bytes = {})",
+                    limits::human_bytes(meta.len()),
+                    limits::human_bytes(limits.max_compressed_bytes)
+                ),
+            ));
+        }
+        let bytes = fs::read(path).map_err(|e| PackageError::io(path, e))?;
+        Package::from_zip_bytes(&bytes, limits, None)
+    }
+
+    /// Opens a skill folder in place. When the folder has no `SKILL.md` and holds a single
+    /// sub-folder that has one, that sub-folder is the package.
+    pub fn open_dir(path: &Path, limits: &PackageLimits) -> Result<Package, PackageError> {
+        let root = tree::effective_root(path)?;
+        Package::load(root, None, limits)
+    }
+
+    /// Extracts a ZIP into `dest` (created if missing, must be empty) or, when `None`, into a
+    /// temporary folder removed when the package is dropped.
+    pub fn from_zip_bytes(
+        bytes: &[u8],
+        limits: &PackageLimits,
+        dest: Option<&Path>,
+    ) -> Result<Package, PackageError> {
+        match dest {
+            Some(dest) => {
+                if dest.exists() {
+                    let mut entries = fs::read_dir(dest).map_err(|e| PackageError::io(dest, e))?;
+                    if entries.next().is_some() {
+                        return Err(PackageError::io(
+                            dest,
+                            std::io::Error::other("the extraction folder is not empty"),
+                        ));
+                    }
+                } else {
+                    fs::create_dir_all(dest).map_err(|e| PackageError::io(dest, e))?;
+                    zip::set_mode(dest, 0o755)?;
+                }
+                if let Err(e) = zip::extract(bytes, limits, dest) {
+                    // Leave no half-extracted package behind (a cache keyed by hash would trust it).
+                    clear_dir(dest);
+                    return Err(e);
+                }
+                Package::load(dest.to_path_buf(), None, limits)
+            }
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("skilleval-pkg-")
+                    .tempdir()
+                    .map_err(|e| PackageError::io(std::env::temp_dir(), e))?;
+                // Readable by a sandbox running as another user.
+                zip::set_mode(temp.path(), 0o755)?;
+                zip::extract(bytes, limits, temp.path())?;
+                Package::load(temp.path().to_path_buf(), Some(temp), limits)
+            }
+        }
+    }
+
+    /// Opens and validates; any error problem gives [`PackageError::Invalid`] listing every
+    /// problem (warnings included).
+    pub fn open_validated(
+        path: &Path,
+        limits: &PackageLimits,
+        registry: &StrategyRegistry,
+    ) -> Result<(Package, Validation), PackageError> {
+        let package = Package::open(path, limits)?;
+        let validation = validate(&package, registry);
+        if validation.is_ok() {
+            Ok((package, validation))
+        } else {
+            Err(PackageError::Invalid(validation.problems))
+        }
+    }
+
+    /// The package's folder on disk (the stripped top-level folder of a ZIP, if any).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The skill's name from `SKILL.md`, when it could be read.
+    pub fn name(&self) -> Option<&str> {
+        Some(self.manifest.name.as_str()).filter(|n| !n.is_empty())
+    }
+
+    /// Whether the package has a file at this package-relative path.
+    pub fn has_file(&self, path: &str) -> bool {
+        self.files
+            .binary_search_by(|f| f.path.as_str().cmp(path))
+            .is_ok()
+    }
+
+    /// The index of the case with this id in `config.test_cases`.
+    pub fn case_index(&self, id: &str) -> Option<usize> {
+        self.config.test_cases.iter().position(|c| c.id == id)
+    }
+
+    /// Pointer of the case list in `eval_file` (`/testCases`, `` for a v1 list, `/evals`).
+    pub fn list_pointer(&self) -> &str {
+        &self.list_pointer
+    }
+
+    /// The pointer in `eval_file` of a v2 field below case `index` (`/expected/patterns/0`),
+    /// following the conversion back to what the author wrote. `None` when the converter
+    /// generated that field (it has no place in the source).
+    pub fn source_pointer(&self, index: usize, v2_suffix: &str) -> Option<String> {
+        let base = self.case_pointers.get(index)?;
+        let renames = self.case_renames.get(index).copied().unwrap_or(&[]);
+        let is_v2 = self.format == Some(EvalFormat::V2);
+        source_suffix(renames, is_v2, v2_suffix).map(|s| format!("{base}{s}"))
+    }
+
+    /// Rewrites a problem reported against case `index` of the converted model so it points
+    /// into the source file; a generated field points at the case and says which field.
+    pub(crate) fn remap_problem(&self, index: usize, mut problem: Problem) -> Problem {
+        let Some(base) = self.case_pointers.get(index) else {
+            return problem;
+        };
+        if problem.file != self.eval_file {
+            return problem;
+        }
+        let Some(suffix) = problem.pointer.strip_prefix(base.as_str()) else {
+            return problem;
+        };
+        if !(suffix.is_empty() || suffix.starts_with('/')) {
+            return problem;
+        }
+        let suffix = suffix.to_string();
+        match self.source_pointer(index, &suffix) {
+            Some(pointer) => problem.pointer = pointer,
+            None => {
+                problem.pointer.clone_from(base);
+                problem.message =
+                    format!("{} (converted field `{}`)", problem.message, &suffix[1..]);
+            }
+        }
+        problem
+    }
+
+    fn load(
+        root: PathBuf,
+        temp: Option<TempDir>,
+        limits: &PackageLimits,
+    ) -> Result<Package, PackageError> {
+        let files = tree::scan(&root, limits)?;
+        let content_hash = tree::content_hash(&root, &files, limits)?;
+        let mut package = Package {
+            root,
+            _temp: temp,
+            content_hash,
+            files,
+            manifest: SkillManifest::default(),
+            format: None,
+            eval_file: String::new(),
+            config: formats::Converted::empty(EvalFormat::V2, "").config,
+            raw_config: formats::Converted::empty(EvalFormat::V2, "").config,
+            case_pointers: Vec::new(),
+            triggers: Vec::new(),
+            trigger_file: None,
+            problems: Vec::new(),
+            case_renames: Vec::new(),
+            list_pointer: String::new(),
+        };
+        package.load_skill_md()?;
+        package.load_eval()?;
+        package.load_triggers()?;
+        Ok(package)
+    }
+
+    fn read(&self, rel: &str) -> Result<Vec<u8>, PackageError> {
+        let path = paths::join(&self.root, rel);
+        fs::read(&path).map_err(|e| PackageError::io(path, e))
+    }
+
+    fn load_skill_md(&mut self) -> Result<(), PackageError> {
+        if !self.has_file(SKILL_MD) {
+            let other = self
+                .files
+                .iter()
+                .find(|f| !f.path.contains('/') && f.path.eq_ignore_ascii_case(SKILL_MD));
+            let message = match other {
+                Some(f) => format!("SKILL.md is missing (found `{}`: the name must be exactly `SKILL.md`)", f.path),
+                None => "SKILL.md is missing: a skill package needs a SKILL.md at its root (or inside a \
+                         single top-level folder)"
+                    .to_string(),
+            };
+            self.problems.push(Problem::error(SKILL_MD, "", message));
+            return Ok(());
+        }
+        let bytes = self.read(SKILL_MD)?;
+        let Ok(text) = String::from_utf8(bytes) else {
+            self.problems
+                .push(Problem::error(SKILL_MD, "", "SKILL.md is not UTF-8 text"));
+            return Ok(());
+        };
+        let (manifest, problems) = skill_md::parse(&text);
+        self.manifest = manifest.unwrap_or_default();
+        self.problems.extend(problems);
+        Ok(())
+    }
+
+    fn load_eval(&mut self) -> Result<(), PackageError> {
+        let found: Vec<&'static str> = EVAL_FILES
+            .iter()
+            .copied()
+            .filter(|f| self.has_file(f))
+            .collect();
+        let Some(&file) = found.first() else {
+            self.problems.push(Problem::error(
+                EVAL_FILES[0],
+                "",
+                format!(
+                    "no eval definition found: add one of {}",
+                    EVAL_FILES.join(", ")
+                ),
+            ));
+            return Ok(());
+        };
+        for ignored in &found[1..] {
+            self.problems.push(Problem::warning(
+                *ignored,
+                "",
+                format!("ignored: `{file}` is the eval definition (first found wins)"),
+            ));
+        }
+        let bytes = self.read(file)?;
+        let converted = formats::convert(file, &bytes)?;
+        self.eval_file = file.to_string();
+        self.format = Some(converted.format);
+        self.list_pointer = converted.list_pointer;
+        self.problems.extend(converted.problems);
+        self.case_pointers = converted
+            .sources
+            .iter()
+            .map(|s| s.pointer.clone())
+            .collect();
+        self.case_renames = converted.sources.iter().map(|s| s.renames).collect();
+        if let Some((declared, pointer)) = &converted.skill_name {
+            let name = &self.manifest.name;
+            if !name.is_empty() && declared != name {
+                self.problems.push(Problem::warning(
+                    file,
+                    pointer,
+                    format!("skill_name `{declared}` differs from SKILL.md's name `{name}`"),
+                ));
+            }
+        }
+        if converted.format == EvalFormat::V2 {
+            let (resolved, problems) =
+                template::resolve(&converted.config, file, &self.case_pointers);
+            self.problems.extend(problems);
+            self.config = resolved;
+        } else {
+            self.config = converted.config.clone();
+        }
+        self.raw_config = converted.config;
+        Ok(())
+    }
+
+    fn load_triggers(&mut self) -> Result<(), PackageError> {
+        let Some(file) = TRIGGER_FILES.iter().copied().find(|f| self.has_file(f)) else {
+            return Ok(());
+        };
+        let bytes = self.read(file)?;
+        let (triggers, problems) = formats::convert_triggers(file, &bytes)?;
+        self.triggers = triggers;
+        self.trigger_file = Some(file.to_string());
+        self.problems.extend(problems);
+        Ok(())
+    }
+}
+
+/// Removes everything inside `dir`, best effort (used after a failed extraction).
+fn clear_dir(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let _ = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

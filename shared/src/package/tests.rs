@@ -1,0 +1,669 @@
+//! Package loading from folders: format conversion round trips, templating, validation.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+use super::*;
+use crate::grade::{Fault, Grade};
+use crate::model::{Evaluation, Expected, Input, Metadata, Profile, Settings, TestCase};
+use crate::strategy::{CompileContext, GradeEnv, GradeInput, Grader, Strategy, StrategyRegistry};
+
+const SKILL: &str = "---\nname: demo-skill\ndescription: Does demo things.\n---\n# Demo\n";
+
+fn package(files: &[(&str, &str)]) -> TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (path, content) in files {
+        let on_disk = dir.path().join(path);
+        if let Some(parent) = on_disk.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir");
+        }
+        std::fs::write(on_disk, content).expect("write");
+    }
+    dir
+}
+
+fn open(dir: &Path) -> Package {
+    Package::open(dir, &PackageLimits::default()).expect("package opens")
+}
+
+/// A stand-in for the real strategies: checks the fields the real ones check first.
+struct Stub(&'static str);
+
+#[derive(Debug)]
+struct Pass;
+
+#[async_trait]
+impl Grader for Pass {
+    async fn grade(&self, _input: &GradeInput<'_>, _env: &GradeEnv) -> Result<Grade, Fault> {
+        Ok(Grade::new(1.0, true, Value::Null))
+    }
+}
+
+impl Strategy for Stub {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+
+    fn compile(
+        &self,
+        case: &TestCase,
+        ctx: &CompileContext<'_>,
+    ) -> Result<Arc<dyn Grader>, Vec<Problem>> {
+        let mut problems = Vec::new();
+        match self.0 {
+            "exact_match" if case.expected.output.is_none() => {
+                problems.push(ctx.problem("/expected/output", "exact_match needs expected.output"));
+            }
+            "regex_match" => {
+                for (i, p) in case.expected.patterns.iter().enumerate() {
+                    if let Err(e) = regex::Regex::new(p) {
+                        problems.push(ctx.problem(
+                            &format!("/expected/patterns/{i}"),
+                            format!("invalid regex: {e}"),
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+        if problems.is_empty() {
+            Ok(Arc::new(Pass))
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+fn registry() -> StrategyRegistry {
+    StrategyRegistry::builder()
+        .register(Arc::new(Stub("exact_match")))
+        .register(Arc::new(Stub("regex_match")))
+        .register(Arc::new(Stub("hybrid")))
+        .build()
+}
+
+fn pointers(problems: &[Problem]) -> Vec<(&str, &str, bool)> {
+    problems
+        .iter()
+        .map(|p| (p.file.as_str(), p.pointer.as_str(), p.is_error()))
+        .collect()
+}
+
+#[test]
+fn v1_converts_to_the_expected_v2_model() {
+    let v1 = json!([
+        {"name": "exact", "input": "2+2?", "expectedOutput": "4"},
+        {"name": "patterns", "description": "d", "input": "list", "expectedPatterns": ["a", "b+"], "timeout": 5000},
+        {"name": "both", "input": "say hi", "expectedOutput": "hi", "expectedPatterns": ["h"]},
+        {"name": "neither", "input": "anything {{x}}"}
+    ]);
+    let dir = package(&[("SKILL.md", SKILL), ("tests.json", &v1.to_string())]);
+    let pkg = open(dir.path());
+
+    let case =
+        |id: &str, name: &str, prompt: &str, expected: Expected, evaluation: Evaluation| TestCase {
+            id: id.to_string(),
+            name: name.to_string(),
+            description: None,
+            tags: vec![],
+            input: Input {
+                prompt: prompt.to_string(),
+                context: None,
+                variables: BTreeMap::new(),
+                files: vec![],
+            },
+            expected,
+            evaluation,
+            metadata: Metadata::default(),
+            weight: 1.0,
+            given: None,
+        };
+    let mut patterns_case = case(
+        "v1-002",
+        "patterns",
+        "list",
+        Expected {
+            patterns: vec!["a".into(), "b+".into()],
+            ..Expected::default()
+        },
+        Evaluation {
+            strategy: "regex_match".into(),
+            timeout: Some(5000),
+            ..Evaluation::default()
+        },
+    );
+    patterns_case.description = Some("d".into());
+    let expected = EvalConfig {
+        version: "2.0".into(),
+        profile: Profile::Deterministic,
+        settings: Settings::default(),
+        setup: None,
+        teardown: None,
+        test_cases: vec![
+            case(
+                "v1-001",
+                "exact",
+                "2+2?",
+                Expected {
+                    output: Some("4".into()),
+                    ..Expected::default()
+                },
+                Evaluation {
+                    strategy: "exact_match".into(),
+                    ..Evaluation::default()
+                },
+            ),
+            patterns_case,
+            case(
+                "v1-003",
+                "both",
+                "say hi",
+                Expected {
+                    output: Some("hi".into()),
+                    patterns: vec!["h".into()],
+                    ..Expected::default()
+                },
+                Evaluation {
+                    strategy: "hybrid".into(),
+                    weights: BTreeMap::from([
+                        ("exact_match".into(), 0.5),
+                        ("regex_match".into(), 0.5),
+                    ]),
+                    passing_threshold: Some(1.0),
+                    ..Evaluation::default()
+                },
+            ),
+            case(
+                "v1-004",
+                "neither",
+                "anything {{x}}",
+                Expected {
+                    patterns: vec![r"\S".into()],
+                    ..Expected::default()
+                },
+                Evaluation {
+                    strategy: "regex_match".into(),
+                    ..Evaluation::default()
+                },
+            ),
+        ],
+        suites: vec![],
+    };
+    assert_eq!(pkg.format, Some(EvalFormat::V1));
+    assert_eq!(pkg.eval_file, "tests.json");
+    assert_eq!(pkg.case_pointers, ["/0", "/1", "/2", "/3"]);
+    assert_eq!(pkg.config, expected);
+    // v1 prompts are not templated: `{{x}}` is literal text, not an unknown variable.
+    assert_eq!(pkg.raw_config, expected);
+    assert!(pkg.problems.is_empty(), "{:?}", pkg.problems);
+    let v = validate(&pkg, &registry());
+    assert!(v.is_ok(), "{:?}", v.problems);
+    assert_eq!(v.graders.len(), 4);
+}
+
+#[test]
+fn skill_creator_evals_convert_to_the_expected_v2_model() {
+    let evals = json!({
+        "skill_name": "demo-skill",
+        "evals": [
+            {"id": 1, "prompt": "Make a chart from data.csv", "expected_output": "A bar chart",
+             "files": ["evals/files/data.csv"], "expectations": ["Has a title", "Uses bars"]},
+            {"id": 2, "prompt": "Summarise\nthe doc", "assertions": ["Is short"]},
+            {"id": 3, "prompt": "Describe it", "expected_output": "A friendly description"},
+            {"id": 4, "prompt": "Anything"}
+        ]
+    });
+    let dir = package(&[
+        ("SKILL.md", SKILL),
+        ("evals/evals.json", &evals.to_string()),
+        ("evals/files/data.csv", "a,b\n1,2\n"),
+    ]);
+    let pkg = open(dir.path());
+    let case = |id: &str,
+                name: &str,
+                prompt: &str,
+                files: Vec<String>,
+                expected: Expected,
+                strategy: &str| TestCase {
+        id: id.to_string(),
+        name: name.to_string(),
+        description: None,
+        tags: vec![],
+        input: Input {
+            prompt: prompt.to_string(),
+            context: None,
+            variables: BTreeMap::new(),
+            files,
+        },
+        expected,
+        evaluation: Evaluation {
+            strategy: strategy.to_string(),
+            ..Evaluation::default()
+        },
+        metadata: Metadata::default(),
+        weight: 1.0,
+        given: None,
+    };
+    let expected = EvalConfig {
+        version: "2.0".into(),
+        profile: Profile::Deterministic,
+        settings: Settings::default(),
+        setup: None,
+        teardown: None,
+        test_cases: vec![
+            case(
+                "1",
+                "Make a chart from data.csv",
+                "Make a chart from data.csv",
+                vec!["evals/files/data.csv".into()],
+                Expected {
+                    output: Some("A bar chart".into()),
+                    assertions: vec!["Has a title".into(), "Uses bars".into()],
+                    ..Expected::default()
+                },
+                "assertions",
+            ),
+            case(
+                "2",
+                "Summarise",
+                "Summarise\nthe doc",
+                vec![],
+                Expected {
+                    assertions: vec!["Is short".into()],
+                    ..Expected::default()
+                },
+                "assertions",
+            ),
+            case(
+                "3",
+                "Describe it",
+                "Describe it",
+                vec![],
+                Expected {
+                    output: Some("A friendly description".into()),
+                    assertions: vec!["A friendly description".into()],
+                    ..Expected::default()
+                },
+                "assertions",
+            ),
+            case(
+                "4",
+                "Anything",
+                "Anything",
+                vec![],
+                Expected {
+                    patterns: vec![r"\S".into()],
+                    ..Expected::default()
+                },
+                "regex_match",
+            ),
+        ],
+        suites: vec![],
+    };
+    assert_eq!(pkg.format, Some(EvalFormat::SkillCreator));
+    assert_eq!(pkg.eval_file, "evals/evals.json");
+    assert_eq!(
+        pkg.case_pointers,
+        ["/evals/0", "/evals/1", "/evals/2", "/evals/3"]
+    );
+    assert_eq!(pkg.config, expected);
+    assert_eq!(
+        pointers(&pkg.problems),
+        [("evals/evals.json", "/evals/3", false)]
+    );
+    // `assertions` is not registered here (no model): accepted, no grader, fields checked.
+    let v = validate(&pkg, &registry());
+    assert!(v.is_ok(), "{:?}", v.problems);
+    assert_eq!(v.graders.keys().collect::<Vec<_>>(), ["4"]);
+}
+
+#[test]
+fn eval_metadata_converts_to_assertion_cases() {
+    let meta = json!({
+        "skill_name": "other-name",
+        "version": "1.2.0",
+        "test_cases": [
+            {"id": "tc-a", "prompt": "Write a haiku", "assertions": ["Has three lines"], "tags": ["poetry"], "weight": 2.0},
+            {"id": "tc-b", "prompt": "Write a limerick", "assertions": []}
+        ]
+    });
+    let dir = package(&[
+        ("SKILL.md", SKILL),
+        ("eval/eval_metadata.json", &meta.to_string()),
+    ]);
+    let pkg = open(dir.path());
+    assert_eq!(pkg.format, Some(EvalFormat::EvalMetadata));
+    assert_eq!(pkg.case_pointers, ["/test_cases/0", "/test_cases/1"]);
+    let expected_first = TestCase {
+        id: "tc-a".into(),
+        name: "Write a haiku".into(),
+        description: None,
+        tags: vec!["poetry".into()],
+        input: Input {
+            prompt: "Write a haiku".into(),
+            ..Input::default()
+        },
+        expected: Expected {
+            assertions: vec!["Has three lines".into()],
+            ..Expected::default()
+        },
+        evaluation: Evaluation {
+            strategy: "assertions".into(),
+            ..Evaluation::default()
+        },
+        metadata: Metadata::default(),
+        weight: 2.0,
+        given: None,
+    };
+    assert_eq!(pkg.config.test_cases[0], expected_first);
+    assert_eq!(pkg.config.test_cases[1].weight, 1.0);
+    // skill_name differs from SKILL.md: a warning; the empty assertion list: an error at the
+    // source field `assertions`, not the converted `expected/assertions`.
+    let v = validate(&pkg, &registry());
+    assert_eq!(
+        pointers(&v.problems),
+        [
+            ("eval/eval_metadata.json", "/skill_name", false),
+            ("eval/eval_metadata.json", "/test_cases/1/assertions", true),
+        ]
+    );
+}
+
+#[test]
+fn v2_templating_resolves_prompts_and_keeps_the_raw_config() {
+    let tests = json!({
+        "version": "2.0",
+        "testCases": [
+            {"id": "a", "input": {"prompt": "Add {{ x }} and {{y}}", "variables": {"x": "1", "y": "2"}},
+             "expected": {"output": "3"}}
+        ]
+    });
+    let dir = package(&[("SKILL.md", SKILL), ("eval/tests.json", &tests.to_string())]);
+    let pkg = open(dir.path());
+    assert_eq!(pkg.config.test_cases[0].input.prompt, "Add 1 and 2");
+    assert_eq!(
+        pkg.raw_config.test_cases[0].input.prompt,
+        "Add {{ x }} and {{y}}"
+    );
+    assert!(validate(&pkg, &registry()).is_ok());
+}
+
+#[test]
+fn validation_reports_every_problem_at_once() {
+    let tests = json!({
+        "version": "2.0",
+        "profile": "deterministic",
+        "settings": {"passThreshold": 1.5, "runner": {"type": "command", "script": "scripts/missing.py"}},
+        "testCases": [
+            {"id": "a", "input": {"prompt": "Hi {{who}}"}, "expected": {"output": "x"}},
+            {"id": "a", "input": {"prompt": "x", "files": ["../secret"],
+                                  "context": {"doc": "fixtures/missing.pdf", "ok": "fixtures/there.txt"}},
+             "expected": {"output": "x"}, "weight": -1},
+            {"id": "c", "expected": {"patterns": ["ok", "("]}, "evaluation": {"strategy": "regex_match", "timeout": 0}},
+            {"id": "d", "evaluation": {"strategy": "no_such"}}
+        ],
+        "suites": [{"name": "smoke", "testIds": ["a", "zzz"]}]
+    });
+    let dir = package(&[
+        ("SKILL.md", "---\nname: Bad_Name\ndescription: ok\n---\n"),
+        ("eval/tests.json", &tests.to_string()),
+        ("eval/fixtures/there.txt", "x"),
+    ]);
+    let pkg = open(dir.path());
+    let v = validate(&pkg, &registry());
+    assert!(!v.is_ok());
+    let got = pointers(&v.problems);
+    let want = [
+        ("SKILL.md", "/name", true),
+        ("eval/tests.json", "/testCases/0/input/prompt", true),
+        ("eval/tests.json", "/testCases/1/id", true),
+        ("eval/tests.json", "/testCases/1/input/files/0", true),
+        ("eval/tests.json", "/testCases/1/input/context/doc", true),
+        ("eval/tests.json", "/testCases/1/weight", true),
+        ("eval/tests.json", "/testCases/2/expected/patterns/1", true),
+        ("eval/tests.json", "/testCases/2/evaluation/timeout", true),
+        ("eval/tests.json", "/testCases/3/evaluation/strategy", true),
+        ("eval/tests.json", "/settings/passThreshold", true),
+        ("eval/tests.json", "/settings/runner/script", true),
+        ("eval/tests.json", "/suites/0/testIds/1", true),
+    ];
+    assert_eq!(got, want, "{:#?}", v.problems);
+    let message = |ptr: &str| {
+        v.problems
+            .iter()
+            .find(|p| p.pointer == ptr)
+            .map(|p| p.message.clone())
+            .unwrap_or_default()
+    };
+    assert!(message("/testCases/0/input/prompt").contains("unknown template variable `who`"));
+    assert!(message("/testCases/1/id").contains("duplicate test case id `a`"));
+    assert!(message("/testCases/1/input/files/0").contains("would leave the package"));
+    assert!(message("/testCases/1/input/context/doc").contains("does not exist"));
+    assert!(message("/testCases/2/expected/patterns/1").starts_with("invalid regex"));
+    assert!(message("/testCases/3/evaluation/strategy").contains("unknown strategy `no_such`"));
+    assert_eq!(message("/suites/0/testIds/1"), "unknown test case id `zzz`");
+    // Cases that compiled have graders, keyed by id (the duplicate keeps the first).
+    assert_eq!(v.graders.keys().collect::<Vec<_>>(), ["a"]);
+}
+
+#[test]
+fn v1_problems_point_at_the_fields_the_author_wrote() {
+    let v1 = json!({"tests": [
+        {"name": "ok", "input": "x", "expectedOutput": "y"},
+        {"name": "bad regex", "input": "x", "expectedPatterns": ["fine", "[unclosed"]}
+    ]});
+    let dir = package(&[("SKILL.md", SKILL), ("eval/tests.json", &v1.to_string())]);
+    let pkg = open(dir.path());
+    assert_eq!(pkg.format, Some(EvalFormat::V1));
+    assert_eq!(pkg.case_pointers, ["/tests/0", "/tests/1"]);
+    assert_eq!(
+        pkg.source_pointer(1, "/input/prompt").as_deref(),
+        Some("/tests/1/input")
+    );
+    assert_eq!(pkg.source_pointer(1, "/evaluation/strategy"), None);
+    let v = validate(&pkg, &registry());
+    assert_eq!(
+        pointers(&v.problems),
+        [("eval/tests.json", "/tests/1/expectedPatterns/1", true)]
+    );
+
+    // A strategy the registry does not know: the generated field points at the case.
+    let empty = StrategyRegistry::builder().build();
+    let v = validate(&pkg, &empty);
+    assert_eq!(v.problems[0].pointer, "/tests/0");
+    assert!(
+        v.problems[0]
+            .message
+            .ends_with("(converted field `evaluation/strategy`)"),
+        "{}",
+        v.problems[0].message
+    );
+}
+
+#[test]
+fn missing_skill_md_and_eval_definition() {
+    let dir = package(&[("skill.md", SKILL), ("README.md", "x")]);
+    let pkg = open(dir.path());
+    assert_eq!(pkg.manifest, SkillManifest::default());
+    assert_eq!(pkg.name(), None);
+    assert_eq!(pkg.format, None);
+    let v = validate(&pkg, &registry());
+    assert_eq!(
+        pointers(&v.problems),
+        [("SKILL.md", "", true), ("eval/tests.json", "", true)]
+    );
+    assert!(v.problems[0].message.contains("found `skill.md`"));
+    assert!(v.problems[1].message.contains("no eval definition found"));
+}
+
+#[test]
+fn first_eval_file_wins_and_others_are_flagged() {
+    let v2 = json!({"version": "2.0", "testCases": [{"id": "a", "expected": {"output": "x"}}]});
+    let dir = package(&[
+        ("SKILL.md", SKILL),
+        ("eval/tests.json", &v2.to_string()),
+        ("evals/evals.json", r#"{"evals": []}"#),
+    ]);
+    let pkg = open(dir.path());
+    assert_eq!(pkg.eval_file, "eval/tests.json");
+    assert_eq!(pointers(&pkg.problems), [("evals/evals.json", "", false)]);
+}
+
+#[test]
+fn empty_case_list_is_an_error() {
+    let dir = package(&[
+        ("SKILL.md", SKILL),
+        ("eval/tests.json", r#"{"version": "2.0", "testCases": []}"#),
+    ]);
+    let v = validate(&open(dir.path()), &registry());
+    assert_eq!(
+        pointers(&v.problems),
+        [("eval/tests.json", "/testCases", true)]
+    );
+}
+
+#[test]
+fn json_syntax_error_is_one_problem_with_position() {
+    let dir = package(&[
+        ("SKILL.md", SKILL),
+        (
+            "eval/tests.json",
+            "{\n  \"version\": \"2.0\",\n  \"testCases\": [,]\n}",
+        ),
+    ]);
+    let v = validate(&open(dir.path()), &registry());
+    assert_eq!(v.problems.len(), 1, "{:?}", v.problems);
+    assert!(
+        v.problems[0]
+            .message
+            .starts_with("invalid JSON at line 3, column 17"),
+        "{}",
+        v.problems[0].message
+    );
+}
+
+#[test]
+fn non_utf8_json_is_refused_naming_the_file() {
+    let dir = package(&[("SKILL.md", SKILL)]);
+    std::fs::create_dir_all(dir.path().join("eval")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("eval/tests.json"),
+        b"{\"version\": \"2.0\xff\"}",
+    )
+    .expect("write");
+    let err = Package::open(dir.path(), &PackageLimits::default()).expect_err("refused");
+    assert_eq!(err.limit(), Some("non_utf8_json"));
+    assert_eq!(err.entry(), Some("eval/tests.json"));
+}
+
+#[test]
+fn unregistered_model_strategies_are_accepted_with_their_fields_checked() {
+    let tests = json!({
+        "version": "2.0",
+        "profile": "creative",
+        "testCases": [
+            {"id": "judge-default-rubric", "input": {"prompt": "x"}},
+            {"id": "judge-bad-weights", "expected": {"rubric": {"criteria": [
+                {"name": "a", "weight": 0.5}, {"name": "b", "weight": 0.2}]}}},
+            {"id": "sim", "evaluation": {"strategy": "semantic_sim"}}
+        ]
+    });
+    let dir = package(&[("SKILL.md", SKILL), ("eval/tests.json", &tests.to_string())]);
+    let v = validate(&open(dir.path()), &registry());
+    assert_eq!(
+        pointers(&v.problems),
+        [
+            (
+                "eval/tests.json",
+                "/testCases/1/expected/rubric/criteria",
+                true
+            ),
+            ("eval/tests.json", "/testCases/2/expected/output", true),
+        ]
+    );
+    assert!(v.problems[0].message.contains("sum to 0.700"));
+}
+
+#[test]
+fn runner_and_triggers() {
+    let tests = json!({
+        "version": "2.0",
+        "settings": {"runner": "telepathy"},
+        "testCases": [{"id": "a", "expected": {"output": "x"}}]
+    });
+    let dir = package(&[
+        ("SKILL.md", SKILL),
+        ("eval/tests.json", &tests.to_string()),
+        (
+            "evals/triggers.json",
+            r#"[{"query": "demo please", "should_trigger": true}]"#,
+        ),
+    ]);
+    let pkg = open(dir.path());
+    assert_eq!(
+        pkg.triggers,
+        [TriggerCase {
+            query: "demo please".into(),
+            should_trigger: true
+        }]
+    );
+    assert_eq!(pkg.trigger_file.as_deref(), Some("evals/triggers.json"));
+    let v = validate(&pkg, &registry());
+    assert_eq!(
+        pointers(&v.problems),
+        [("eval/tests.json", "/settings/runner", true)]
+    );
+    assert!(v.problems[0].message.contains("unknown runner `telepathy`"));
+}
+
+#[test]
+fn open_validated_lists_all_problems() {
+    let tests = json!({"version": "2.0", "testCases": [{"id": "a"}, {"id": "a", "expected": {"output": "x"}}]});
+    let dir = package(&[("SKILL.md", SKILL), ("eval/tests.json", &tests.to_string())]);
+    let err = Package::open_validated(dir.path(), &PackageLimits::default(), &registry())
+        .expect_err("invalid");
+    assert_eq!(
+        pointers(err.problems()),
+        [
+            ("eval/tests.json", "/testCases/0/expected/output", true),
+            ("eval/tests.json", "/testCases/1/id", true)
+        ]
+    );
+    assert!(err
+        .to_string()
+        .starts_with("package is invalid: 2 errors\n  error: eval/tests.json#/testCases/0"));
+    let good = json!({"version": "2.0", "testCases": [{"id": "a", "expected": {"output": "x"}}]});
+    std::fs::write(dir.path().join("eval/tests.json"), good.to_string()).expect("write");
+    let (pkg, v) =
+        Package::open_validated(dir.path(), &PackageLimits::default(), &registry()).expect("valid");
+    assert!(v.is_ok());
+    assert_eq!(pkg.name(), Some("demo-skill"));
+}
+
+#[test]
+fn folder_with_a_single_skill_subfolder_opens_it() {
+    let dir = package(&[("my-skill/SKILL.md", SKILL), ("my-skill/tests.json", "[]")]);
+    let pkg = open(dir.path());
+    assert!(pkg.root().ends_with("my-skill"));
+    assert!(pkg.has_file("SKILL.md"));
+    assert_eq!(pkg.eval_file, "tests.json");
+}
+
+#[test]
+fn own_outputs_do_not_change_the_hash() {
+    let dir = package(&[("SKILL.md", SKILL), ("tests.json", "[]")]);
+    let before = open(dir.path()).content_hash;
+    std::fs::create_dir_all(dir.path().join("eval/runs/r1/grading")).expect("mkdir");
+    std::fs::write(dir.path().join("eval/runs/r1/grading/a.json"), "{}").expect("write");
+    std::fs::write(dir.path().join("eval/benchmark.json"), "{}").expect("write");
+    std::fs::create_dir_all(dir.path().join(".git")).expect("mkdir");
+    std::fs::write(dir.path().join(".git/HEAD"), "ref").expect("write");
+    assert_eq!(open(dir.path()).content_hash, before);
+    std::fs::write(dir.path().join("tests.json"), "[ ]").expect("write");
+    assert_ne!(open(dir.path()).content_hash, before);
+}

@@ -1,0 +1,450 @@
+//! Package validation: every problem at once, each with its file and JSON pointer, and a
+//! compiled grader for every case that compiles.
+//!
+//! Checked here: the loading problems (SKILL.md, JSON, conversion, templating); at least one
+//! test case; non-empty, unique ids (a duplicate is reported at the second occurrence); each
+//! case compiles with its strategy (the strategy checks its own fields, custom scripts
+//! included); `input.files` and fixture paths in `input.context` (strings starting with
+//! `fixtures/` or `eval/fixtures/`) exist and stay inside the package; `weight >= 0`;
+//! timeouts `> 0`; thresholds in [0, 1]; `settings.runner` is `command`, `given` or `llm` and a
+//! `command` runner's script exists; setup/teardown scripts exist; suite ids exist.
+//!
+//! Strategies that need a model (`llm_judge`, `assertions`, `semantic_sim`) may be absent from
+//! the registry (no provider configured, e.g. `skilleval validate`): they are accepted, get no
+//! grader, and their essential fields are checked here instead (assertions listed, rubric
+//! weights summing to 1, an expected output to compare with).
+//! Problems found in a converted format (v1, eval_metadata, skill-creator) point at the field
+//! the author wrote, not at the converted v2 field.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::paths;
+use super::Package;
+use crate::model::{RunnerSpec, TestCase};
+use crate::problem::{escape_token, Problem};
+use crate::strategy::{CompileContext, Grader, StrategyRegistry, MODEL_STRATEGIES};
+
+/// Runner names `settings.runner` accepts.
+pub const RUNNERS: &[&str] = &["command", "given", "llm"];
+
+/// Rubric weights must sum to 1 within this tolerance.
+pub const RUBRIC_WEIGHT_TOLERANCE: f64 = 0.001;
+
+/// The outcome of validating a package.
+#[derive(Debug, Default)]
+pub struct Validation {
+    /// Errors and warnings, in the order found (loading first, then per case).
+    pub problems: Vec<crate::problem::Problem>,
+    /// Case id -> compiled grader, for every case that compiled.
+    pub graders: BTreeMap<String, Arc<dyn Grader>>,
+}
+
+impl Validation {
+    /// No error-severity problem.
+    pub fn is_ok(&self) -> bool {
+        !self.problems.iter().any(Problem::is_error)
+    }
+
+    pub fn errors(&self) -> impl Iterator<Item = &Problem> {
+        self.problems.iter().filter(|p| p.is_error())
+    }
+
+    pub fn warnings(&self) -> impl Iterator<Item = &Problem> {
+        self.problems.iter().filter(|p| !p.is_error())
+    }
+}
+
+/// Validates a package against a strategy registry.
+pub fn validate(pkg: &Package, registry: &StrategyRegistry) -> Validation {
+    let mut v = Validator {
+        pkg,
+        registry,
+        problems: pkg.problems.clone(),
+        graders: BTreeMap::new(),
+    };
+    if pkg.format.is_some() {
+        v.cases();
+        v.settings();
+        v.suites();
+    }
+    let mut problems: Vec<Problem> = Vec::with_capacity(v.problems.len());
+    for p in v.problems {
+        if !problems.contains(&p) {
+            problems.push(p);
+        }
+    }
+    Validation {
+        problems,
+        graders: v.graders,
+    }
+}
+
+struct Validator<'a> {
+    pkg: &'a Package,
+    registry: &'a StrategyRegistry,
+    problems: Vec<Problem>,
+    graders: BTreeMap<String, Arc<dyn Grader>>,
+}
+
+impl Validator<'_> {
+    fn file(&self) -> &str {
+        &self.pkg.eval_file
+    }
+
+    /// A problem below case `i` at a v2 `suffix`, pointed into the source file.
+    fn case_error(&mut self, i: usize, suffix: &str, message: impl Into<String>) {
+        let base = self.pkg.case_pointers.get(i).cloned().unwrap_or_default();
+        let problem = Problem::error(self.file(), format!("{base}{suffix}"), message);
+        let problem = self.pkg.remap_problem(i, problem);
+        self.problems.push(problem);
+    }
+
+    fn error(&mut self, pointer: impl Into<String>, message: impl Into<String>) {
+        let problem = Problem::error(self.file(), pointer, message);
+        self.problems.push(problem);
+    }
+
+    fn cases(&mut self) {
+        let pkg = self.pkg;
+        let file = self.file().to_string();
+        let cases = &pkg.config.test_cases;
+        let eval_file_has_errors = self.problems.iter().any(|p| p.is_error() && p.file == file);
+        if cases.is_empty() && !eval_file_has_errors {
+            self.error(
+                pkg.list_pointer(),
+                "the eval definition has no test cases; add at least one",
+            );
+        }
+        let mut first_use: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, case) in cases.iter().enumerate() {
+            if case.id.trim().is_empty() {
+                self.case_error(i, "/id", "test case id must not be empty");
+            } else if let Some(&first) = first_use.get(case.id.as_str()) {
+                let first_at = pkg.case_pointers.get(first).cloned().unwrap_or_default();
+                self.case_error(
+                    i,
+                    "/id",
+                    format!(
+                        "duplicate test case id `{}` (first used by the case at {first_at})",
+                        case.id
+                    ),
+                );
+            } else {
+                first_use.insert(&case.id, i);
+            }
+            self.compile(i, case);
+            self.references(i, case);
+            self.numbers(i, case);
+        }
+    }
+
+    fn compile(&mut self, i: usize, case: &TestCase) {
+        let pkg = self.pkg;
+        let profile = pkg.config.profile;
+        let name = case.strategy_name(profile);
+        if self.registry.get(name).is_none() && MODEL_STRATEGIES.contains(&name) {
+            self.model_strategy_fields(i, case, name);
+            return;
+        }
+        let file = self.file().to_string();
+        let ctx = CompileContext {
+            registry: self.registry,
+            package_root: pkg.root(),
+            file: &file,
+            pointer: pkg.case_pointers.get(i).cloned().unwrap_or_default(),
+            profile,
+        };
+        match self.registry.compile(name, case, &ctx) {
+            Ok(grader) => {
+                self.graders.entry(case.id.clone()).or_insert(grader);
+            }
+            Err(problems) => {
+                for p in problems {
+                    let p = pkg.remap_problem(i, p);
+                    self.problems.push(p);
+                }
+            }
+        }
+    }
+
+    /// Essential fields of a model-backed strategy that is not registered in this process.
+    fn model_strategy_fields(&mut self, i: usize, case: &TestCase, name: &str) {
+        match name {
+            "assertions" => {
+                if case.expected.assertions.is_empty() {
+                    self.case_error(
+                        i,
+                        "/expected/assertions",
+                        "strategy `assertions` needs at least one assertion",
+                    );
+                }
+                for (k, a) in case.expected.assertions.iter().enumerate() {
+                    if a.trim().is_empty() {
+                        self.case_error(
+                            i,
+                            &format!("/expected/assertions/{k}"),
+                            "an assertion must not be empty",
+                        );
+                    }
+                }
+            }
+            "semantic_sim" => {
+                if case
+                    .expected
+                    .output
+                    .as_deref()
+                    .is_none_or(|o| o.trim().is_empty())
+                {
+                    self.case_error(
+                        i,
+                        "/expected/output",
+                        "strategy `semantic_sim` needs `expected.output` to compare with",
+                    );
+                }
+                if let Some(t) = case.expected.semantic_threshold {
+                    if !(0.0..=1.0).contains(&t) {
+                        self.case_error(
+                            i,
+                            "/expected/semanticThreshold",
+                            format!("must be between 0 and 1, not {t}"),
+                        );
+                    }
+                }
+            }
+            "llm_judge" => {
+                let Some(rubric) = &case.expected.rubric else {
+                    return; // the creative profile's default rubric applies
+                };
+                if rubric.criteria.is_empty() {
+                    self.case_error(
+                        i,
+                        "/expected/rubric/criteria",
+                        "a rubric needs at least one criterion",
+                    );
+                    return;
+                }
+                for (k, c) in rubric.criteria.iter().enumerate() {
+                    if !(c.weight.is_finite() && c.weight >= 0.0) {
+                        self.case_error(
+                            i,
+                            &format!("/expected/rubric/criteria/{k}/weight"),
+                            format!("a criterion weight must be >= 0, not {}", c.weight),
+                        );
+                    }
+                }
+                let sum: f64 = rubric.criteria.iter().map(|c| c.weight).sum();
+                if (sum - 1.0).abs() > RUBRIC_WEIGHT_TOLERANCE {
+                    self.case_error(
+                        i,
+                        "/expected/rubric/criteria",
+                        format!("rubric weights sum to {sum:.3}; they must sum to 1.0 (±{RUBRIC_WEIGHT_TOLERANCE})"),
+                    );
+                }
+                if !(0.0..=1.0).contains(&rubric.passing_threshold) {
+                    self.case_error(
+                        i,
+                        "/expected/rubric/passingThreshold",
+                        format!("must be between 0 and 1, not {}", rubric.passing_threshold),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// `input.files` and fixture paths in `input.context`.
+    fn references(&mut self, i: usize, case: &TestCase) {
+        let root = self.pkg.root().to_path_buf();
+        for (k, f) in case.input.files.iter().enumerate() {
+            if let Err(message) = paths::check_reference(&root, f) {
+                self.case_error(i, &format!("/input/files/{k}"), message);
+            }
+        }
+        if let Some(context) = &case.input.context {
+            let mut found = Vec::new();
+            fixture_strings(context, "/input/context", &mut found);
+            for (suffix, raw) in found {
+                if let Err(message) = check_fixture(&root, &raw) {
+                    self.case_error(i, &suffix, message);
+                }
+            }
+        }
+    }
+
+    fn numbers(&mut self, i: usize, case: &TestCase) {
+        if !(case.weight.is_finite() && case.weight >= 0.0) {
+            self.case_error(
+                i,
+                "/weight",
+                format!("weight must be a number >= 0, not {}", case.weight),
+            );
+        }
+        if case.evaluation.timeout == Some(0) {
+            self.case_error(
+                i,
+                "/evaluation/timeout",
+                "timeout must be greater than 0 ms",
+            );
+        }
+        if let Some(t) = case.evaluation.passing_threshold {
+            if !(0.0..=1.0).contains(&t) {
+                self.case_error(
+                    i,
+                    "/evaluation/passingThreshold",
+                    format!("must be between 0 and 1, not {t}"),
+                );
+            }
+        }
+    }
+
+    fn settings(&mut self) {
+        let config = &self.pkg.config;
+        let root = self.pkg.root().to_path_buf();
+        let s = &config.settings;
+        if s.default_timeout == Some(0) {
+            self.error(
+                "/settings/defaultTimeout",
+                "defaultTimeout must be greater than 0 ms",
+            );
+        }
+        if s.max_concurrent_tests == Some(0) {
+            self.error(
+                "/settings/maxConcurrentTests",
+                "maxConcurrentTests must be at least 1",
+            );
+        }
+        for (field, value) in [
+            ("passThreshold", s.pass_threshold),
+            ("scoreThreshold", s.score_threshold),
+        ] {
+            if let Some(t) = value {
+                if !(0.0..=1.0).contains(&t) {
+                    self.error(
+                        format!("/settings/{field}"),
+                        format!("{field} must be between 0 and 1, not {t}"),
+                    );
+                }
+            }
+        }
+        if let Some(runner) = &s.runner {
+            let cfg = runner.config();
+            let (kind_at, script_at) = match runner {
+                RunnerSpec::Name(_) => ("/settings/runner", "/settings/runner"),
+                RunnerSpec::Detailed(_) => ("/settings/runner/type", "/settings/runner/script"),
+            };
+            if !RUNNERS.contains(&cfg.kind.as_str()) {
+                self.error(
+                    kind_at,
+                    format!(
+                        "unknown runner `{}`; known: {}",
+                        cfg.kind,
+                        RUNNERS.join(", ")
+                    ),
+                );
+            } else if cfg.kind == "command" {
+                match &cfg.script {
+                    None => self.error(
+                        script_at,
+                        "the `command` runner needs a `script`, e.g. {\"type\": \"command\", \"script\": \"scripts/run.py\"}",
+                    ),
+                    Some(script) => {
+                        if let Err(message) = paths::check_reference(&root, script) {
+                            self.error(script_at, format!("runner script {message}"));
+                        }
+                    }
+                }
+            }
+        }
+        let scripts = [
+            (
+                "/setup/script",
+                config.setup.as_ref().and_then(|s| s.script.clone()),
+            ),
+            (
+                "/teardown/script",
+                config.teardown.as_ref().and_then(|t| t.script.clone()),
+            ),
+        ];
+        for (at, script) in scripts {
+            if let Some(script) = script {
+                if let Err(message) = paths::check_reference(&root, &script) {
+                    self.error(at, format!("script {message}"));
+                }
+            }
+        }
+    }
+
+    fn suites(&mut self) {
+        let config = &self.pkg.config;
+        let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+        for (j, suite) in config.suites.iter().enumerate() {
+            if suite.name.trim().is_empty() {
+                self.error(format!("/suites/{j}/name"), "suite name must not be empty");
+            } else if let Some(first) = names.get(suite.name.as_str()) {
+                self.error(
+                    format!("/suites/{j}/name"),
+                    format!(
+                        "duplicate suite name `{}` (first used by /suites/{first})",
+                        suite.name
+                    ),
+                );
+            } else {
+                names.insert(&suite.name, j);
+            }
+            for (k, id) in suite.test_ids.iter().enumerate() {
+                if !config.test_cases.iter().any(|c| &c.id == id) {
+                    self.error(
+                        format!("/suites/{j}/testIds/{k}"),
+                        format!("unknown test case id `{id}`"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Collects `(pointer suffix, string)` for every string in `value` that names a fixture.
+fn fixture_strings(value: &Value, at: &str, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::String(s) => {
+            let s2 = s.strip_prefix("./").unwrap_or(s);
+            if s2.starts_with("fixtures/") || s2.starts_with("eval/fixtures/") {
+                out.push((at.to_string(), s.clone()));
+            }
+        }
+        Value::Array(items) => {
+            for (k, item) in items.iter().enumerate() {
+                fixture_strings(item, &format!("{at}/{k}"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map {
+                fixture_strings(item, &format!("{at}/{}", escape_token(key)), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `eval/fixtures/x` is package-relative; `fixtures/x` is looked for in `eval/` (as the test
+/// file's folder, the seed's convention) and then at the root.
+fn check_fixture(root: &std::path::Path, raw: &str) -> Result<(), String> {
+    let normalized = paths::normalize_file(raw)
+        .map_err(|issue| format!("fixture `{raw}`: {}", issue.describe()))?;
+    let candidates = if normalized.starts_with("eval/") {
+        vec![normalized]
+    } else {
+        vec![format!("eval/{normalized}"), normalized]
+    };
+    if candidates.iter().any(|c| paths::join(root, c).is_file()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "fixture `{raw}` does not exist (looked for {})",
+            candidates.join(" and ")
+        ))
+    }
+}
