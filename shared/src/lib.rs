@@ -22,4 +22,5 @@ pub mod package;
 pub mod problem;
 pub mod runner;
 pub mod sandbox;
+pub mod scale;
 pub mod strategy;

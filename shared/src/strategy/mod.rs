@@ -32,7 +32,11 @@ pub trait Strategy: Send + Sync {
     }
 
     /// Checks the case and builds its grader. Problems carry pointers under `ctx.pointer`.
-    fn compile(&self, case: &TestCase, ctx: &CompileContext<'_>) -> Result<Arc<dyn Grader>, Vec<Problem>>;
+    fn compile(
+        &self,
+        case: &TestCase,
+        ctx: &CompileContext<'_>,
+    ) -> Result<Arc<dyn Grader>, Vec<Problem>>;
 }
 
 /// A compiled grader for one test-case definition.
@@ -139,7 +143,12 @@ impl StrategyRegistry {
     }
 
     /// Compiles a case with its named strategy; an unknown name is a problem at `/evaluation/strategy`.
-    pub fn compile(&self, name: &str, case: &TestCase, ctx: &CompileContext<'_>) -> Result<Arc<dyn Grader>, Vec<Problem>> {
+    pub fn compile(
+        &self,
+        name: &str,
+        case: &TestCase,
+        ctx: &CompileContext<'_>,
+    ) -> Result<Arc<dyn Grader>, Vec<Problem>> {
         match self.get(name) {
             Some(strategy) => strategy.compile(case, ctx),
             None => Err(vec![ctx.problem(
@@ -158,3 +167,21 @@ impl StrategyRegistry {
 pub const MODEL_STRATEGIES: &[&str] = &["llm_judge", "assertions", "semantic_sim"];
 
 mod builtin;
+pub mod contains;
+pub mod custom;
+pub mod exact_match;
+pub mod hybrid;
+pub mod json_schema;
+pub mod keyword_coverage;
+pub mod lexical_similarity;
+pub mod model_required;
+mod options;
+pub mod regex_match;
+pub mod rubric;
+pub mod sentiment;
+mod sentiment_lexicon;
+#[cfg(test)]
+pub(crate) mod test_support;
+mod text;
+pub mod tool_usage;
+pub mod toxicity;
