@@ -1,0 +1,17 @@
+//! The process-level wiring the coordinator and the worker share; the domain stays in `shared`.
+//!
+//! - [`config`] loads the one typed [`config::Settings`]: built-in defaults, then
+//!   `config/default.toml` and `config/{SKILLEVAL_ENV}.toml`, then `SKILLEVAL__SECTION__KEY`
+//!   variables, then the standard `DATABASE_URL`, `AMQP_URL` and `RUST_LOG`. Nothing else in the
+//!   service reads the environment.
+//! - [`telemetry`] sets up `tracing` once (JSON lines in production, readable text on a terminal).
+//! - [`store`] is where every SQL statement lives: the pool, the migrations, the workers' result
+//!   writes ([`store::results`]) and the coordinator's runs ([`store::runs`]).
+//! - [`topology`] names and declares every exchange and queue, and publishes with confirms.
+//! - [`messages`] is the wire format of what travels over the broker: jobs and case events.
+
+pub mod config;
+pub mod messages;
+pub mod store;
+pub mod telemetry;
+pub mod topology;

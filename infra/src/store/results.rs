@@ -1,0 +1,295 @@
+//! The workers' writes: results and the run counters they advance.
+//!
+//! A result row is created `queued` with its run (by the coordinator) and leaves `queued`
+//! exactly once. [`Store::record_results`] writes a whole batch in one statement: it updates
+//! only rows still `queued` (so a redelivered job, or the same case finished by two workers,
+//! changes nothing the second time) and, in the same statement, adds to each run's counters
+//! exactly the rows that changed, once per run. Concurrent writers of the same row serialise on
+//! its row lock; the loser re-checks `status = 'queued'` after the winner commits and matches
+//! nothing. Two batches that overlap in rows can deadlock; Postgres then aborts one, which
+//! [`super::StoreError::is_transient`] reports as worth retrying.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use skilleval::executor::{CaseStatus, JobResult};
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+
+/// A result whose row this call moved out of `queued`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    pub run_id: Uuid,
+    pub test_case_id: String,
+    pub status: CaseStatus,
+}
+
+/// Where a case stands, read before running a redelivered job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaseState {
+    pub run_status: String,
+    /// `None`: the run has no row for this case.
+    pub case_status: Option<CaseStatus>,
+}
+
+impl CaseState {
+    /// Nothing is left to do for the case: it finished, or its run is gone or cancelled.
+    pub fn is_settled(&self) -> bool {
+        self.run_status == "cancelled" || self.case_status.is_none_or(CaseStatus::is_final)
+    }
+}
+
+const RECORD_RESULTS: &str = r"
+WITH input AS (
+    SELECT * FROM UNNEST(
+        $1::uuid[], $2::text[], $3::text[], $4::text[], $5::float8[], $6::jsonb[], $7::text[],
+        $8::text[], $9::bool[], $10::text[], $11::jsonb[], $12::jsonb[], $13::int8[], $14::jsonb[],
+        $15::jsonb[], $16::int8[], $17::int8[], $18::float8[], $19::int8[], $20::int8[],
+        $21::float8[], $22::jsonb[], $23::jsonb[], $24::jsonb[], $25::float8[], $26::bool[],
+        $27::jsonb[], $28::timestamptz[], $29::timestamptz[]
+    ) AS t(run_id, test_case_id, status, strategy, score, rubric_scores, feedback,
+           output, output_truncated, expected_output, matched_patterns, schema_errors,
+           duration_ms, attempts, error, produce_input_tokens, produce_output_tokens,
+           produce_cost_usd, grade_input_tokens, grade_output_tokens, grade_cost_usd,
+           details, tags, suites, weight, critical, result, started_at, finished_at)
+),
+changed AS (
+    UPDATE eval_results e SET
+        status = i.status,
+        strategy = i.strategy,
+        score = i.score,
+        rubric_scores = i.rubric_scores,
+        feedback = i.feedback,
+        output = i.output,
+        output_truncated = i.output_truncated,
+        expected_output = i.expected_output,
+        matched_patterns = CASE WHEN i.matched_patterns IS NULL THEN NULL
+                                ELSE ARRAY(SELECT jsonb_array_elements_text(i.matched_patterns)) END,
+        schema_errors = i.schema_errors,
+        duration_ms = i.duration_ms,
+        attempts = i.attempts,
+        error = i.error,
+        produce_input_tokens = i.produce_input_tokens,
+        produce_output_tokens = i.produce_output_tokens,
+        produce_cost_usd = i.produce_cost_usd,
+        grade_input_tokens = i.grade_input_tokens,
+        grade_output_tokens = i.grade_output_tokens,
+        grade_cost_usd = i.grade_cost_usd,
+        details = i.details,
+        tags = ARRAY(SELECT jsonb_array_elements_text(i.tags)),
+        suites = ARRAY(SELECT jsonb_array_elements_text(i.suites)),
+        weight = i.weight,
+        critical = i.critical,
+        result = i.result,
+        started_at = i.started_at,
+        finished_at = i.finished_at,
+        updated_at = now()
+    FROM input i
+    WHERE e.run_id = i.run_id AND e.test_case_id = i.test_case_id AND e.status = 'queued'
+    RETURNING e.run_id, e.test_case_id, e.status
+),
+counts AS (
+    SELECT run_id,
+           count(*)::int4 AS n,
+           (count(*) FILTER (WHERE status = 'passed'))::int4 AS passed,
+           (count(*) FILTER (WHERE status = 'failed'))::int4 AS failed,
+           (count(*) FILTER (WHERE status = 'errored'))::int4 AS errored,
+           (count(*) FILTER (WHERE status = 'skipped'))::int4 AS skipped
+    FROM changed GROUP BY run_id
+),
+bumped AS (
+    UPDATE runs r SET
+        completed = r.completed + c.n,
+        passed = r.passed + c.passed,
+        failed = r.failed + c.failed,
+        errored = r.errored + c.errored,
+        skipped = r.skipped + c.skipped,
+        started_at = COALESCE(r.started_at, now())
+    FROM counts c
+    WHERE r.id = c.run_id
+    RETURNING r.id
+)
+SELECT run_id, test_case_id, status FROM changed
+";
+
+/// The batch as parallel arrays, one per column (what `UNNEST` takes).
+#[derive(Default)]
+struct Columns {
+    run_id: Vec<Uuid>,
+    test_case_id: Vec<String>,
+    status: Vec<String>,
+    strategy: Vec<String>,
+    score: Vec<Option<f64>>,
+    rubric_scores: Vec<Option<Value>>,
+    feedback: Vec<Option<String>>,
+    output: Vec<Option<String>>,
+    output_truncated: Vec<bool>,
+    expected_output: Vec<Option<String>>,
+    matched_patterns: Vec<Option<Value>>,
+    schema_errors: Vec<Option<Value>>,
+    duration_ms: Vec<i64>,
+    attempts: Vec<Value>,
+    error: Vec<Option<Value>>,
+    produce_input_tokens: Vec<i64>,
+    produce_output_tokens: Vec<i64>,
+    produce_cost_usd: Vec<f64>,
+    grade_input_tokens: Vec<i64>,
+    grade_output_tokens: Vec<i64>,
+    grade_cost_usd: Vec<f64>,
+    details: Vec<Value>,
+    tags: Vec<Value>,
+    suites: Vec<Value>,
+    weight: Vec<f64>,
+    critical: Vec<bool>,
+    result: Vec<Value>,
+    started_at: Vec<DateTime<Utc>>,
+    finished_at: Vec<DateTime<Utc>>,
+}
+
+fn int8(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<Value, StoreError> {
+    serde_json::to_value(v).map_err(|e| StoreError::Query {
+        context: "serialising a result",
+        source: sqlx::Error::Encode(Box::new(e)),
+    })
+}
+
+impl Columns {
+    fn push(&mut self, r: &JobResult) -> Result<(), StoreError> {
+        self.run_id.push(r.run_id);
+        self.test_case_id.push(r.test_case_id.clone());
+        self.status.push(r.status.as_str().to_string());
+        self.strategy.push(r.strategy.clone());
+        self.score.push(r.score);
+        self.rubric_scores.push(r.rubric_scores.clone());
+        self.feedback.push(r.feedback.clone());
+        self.output.push(r.output.clone());
+        self.output_truncated.push(r.output_truncated);
+        self.expected_output.push(r.expected_output.clone());
+        self.matched_patterns.push(r.matched_patterns.as_ref().map(json).transpose()?);
+        self.schema_errors.push(r.schema_errors.as_ref().map(json).transpose()?);
+        self.duration_ms.push(int8(r.duration_ms));
+        self.attempts.push(json(&r.attempts)?);
+        self.error.push(r.error.as_ref().map(json).transpose()?);
+        self.produce_input_tokens.push(int8(r.produce_usage.input_tokens));
+        self.produce_output_tokens.push(int8(r.produce_usage.output_tokens));
+        self.produce_cost_usd.push(r.produce_usage.cost_usd);
+        self.grade_input_tokens.push(int8(r.grade_usage.input_tokens));
+        self.grade_output_tokens.push(int8(r.grade_usage.output_tokens));
+        self.grade_cost_usd.push(r.grade_usage.cost_usd);
+        self.details.push(r.details.clone());
+        self.tags.push(json(&r.tags)?);
+        self.suites.push(json(&r.suites)?);
+        self.weight.push(r.weight);
+        self.critical.push(r.critical);
+        self.result.push(json(r)?);
+        self.started_at.push(r.started_at);
+        self.finished_at.push(r.finished_at);
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Stores a batch of final results in one transaction and one statement, and advances the
+    /// counters of their runs by exactly the rows that changed. Returns the rows that changed;
+    /// a result whose row is not `queued` any more (already recorded, skipped by a cancel) or
+    /// does not exist is left out. Results still `queued` are ignored.
+    #[tracing::instrument(skip_all, fields(batch = results.len()))]
+    pub async fn record_results(&self, results: &[JobResult]) -> Result<Vec<Changed>, StoreError> {
+        let mut seen = HashSet::with_capacity(results.len());
+        let mut cols = Columns::default();
+        for r in results {
+            if !r.status.is_final() || !seen.insert((r.run_id, r.test_case_id.as_str())) {
+                continue;
+            }
+            cols.push(r)?;
+        }
+        if cols.run_id.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self
+            .pool()
+            .begin()
+            .await
+            .map_err(StoreError::query("starting the results transaction"))?;
+        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(RECORD_RESULTS)
+            .bind(cols.run_id)
+            .bind(cols.test_case_id)
+            .bind(cols.status)
+            .bind(cols.strategy)
+            .bind(cols.score)
+            .bind(cols.rubric_scores)
+            .bind(cols.feedback)
+            .bind(cols.output)
+            .bind(cols.output_truncated)
+            .bind(cols.expected_output)
+            .bind(cols.matched_patterns)
+            .bind(cols.schema_errors)
+            .bind(cols.duration_ms)
+            .bind(cols.attempts)
+            .bind(cols.error)
+            .bind(cols.produce_input_tokens)
+            .bind(cols.produce_output_tokens)
+            .bind(cols.produce_cost_usd)
+            .bind(cols.grade_input_tokens)
+            .bind(cols.grade_output_tokens)
+            .bind(cols.grade_cost_usd)
+            .bind(cols.details)
+            .bind(cols.tags)
+            .bind(cols.suites)
+            .bind(cols.weight)
+            .bind(cols.critical)
+            .bind(cols.result)
+            .bind(cols.started_at)
+            .bind(cols.finished_at)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(StoreError::query("recording results"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::query("committing results"))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(run_id, test_case_id, status)| {
+                CaseStatus::parse(&status).map(|status| Changed {
+                    run_id,
+                    test_case_id,
+                    status,
+                })
+            })
+            .collect())
+    }
+
+    /// Whether the run was cancelled (an unknown run is not).
+    pub async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, StoreError> {
+        let cancelled: Option<bool> = sqlx::query_scalar("SELECT status = 'cancelled' FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(StoreError::query("reading a run's status"))?;
+        Ok(cancelled.unwrap_or(false))
+    }
+
+    /// The run's status and the case's, or `None` when the run does not exist.
+    pub async fn case_state(&self, run_id: Uuid, test_case_id: &str) -> Result<Option<CaseState>, StoreError> {
+        let row: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT r.status, e.status FROM runs r
+             LEFT JOIN eval_results e ON e.run_id = r.id AND e.test_case_id = $2
+             WHERE r.id = $1",
+        )
+        .bind(run_id)
+        .bind(test_case_id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(StoreError::query("reading a case's state"))?;
+        Ok(row.map(|(run_status, case_status)| CaseState {
+            run_status,
+            case_status: case_status.as_deref().and_then(CaseStatus::parse),
+        }))
+    }
+}

@@ -1,0 +1,695 @@
+//! The coordinator's SQL: skills, versions, eval configs, run creation, queries, cancellation,
+//! the publish sweeper and finalisation. Workers' SQL (result upserts, counters) lives in
+//! [`super::results`]; the two meet on `eval_results` rows and `runs` counters:
+//!
+//! - a run is created with one `queued` row per case in one transaction ([`insert_run`]);
+//! - a row leaves `queued` exactly once, by a worker's upsert or by [`skip_queued`] (cancel,
+//!   failFast), and whoever moves it bumps the run's counters in the same statement;
+//! - a run whose `completed` reached `total` is finalised once ([`finalise`]: a conditional
+//!   `UPDATE ... WHERE NOT finalised`).
+//!
+//! All queries are checked at run time (no database needed to build).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use skilleval::plan::Job;
+
+/// A version to store, from a validated package.
+#[derive(Debug)]
+pub struct NewVersion<'a> {
+    pub skill_name: &'a str,
+    pub description: &'a str,
+    pub description_hash: &'a str,
+    pub package_hash: &'a str,
+    pub package_bytes: &'a [u8],
+    pub manifest: Value,
+    /// `metadata.version` from SKILL.md; `None`: the next number for this skill.
+    pub version_label: Option<String>,
+    pub eval_version: &'a str,
+    pub profile: &'a str,
+    /// The templated definition (`EvalConfig`) the runs are planned from.
+    pub config: Value,
+    pub test_cases: i32,
+}
+
+/// A stored version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredVersion {
+    pub skill_id: Uuid,
+    pub version_id: Uuid,
+    pub version: String,
+    /// false: a version with the same package content existed and was reused.
+    pub created: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    #[error("version `{version}` of skill `{skill}` already exists with different content")]
+    LabelTaken { skill: String, version: String },
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+/// Creates the skill if new and stores the version with its eval config. A package whose
+/// content hash the skill already has is the same version (returned, not duplicated).
+#[tracing::instrument(skip_all, fields(skill = v.skill_name))]
+pub async fn upsert_version(conn: &mut PgConnection, v: &NewVersion<'_>) -> Result<StoredVersion, VersionError> {
+    let skill_id: Uuid = sqlx::query_scalar(
+        "INSERT INTO skills (id, name) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
+         RETURNING id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(v.skill_name)
+    .fetch_one(&mut *conn)
+    .await?;
+    // Serialises version numbering per skill (the upsert above already row-locked it).
+    let existing = sqlx::query("SELECT id, version FROM skill_versions WHERE skill_id = $1 AND package_hash = $2")
+        .bind(skill_id)
+        .bind(v.package_hash)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if let Some(row) = existing {
+        let version: String = row.try_get("version")?;
+        if v.version_label.as_ref().is_none_or(|l| *l == version) {
+            return Ok(StoredVersion {
+                skill_id,
+                version_id: row.try_get("id")?,
+                version,
+                created: false,
+            });
+        }
+    }
+    let version = match &v.version_label {
+        Some(label) => label.clone(),
+        None => {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM skill_versions WHERE skill_id = $1")
+                .bind(skill_id)
+                .fetch_one(&mut *conn)
+                .await?;
+            (n + 1).to_string()
+        }
+    };
+    let version_id = Uuid::now_v7();
+    let inserted = sqlx::query(
+        "INSERT INTO skill_versions
+            (id, skill_id, version, description, description_hash, package_hash, package_bytes, manifest)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (skill_id, version) DO NOTHING",
+    )
+    .bind(version_id)
+    .bind(skill_id)
+    .bind(&version)
+    .bind(v.description)
+    .bind(v.description_hash)
+    .bind(v.package_hash)
+    .bind(v.package_bytes)
+    .bind(&v.manifest)
+    .execute(&mut *conn)
+    .await?;
+    if inserted.rows_affected() == 0 {
+        return Err(VersionError::LabelTaken {
+            skill: v.skill_name.to_string(),
+            version,
+        });
+    }
+    sqlx::query(
+        "INSERT INTO eval_configs (id, version_id, version, profile, config, test_cases)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(Uuid::now_v7())
+    .bind(version_id)
+    .bind(v.eval_version)
+    .bind(v.profile)
+    .bind(&v.config)
+    .bind(v.test_cases)
+    .execute(&mut *conn)
+    .await?;
+    Ok(StoredVersion {
+        skill_id,
+        version_id,
+        version,
+        created: true,
+    })
+}
+
+/// What planning a run of a version needs.
+#[derive(Debug, Clone)]
+pub struct VersionForRun {
+    pub version_id: Uuid,
+    pub skill_name: String,
+    pub version: String,
+    pub package_hash: String,
+    pub config: Value,
+}
+
+pub async fn version_for_run(conn: &mut PgConnection, version_id: Uuid) -> Result<Option<VersionForRun>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT v.id, s.name, v.version, v.package_hash, c.config
+         FROM skill_versions v
+         JOIN skills s ON s.id = v.skill_id
+         JOIN eval_configs c ON c.version_id = v.id
+         WHERE v.id = $1",
+    )
+    .bind(version_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|r| {
+        Ok(VersionForRun {
+            version_id: r.try_get(0)?,
+            skill_name: r.try_get(1)?,
+            version: r.try_get(2)?,
+            package_hash: r.try_get(3)?,
+            config: r.try_get(4)?,
+        })
+    })
+    .transpose()
+}
+
+/// The stored ZIP of a package, by content hash (what workers fetch and cache).
+pub async fn package_bytes(pool: &PgPool, package_hash: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
+    sqlx::query_scalar("SELECT package_bytes FROM skill_versions WHERE package_hash = $1 LIMIT 1")
+        .bind(package_hash)
+        .fetch_optional(pool)
+        .await
+}
+
+/// A run to create.
+#[derive(Debug)]
+pub struct NewRun<'a> {
+    pub id: Uuid,
+    pub version_id: Uuid,
+    /// `upload` or `manual`.
+    pub kind: &'a str,
+    pub runner: Option<Value>,
+    pub callback_url: Option<&'a str>,
+    pub idempotency_key: Option<&'a str>,
+    /// `maxConcurrentTests`: jobs of this run in flight at once (`None`: all).
+    pub max_in_flight: Option<i32>,
+    pub fail_fast: bool,
+    /// The request that made it (filters), for the record.
+    pub request: Value,
+}
+
+/// Whether [`insert_run`] created the run or found the one with the same idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunInsert {
+    Created(Uuid),
+    Existing(Uuid),
+}
+
+impl RunInsert {
+    pub fn run_id(self) -> Uuid {
+        match self {
+            RunInsert::Created(id) | RunInsert::Existing(id) => id,
+        }
+    }
+}
+
+/// Inserts the run and one `queued` row per job (one multi-row statement), in the caller's
+/// transaction. With an idempotency key already used, changes nothing and returns that run.
+#[tracing::instrument(skip_all, fields(run_id = %run.id, jobs = jobs.len()))]
+pub async fn insert_run(conn: &mut PgConnection, run: &NewRun<'_>, jobs: &[Job]) -> Result<RunInsert, sqlx::Error> {
+    let total = i32::try_from(jobs.len()).unwrap_or(i32::MAX);
+    let inserted: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO runs
+            (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
+             max_in_flight, fail_fast, request)
+         VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, $8, $9, $10)
+         ON CONFLICT (idempotency_key) DO NOTHING
+         RETURNING id",
+    )
+    .bind(run.id)
+    .bind(run.version_id)
+    .bind(run.kind)
+    .bind(total)
+    .bind(&run.runner)
+    .bind(run.callback_url)
+    .bind(run.idempotency_key)
+    .bind(run.max_in_flight)
+    .bind(run.fail_fast)
+    .bind(&run.request)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(run_id) = inserted else {
+        let existing: Uuid = sqlx::query_scalar("SELECT id FROM runs WHERE idempotency_key = $1")
+            .bind(run.idempotency_key)
+            .fetch_one(&mut *conn)
+            .await?;
+        return Ok(RunInsert::Existing(existing));
+    };
+    let mut ids = Vec::with_capacity(jobs.len());
+    let mut names = Vec::with_capacity(jobs.len());
+    let mut indexes = Vec::with_capacity(jobs.len());
+    let mut strategies = Vec::with_capacity(jobs.len());
+    let mut weights = Vec::with_capacity(jobs.len());
+    let mut payloads = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        ids.push(job.case.id.clone());
+        names.push(job.case.name.clone());
+        indexes.push(i32::try_from(job.case_index).unwrap_or(i32::MAX));
+        strategies.push(job.strategy().to_string());
+        weights.push(job.case.weight);
+        payloads.push(serde_json::to_value(job).map_err(|e| sqlx::Error::Encode(Box::new(e)))?);
+    }
+    sqlx::query(
+        "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight, status, job)
+         SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job
+         FROM UNNEST($2::text[], $3::text[], $4::int4[], $5::text[], $6::float8[], $7::jsonb[])
+              AS t(id, name, idx, strategy, weight, job)",
+    )
+    .bind(run_id)
+    .bind(&ids)
+    .bind(&names)
+    .bind(&indexes)
+    .bind(&strategies)
+    .bind(&weights)
+    .bind(&payloads)
+    .execute(&mut *conn)
+    .await?;
+    Ok(RunInsert::Created(run_id))
+}
+
+/// Serialises releasers of one run (creation, events, the sweeper, other replicas) for the
+/// rest of the caller's transaction, so `maxConcurrentTests` is never overshot by a race.
+pub async fn lock_run_release(conn: &mut PgConnection, run_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 7))")
+        .bind(run_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The jobs of a running run to publish now: unpublished `queued` rows in case order, as many
+/// as `max_in_flight` leaves room for (all when unset). Call under [`lock_run_release`].
+pub async fn jobs_to_release(conn: &mut PgConnection, run_id: Uuid) -> Result<Vec<Job>, sqlx::Error> {
+    let rows: Vec<Value> = sqlx::query_scalar(
+        "WITH r AS (
+             SELECT id, max_in_flight FROM runs WHERE id = $1 AND status = 'running' AND NOT finalised
+         ), in_flight AS (
+             SELECT count(*) AS n FROM eval_results
+             WHERE run_id = $1 AND status = 'queued' AND published_at IS NOT NULL
+         )
+         SELECT e.job FROM eval_results e, r, in_flight
+         WHERE e.run_id = r.id AND e.status = 'queued' AND e.published_at IS NULL
+         ORDER BY e.case_index
+         LIMIT (SELECT CASE WHEN r.max_in_flight IS NULL THEN NULL
+                            ELSE GREATEST(r.max_in_flight - in_flight.n, 0) END
+                FROM r, in_flight)",
+    )
+    .bind(run_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter()
+        .map(|v| serde_json::from_value(v).map_err(|e| sqlx::Error::Decode(Box::new(e))))
+        .collect()
+}
+
+/// Records the broker's confirms for these cases (one statement).
+pub async fn mark_published(conn: &mut PgConnection, run_id: Uuid, case_ids: &[String]) -> Result<u64, sqlx::Error> {
+    if case_ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(
+        "UPDATE eval_results SET published_at = now()
+         WHERE run_id = $1 AND test_case_id = ANY($2) AND published_at IS NULL",
+    )
+    .bind(run_id)
+    .bind(case_ids)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Runs with a `queued`, unpublished row older than `grace_secs`: a coordinator died between
+/// commit and publish, a publish was nacked, or `maxConcurrentTests` holds jobs back (the
+/// release respects the cap, so listing those is harmless).
+pub async fn runs_with_unpublished_jobs(pool: &PgPool, grace_secs: f64, limit: i64) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT DISTINCT e.run_id FROM eval_results e JOIN runs r ON r.id = e.run_id
+         WHERE e.status = 'queued' AND e.published_at IS NULL AND r.status = 'running'
+           AND NOT r.finalised AND e.queued_at < now() - make_interval(secs => $1)
+         LIMIT $2",
+    )
+    .bind(grace_secs)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Marks every `queued` row of a run `skipped` and counts them as completed, in one statement;
+/// rows a worker finished first are untouched. Returns how many were skipped.
+pub async fn skip_queued(conn: &mut PgConnection, run_id: Uuid, reason: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "WITH skipped AS (
+             UPDATE eval_results
+             SET status = 'skipped', finished_at = now(),
+                 details = jsonb_build_object('skipped', $2::text)
+             WHERE run_id = $1 AND status = 'queued'
+             RETURNING 1
+         ), n AS (SELECT count(*)::int AS n FROM skipped)
+         UPDATE runs SET completed = completed + n.n, skipped = skipped + n.n
+         FROM n WHERE runs.id = $1
+         RETURNING n.n::int8",
+    )
+    .bind(run_id)
+    .bind(reason)
+    .fetch_optional(&mut *conn)
+    .await
+    .map(|n| n.unwrap_or(0))
+}
+
+/// What a cancel request found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOutcome {
+    NotFound,
+    /// The run had already finished with this status.
+    AlreadyFinished(String),
+    Cancelled { skipped: i64 },
+}
+
+/// Cancels a run that is still going: status `cancelled`, its queued cases `skipped`.
+#[tracing::instrument(skip(pool))]
+pub async fn cancel_run(pool: &PgPool, run_id: Uuid) -> Result<CancelOutcome, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let status: Option<(String, bool)> =
+        sqlx::query_as("SELECT status, finalised FROM runs WHERE id = $1 FOR UPDATE")
+            .bind(run_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let outcome = match status {
+        None => CancelOutcome::NotFound,
+        Some((status, finalised)) if finalised || !matches!(status.as_str(), "pending" | "running") => {
+            CancelOutcome::AlreadyFinished(status)
+        }
+        Some(_) => {
+            sqlx::query("UPDATE runs SET status = 'cancelled' WHERE id = $1")
+                .bind(run_id)
+                .execute(&mut *tx)
+                .await?;
+            let skipped = skip_queued(&mut tx, run_id, "the run was cancelled").await?;
+            CancelOutcome::Cancelled { skipped }
+        }
+    };
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// Whether the run stops at its first failure, and is still going.
+pub async fn fail_fast_running(pool: &PgPool, run_id: Uuid) -> Result<bool, sqlx::Error> {
+    let v: Option<bool> = sqlx::query_scalar(
+        "SELECT fail_fast FROM runs WHERE id = $1 AND status = 'running' AND NOT finalised",
+    )
+    .bind(run_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(v.unwrap_or(false))
+}
+
+/// failFast: skips the rest of a running run after a failure (the run then completes).
+pub async fn stop_after_failure(pool: &PgPool, run_id: Uuid, case_id: &str) -> Result<i64, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let running: Option<String> =
+        sqlx::query_scalar("SELECT status FROM runs WHERE id = $1 AND status = 'running' AND fail_fast FOR UPDATE")
+            .bind(run_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let skipped = if running.is_some() {
+        skip_queued(&mut tx, run_id, &format!("failFast: case `{case_id}` did not pass")).await?
+    } else {
+        0
+    };
+    tx.commit().await?;
+    Ok(skipped)
+}
+
+/// Runs whose counters are complete but that are not finalised yet (the aggregator's sweep).
+pub async fn runs_ready_to_finalise(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM runs WHERE NOT finalised AND completed >= total ORDER BY created_at LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Whether a run's counters are complete and it still awaits finalisation.
+pub async fn is_ready_to_finalise(pool: &PgPool, run_id: Uuid) -> Result<bool, sqlx::Error> {
+    let v: Option<bool> = sqlx::query_scalar("SELECT completed >= total FROM runs WHERE id = $1 AND NOT finalised")
+        .bind(run_id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(v.unwrap_or(false))
+}
+
+/// One row of a run as the summary reads it: the stored result when the case finished, else
+/// the job (to describe a case that never ran).
+#[derive(Debug, Clone)]
+pub struct CaseRow {
+    pub case_index: i32,
+    pub test_case_id: String,
+    pub status: String,
+    pub result: Option<Value>,
+    pub job: Value,
+    pub details: Option<Value>,
+}
+
+/// A page of a run's rows in case order, after `after_index` (keyset pagination).
+pub async fn case_rows_page(
+    pool: &PgPool,
+    run_id: Uuid,
+    after_index: i32,
+    limit: i64,
+) -> Result<Vec<CaseRow>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT case_index, test_case_id, status, result, job, details FROM eval_results
+         WHERE run_id = $1 AND case_index > $2 ORDER BY case_index LIMIT $3",
+    )
+    .bind(run_id)
+    .bind(after_index)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(CaseRow {
+                case_index: r.try_get(0)?,
+                test_case_id: r.try_get(1)?,
+                status: r.try_get(2)?,
+                result: r.try_get(3)?,
+                job: r.try_get(4)?,
+                details: r.try_get(5)?,
+            })
+        })
+        .collect()
+}
+
+/// Finalises a run exactly once: the first caller whose conditional update matches wins and
+/// gets `true`; every later or concurrent caller gets `false` and must not notify anyone.
+/// A cancelled run keeps its status; any other becomes `completed`.
+#[tracing::instrument(skip(pool, summary))]
+pub async fn finalise(pool: &PgPool, run_id: Uuid, summary: &Value, verdict: &str) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE runs
+         SET finalised = true, summary = $2, verdict = $3, finished_at = now(),
+             status = CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'completed' END
+         WHERE id = $1 AND NOT finalised AND completed >= total",
+    )
+    .bind(run_id)
+    .bind(summary)
+    .bind(verdict)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A run as the API shows it.
+#[derive(Debug, Clone)]
+pub struct RunRow {
+    pub id: Uuid,
+    pub version_id: Uuid,
+    pub skill: String,
+    pub version: String,
+    pub description: String,
+    pub package_hash: String,
+    pub profile: String,
+    pub config: Value,
+    pub kind: String,
+    pub status: String,
+    pub total: i32,
+    pub completed: i32,
+    pub passed: i32,
+    pub failed: i32,
+    pub errored: i32,
+    pub skipped: i32,
+    pub summary: Option<Value>,
+    pub verdict: Option<String>,
+    pub callback_url: Option<String>,
+    pub finalised: bool,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+pub async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash, c.profile, c.config,
+                r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
+                r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at
+         FROM runs r
+         JOIN skill_versions v ON v.id = r.version_id
+         JOIN skills s ON s.id = v.skill_id
+         JOIN eval_configs c ON c.version_id = v.id
+         WHERE r.id = $1",
+    )
+    .bind(run_id)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|r| {
+        Ok(RunRow {
+            id: r.try_get(0)?,
+            version_id: r.try_get(1)?,
+            skill: r.try_get(2)?,
+            version: r.try_get(3)?,
+            description: r.try_get(4)?,
+            package_hash: r.try_get(5)?,
+            profile: r.try_get(6)?,
+            config: r.try_get(7)?,
+            kind: r.try_get(8)?,
+            status: r.try_get(9)?,
+            total: r.try_get(10)?,
+            completed: r.try_get(11)?,
+            passed: r.try_get(12)?,
+            failed: r.try_get(13)?,
+            errored: r.try_get(14)?,
+            skipped: r.try_get(15)?,
+            summary: r.try_get(16)?,
+            verdict: r.try_get(17)?,
+            callback_url: r.try_get(18)?,
+            finalised: r.try_get(19)?,
+            created_at: r.try_get(20)?,
+            finished_at: r.try_get(21)?,
+        })
+    })
+    .transpose()
+}
+
+/// One result as the results endpoint lists it.
+#[derive(Debug, Clone)]
+pub struct ResultRow {
+    pub case_index: i32,
+    pub test_case_id: String,
+    pub name: String,
+    pub status: String,
+    pub strategy: String,
+    pub result: Option<Value>,
+    pub details: Option<Value>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A page of results after `after_index`, optionally of one status.
+pub async fn list_results(
+    pool: &PgPool,
+    run_id: Uuid,
+    status: Option<&str>,
+    after_index: i32,
+    limit: i64,
+) -> Result<Vec<ResultRow>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT case_index, test_case_id, name, status, strategy, result, details, finished_at
+         FROM eval_results
+         WHERE run_id = $1 AND case_index > $2 AND ($3::text IS NULL OR status = $3)
+         ORDER BY case_index LIMIT $4",
+    )
+    .bind(run_id)
+    .bind(after_index)
+    .bind(status)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(ResultRow {
+                case_index: r.try_get(0)?,
+                test_case_id: r.try_get(1)?,
+                name: r.try_get(2)?,
+                status: r.try_get(3)?,
+                strategy: r.try_get(4)?,
+                result: r.try_get(5)?,
+                details: r.try_get(6)?,
+                finished_at: r.try_get(7)?,
+            })
+        })
+        .collect()
+}
+
+/// A version as the versions endpoint lists it, with its latest run.
+#[derive(Debug, Clone)]
+pub struct VersionRow {
+    pub version_id: Uuid,
+    pub version: String,
+    pub description: String,
+    pub package_hash: String,
+    pub profile: String,
+    pub test_cases: i32,
+    pub created_at: DateTime<Utc>,
+    pub latest_run: Option<(Uuid, String, Option<String>)>,
+}
+
+/// The skill's id and its versions, newest first; `None` for an unknown skill.
+pub async fn versions_of(pool: &PgPool, name: &str) -> Result<Option<(Uuid, Vec<VersionRow>)>, sqlx::Error> {
+    let Some(skill_id): Option<Uuid> = sqlx::query_scalar("SELECT id FROM skills WHERE name = $1")
+        .bind(name)
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let rows = sqlx::query(
+        "SELECT v.id, v.version, v.description, v.package_hash, c.profile, c.test_cases, v.created_at,
+                lr.id, lr.status, lr.verdict
+         FROM skill_versions v
+         JOIN eval_configs c ON c.version_id = v.id
+         LEFT JOIN LATERAL (
+             SELECT id, status, verdict FROM runs WHERE version_id = v.id ORDER BY created_at DESC LIMIT 1
+         ) lr ON true
+         WHERE v.skill_id = $1
+         ORDER BY v.created_at DESC",
+    )
+    .bind(skill_id)
+    .fetch_all(pool)
+    .await?;
+    let versions = rows
+        .into_iter()
+        .map(|r| {
+            let run_id: Option<Uuid> = r.try_get(7)?;
+            let run_status: Option<String> = r.try_get(8)?;
+            Ok(VersionRow {
+                version_id: r.try_get(0)?,
+                version: r.try_get(1)?,
+                description: r.try_get(2)?,
+                package_hash: r.try_get(3)?,
+                profile: r.try_get(4)?,
+                test_cases: r.try_get(5)?,
+                created_at: r.try_get(6)?,
+                latest_run: run_id.zip(run_status).map(|(id, status)| (id, status, r.try_get(9).ok().flatten())),
+            })
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    Ok(Some((skill_id, versions)))
+}
+
+/// Runs per status, and queued jobs not yet confirmed by the broker (for `/metrics`).
+pub async fn gauges(pool: &PgPool) -> Result<(Vec<(String, i64)>, i64), sqlx::Error> {
+    let by_status: Vec<(String, i64)> = sqlx::query_as("SELECT status, count(*) FROM runs GROUP BY status")
+        .fetch_all(pool)
+        .await?;
+    let unpublished: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM eval_results WHERE status = 'queued' AND published_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((by_status, unpublished))
+}

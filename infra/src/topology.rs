@@ -1,0 +1,577 @@
+//! The RabbitMQ topology, named and declared in one place, and publishing with confirms.
+//!
+//! Every name derives from the configured prefix `p`:
+//!
+//! ```text
+//! exchange p.jobs (direct) --"job"----> queue p.jobs          quorum; dead letters -> p.parking
+//!                          --"sample"-> queue p.jobs.samples  classic; dead letters -> p.parking
+//! queue p.retry.<ms>          TTL <ms>, dead-letters to p.jobs with key "job"     (one per tier)
+//! queue p.retry.samples.<ms>  TTL <ms>, dead-letters to p.jobs with key "sample"  (one per tier)
+//! exchange p.parking (fanout) -> queue p.parking    unparseable messages and poison jobs
+//! exchange p.events (topic)   -> queue p.coordinator.events ("case.#")  cases leaving `queued`
+//! ```
+//!
+//! **Lanes.** CI jobs (uploads, manual runs) and production samples travel in separate queues.
+//! A worker consumes both, each on its own channel with its own prefetch: the main queue gets
+//! `worker.concurrency`, the samples queue `worker.samples_concurrency` (a quarter by
+//! default). A flood of samples therefore fills only the samples share and never delays a CI
+//! job, while samples still progress when CI is busy. (Quorum queues have no message
+//! priorities on RabbitMQ 3.x, so priority is by queue, not by message.)
+//!
+//! **Retries.** A job that faults transiently is re-published, with `attempt + 1`, to the delay
+//! queue of its lane whose TTL fits the backoff; when the TTL expires the broker dead-letters it
+//! back to the jobs exchange. One queue per tier keeps every message in a queue with the same
+//! TTL, so none waits behind a longer one.
+//!
+//! **Poison guard.** The jobs queue has `x-delivery-limit`: a message redelivered that often
+//! (workers dying on it) is dead-lettered to the parking queue instead of looping forever.
+//! Workers store such a job `errored` a little before that limit (see `worker.max_redeliveries`)
+//! so its run still completes; the broker's limit is the backstop.
+//!
+//! Declaring is idempotent: both binaries call [`Topology::declare`] at start. Declaring a name
+//! that already exists with different arguments fails with `PRECONDITION_FAILED`; change
+//! arguments by deploying under a new prefix or deleting the old queues.
+
+use std::time::Duration;
+
+use lapin::message::BasicReturnMessage;
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm};
+use skilleval::plan::Job;
+
+use crate::config::Settings;
+use crate::messages::{self, CaseFinished, MessageError};
+
+/// Routing key of CI jobs on the jobs exchange.
+pub const JOB_ROUTING_KEY: &str = "job";
+/// Routing key of production samples on the jobs exchange.
+pub const SAMPLE_ROUTING_KEY: &str = "sample";
+/// Header carrying why a message was parked.
+pub const PARKED_REASON_HEADER: &str = "x-skilleval-parked-reason";
+/// Header carrying the queue a parked message was taken from.
+pub const PARKED_FROM_HEADER: &str = "x-skilleval-parked-from";
+/// W3C trace context header.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// Messages the coordinator's events queue keeps while nobody consumes it (oldest dropped).
+const EVENTS_QUEUE_MAX_LENGTH: i64 = 1_000_000;
+
+/// Which queue a job travels in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Uploads and manual runs: the main, quorum queue.
+    Ci,
+    /// Production samples: the lower-priority queue.
+    Samples,
+}
+
+impl Lane {
+    pub fn routing_key(self) -> &'static str {
+        match self {
+            Lane::Ci => JOB_ROUTING_KEY,
+            Lane::Samples => SAMPLE_ROUTING_KEY,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Ci => "ci",
+            Lane::Samples => "samples",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("connecting to RabbitMQ at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: lapin::Error,
+    },
+    #[error("{context}: {source}")]
+    Amqp {
+        context: String,
+        #[source]
+        source: lapin::Error,
+    },
+    #[error("publishing to `{exchange}` with key `{routing_key}`: unroutable ({reply_code} {reply_text})")]
+    Unroutable {
+        exchange: String,
+        routing_key: String,
+        reply_code: u16,
+        reply_text: String,
+    },
+    #[error("publishing to `{exchange}` with key `{routing_key}`: the broker refused it (nack)")]
+    Nacked { exchange: String, routing_key: String },
+    #[error("publishing to `{exchange}`: the channel is not in confirm mode")]
+    NoConfirm { exchange: String },
+    #[error(transparent)]
+    Message(#[from] MessageError),
+}
+
+impl BrokerError {
+    fn amqp(context: impl Into<String>) -> impl FnOnce(lapin::Error) -> BrokerError {
+        let context = context.into();
+        move |source| BrokerError::Amqp { context, source }
+    }
+}
+
+/// Opens a connection named `name` (shown by `rabbitmqctl list_connections`) with the
+/// configured heartbeat.
+pub async fn connect(settings: &Settings, name: &str) -> Result<Connection, BrokerError> {
+    let url = settings.amqp.connect_url();
+    let properties = ConnectionProperties::default().with_connection_name(LongString::from(name));
+    Connection::connect(url.expose(), properties)
+        .await
+        .map_err(|source| BrokerError::Connect {
+            url: url.redacted(),
+            source,
+        })
+}
+
+/// The names and arguments of every exchange and queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    prefix: String,
+    retry_tiers_ms: Vec<u64>,
+    delivery_limit: u32,
+}
+
+impl Topology {
+    /// `retry_tiers_ms` must be non-empty and increasing (as [`Settings::validate`] checks).
+    pub fn new(prefix: impl Into<String>, retry_tiers_ms: Vec<u64>, delivery_limit: u32) -> Topology {
+        let mut tiers = retry_tiers_ms;
+        tiers.sort_unstable();
+        tiers.dedup();
+        if tiers.is_empty() {
+            tiers.push(1_000);
+        }
+        Topology {
+            prefix: prefix.into(),
+            retry_tiers_ms: tiers,
+            delivery_limit: delivery_limit.max(1),
+        }
+    }
+
+    pub fn from_settings(settings: &Settings) -> Topology {
+        // The broker's limit sits above the workers' own guard, as a backstop.
+        let limit = settings.worker.max_redeliveries.saturating_add(5);
+        Topology::new(settings.amqp.prefix.clone(), settings.worker.retry_tiers_ms.clone(), limit)
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn retry_tiers_ms(&self) -> &[u64] {
+        &self.retry_tiers_ms
+    }
+
+    pub fn jobs_exchange(&self) -> String {
+        format!("{}.jobs", self.prefix)
+    }
+
+    pub fn jobs_queue(&self) -> String {
+        format!("{}.jobs", self.prefix)
+    }
+
+    pub fn samples_queue(&self) -> String {
+        format!("{}.jobs.samples", self.prefix)
+    }
+
+    /// The queue a lane's jobs are consumed from.
+    pub fn queue(&self, lane: Lane) -> String {
+        match lane {
+            Lane::Ci => self.jobs_queue(),
+            Lane::Samples => self.samples_queue(),
+        }
+    }
+
+    pub fn retry_queue(&self, lane: Lane, tier_ms: u64) -> String {
+        match lane {
+            Lane::Ci => format!("{}.retry.{tier_ms}", self.prefix),
+            Lane::Samples => format!("{}.retry.samples.{tier_ms}", self.prefix),
+        }
+    }
+
+    pub fn parking_exchange(&self) -> String {
+        format!("{}.parking", self.prefix)
+    }
+
+    pub fn parking_queue(&self) -> String {
+        format!("{}.parking", self.prefix)
+    }
+
+    pub fn events_exchange(&self) -> String {
+        format!("{}.events", self.prefix)
+    }
+
+    /// The durable queue the coordinator replicas share for case events.
+    pub fn coordinator_events_queue(&self) -> String {
+        format!("{}.coordinator.events", self.prefix)
+    }
+
+    /// Routing key of a case event (`case.passed`, ...); bind `case.#` for all.
+    pub fn event_routing_key(status: skilleval::executor::CaseStatus) -> String {
+        format!("case.{}", status.as_str())
+    }
+
+    /// The smallest tier not shorter than `delay`, or the largest.
+    pub fn tier_for(&self, delay: Duration) -> u64 {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.retry_tiers_ms
+            .iter()
+            .copied()
+            .find(|t| *t >= ms)
+            .or_else(|| self.retry_tiers_ms.last().copied())
+            .unwrap_or(1_000)
+    }
+
+    /// Every queue, for cleanup.
+    pub fn queues(&self) -> Vec<String> {
+        let mut q = vec![
+            self.jobs_queue(),
+            self.samples_queue(),
+            self.parking_queue(),
+            self.coordinator_events_queue(),
+        ];
+        for lane in [Lane::Ci, Lane::Samples] {
+            for tier in &self.retry_tiers_ms {
+                q.push(self.retry_queue(lane, *tier));
+            }
+        }
+        q
+    }
+
+    /// Every exchange, for cleanup.
+    pub fn exchanges(&self) -> Vec<String> {
+        vec![self.jobs_exchange(), self.parking_exchange(), self.events_exchange()]
+    }
+
+    /// Declares everything (idempotent).
+    pub async fn declare(&self, ch: &Channel) -> Result<(), BrokerError> {
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        for (name, kind) in [
+            (self.jobs_exchange(), ExchangeKind::Direct),
+            (self.parking_exchange(), ExchangeKind::Fanout),
+            (self.events_exchange(), ExchangeKind::Topic),
+        ] {
+            ch.exchange_declare(ShortString::from(name.as_str()), kind, durable, FieldTable::default())
+                .await
+                .map_err(BrokerError::amqp(format!("declaring exchange `{name}`")))?;
+        }
+
+        let mut jobs_args = FieldTable::default();
+        jobs_args.insert("x-queue-type".into(), long_string("quorum"));
+        jobs_args.insert("x-dead-letter-exchange".into(), long_string(&self.parking_exchange()));
+        jobs_args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(i64::from(self.delivery_limit)));
+        self.declare_queue(ch, &self.jobs_queue(), jobs_args).await?;
+
+        let mut samples_args = FieldTable::default();
+        samples_args.insert("x-dead-letter-exchange".into(), long_string(&self.parking_exchange()));
+        self.declare_queue(ch, &self.samples_queue(), samples_args).await?;
+
+        self.bind(ch, &self.jobs_queue(), &self.jobs_exchange(), JOB_ROUTING_KEY).await?;
+        self.bind(ch, &self.samples_queue(), &self.jobs_exchange(), SAMPLE_ROUTING_KEY)
+            .await?;
+
+        for lane in [Lane::Ci, Lane::Samples] {
+            for tier in &self.retry_tiers_ms {
+                let mut args = FieldTable::default();
+                args.insert(
+                    "x-message-ttl".into(),
+                    AMQPValue::LongLongInt(i64::try_from(*tier).unwrap_or(i64::MAX)),
+                );
+                args.insert("x-dead-letter-exchange".into(), long_string(&self.jobs_exchange()));
+                args.insert("x-dead-letter-routing-key".into(), long_string(lane.routing_key()));
+                self.declare_queue(ch, &self.retry_queue(lane, *tier), args).await?;
+            }
+        }
+
+        self.declare_queue(ch, &self.parking_queue(), FieldTable::default()).await?;
+        self.bind(ch, &self.parking_queue(), &self.parking_exchange(), "").await?;
+
+        let mut events_args = FieldTable::default();
+        events_args.insert("x-max-length".into(), AMQPValue::LongLongInt(EVENTS_QUEUE_MAX_LENGTH));
+        self.declare_queue(ch, &self.coordinator_events_queue(), events_args).await?;
+        self.bind(ch, &self.coordinator_events_queue(), &self.events_exchange(), "case.#")
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes everything this topology declares (tests, decommissioning a prefix).
+    pub async fn delete(&self, ch: &Channel) -> Result<(), BrokerError> {
+        for q in self.queues() {
+            ch.queue_delete(ShortString::from(q.as_str()), QueueDeleteOptions::default())
+                .await
+                .map_err(BrokerError::amqp(format!("deleting queue `{q}`")))?;
+        }
+        for x in self.exchanges() {
+            ch.exchange_delete(ShortString::from(x.as_str()), ExchangeDeleteOptions::default())
+                .await
+                .map_err(BrokerError::amqp(format!("deleting exchange `{x}`")))?;
+        }
+        Ok(())
+    }
+
+    async fn declare_queue(&self, ch: &Channel, name: &str, args: FieldTable) -> Result<(), BrokerError> {
+        ch.queue_declare(
+            ShortString::from(name),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            args,
+        )
+        .await
+        .map_err(BrokerError::amqp(format!("declaring queue `{name}`")))?;
+        Ok(())
+    }
+
+    async fn bind(&self, ch: &Channel, queue: &str, exchange: &str, key: &str) -> Result<(), BrokerError> {
+        ch.queue_bind(
+            ShortString::from(queue),
+            ShortString::from(exchange),
+            ShortString::from(key),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(BrokerError::amqp(format!("binding `{queue}` to `{exchange}`")))
+    }
+}
+
+fn long_string(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+/// A confirm-mode channel that publishes jobs, retries, parked messages and events. Every
+/// publish is persistent and awaited until the broker confirms it; with `mandatory`, a message
+/// no queue takes comes back as [`BrokerError::Unroutable`], never as a success. Cheap to clone
+/// (clones share the channel).
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    channel: Channel,
+    topology: Topology,
+}
+
+/// A publish sent and not yet confirmed.
+#[derive(Debug)]
+pub struct PendingConfirm {
+    confirm: PublisherConfirm,
+    exchange: String,
+    routing_key: String,
+}
+
+impl PendingConfirm {
+    /// Waits for the broker's answer.
+    pub async fn wait(self) -> Result<(), BrokerError> {
+        let confirmation = self
+            .confirm
+            .await
+            .map_err(BrokerError::amqp(format!("waiting for the confirm of a publish to `{}`", self.exchange)))?;
+        check_confirmation(confirmation, self.exchange, self.routing_key)
+    }
+}
+
+fn check_confirmation(confirmation: Confirmation, exchange: String, routing_key: String) -> Result<(), BrokerError> {
+    match confirmation {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(returned)) => Err(unroutable(&returned, exchange, routing_key)),
+        Confirmation::Nack(_) => Err(BrokerError::Nacked { exchange, routing_key }),
+        Confirmation::NotRequested => Err(BrokerError::NoConfirm { exchange }),
+    }
+}
+
+fn unroutable(returned: &BasicReturnMessage, exchange: String, routing_key: String) -> BrokerError {
+    BrokerError::Unroutable {
+        exchange,
+        routing_key,
+        reply_code: returned.reply_code,
+        reply_text: returned.reply_text.to_string(),
+    }
+}
+
+impl Publisher {
+    /// Opens a channel on `conn` and puts it in confirm mode.
+    pub async fn open(conn: &Connection, topology: Topology) -> Result<Publisher, BrokerError> {
+        let channel = conn
+            .create_channel()
+            .await
+            .map_err(BrokerError::amqp("opening a publishing channel"))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(BrokerError::amqp("enabling publisher confirms"))?;
+        Ok(Publisher { channel, topology })
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// Sends one message; the returned [`PendingConfirm`] says whether the broker took it.
+    pub async fn send(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        headers: FieldTable,
+        mandatory: bool,
+    ) -> Result<PendingConfirm, BrokerError> {
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type(ShortString::from("application/json"))
+            .with_headers(headers);
+        let confirm = self
+            .channel
+            .basic_publish(
+                ShortString::from(exchange),
+                ShortString::from(routing_key),
+                BasicPublishOptions {
+                    mandatory,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                properties,
+            )
+            .await
+            .map_err(BrokerError::amqp(format!("publishing to `{exchange}`")))?;
+        Ok(PendingConfirm {
+            confirm,
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+        })
+    }
+
+    fn job_headers(job: &Job) -> FieldTable {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            TRACEPARENT_HEADER.into(),
+            long_string(&messages::traceparent_for_run(job.run_id)),
+        );
+        headers
+    }
+
+    /// Publishes a job to its lane and waits for the confirm.
+    pub async fn publish_job(&self, job: &Job, lane: Lane) -> Result<(), BrokerError> {
+        let body = messages::encode_job(job)?;
+        self.send(&self.topology.jobs_exchange(), lane.routing_key(), &body, Self::job_headers(job), true)
+            .await?
+            .wait()
+            .await
+    }
+
+    /// Publishes every job, then waits for all the confirms: one round trip for the batch.
+    /// Returns, per job in order, whether the broker took it.
+    pub async fn publish_jobs(&self, jobs: &[Job], lane: Lane) -> Vec<Result<(), BrokerError>> {
+        let exchange = self.topology.jobs_exchange();
+        let mut pending = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let sent = match messages::encode_job(job) {
+                Ok(body) => {
+                    self.send(&exchange, lane.routing_key(), &body, Self::job_headers(job), true)
+                        .await
+                }
+                Err(e) => Err(e.into()),
+            };
+            pending.push(sent);
+        }
+        let waits = pending.into_iter().map(|sent| async move {
+            match sent {
+                Ok(p) => p.wait().await,
+                Err(e) => Err(e),
+            }
+        });
+        futures::future::join_all(waits).await
+    }
+
+    /// Publishes a job for a later attempt into the delay queue of `tier_ms` (which dead-letters
+    /// it back to the lane's queue when the TTL expires), and waits for the confirm.
+    pub async fn publish_retry(&self, job: &Job, lane: Lane, tier_ms: u64) -> Result<(), BrokerError> {
+        let body = messages::encode_job(job)?;
+        let queue = self.topology.retry_queue(lane, tier_ms);
+        // The default exchange routes by queue name.
+        self.send("", &queue, &body, Self::job_headers(job), true)
+            .await?
+            .wait()
+            .await
+    }
+
+    /// Parks a message that could not be handled, with the reason in its headers.
+    pub async fn publish_parked(
+        &self,
+        body: &[u8],
+        reason: &str,
+        from_queue: &str,
+        original_headers: Option<&FieldTable>,
+    ) -> Result<(), BrokerError> {
+        let mut headers = original_headers.cloned().unwrap_or_default();
+        headers.insert(PARKED_REASON_HEADER.into(), long_string(reason));
+        headers.insert(PARKED_FROM_HEADER.into(), long_string(from_queue));
+        self.send(&self.topology.parking_exchange(), "", body, headers, true)
+            .await?
+            .wait()
+            .await
+    }
+
+    /// Announces finished cases (pipelined). Not `mandatory`: an events exchange nobody
+    /// listens to is not an error (the coordinator's sweep catches up).
+    pub async fn publish_events(&self, events: &[CaseFinished]) -> Vec<Result<(), BrokerError>> {
+        let exchange = self.topology.events_exchange();
+        let mut pending = Vec::with_capacity(events.len());
+        for event in events {
+            let key = Topology::event_routing_key(event.status);
+            let sent = match event.encode() {
+                Ok(body) => self.send(&exchange, &key, &body, FieldTable::default(), false).await,
+                Err(e) => Err(e.into()),
+            };
+            pending.push(sent);
+        }
+        futures::future::join_all(pending.into_iter().map(|sent| async move {
+            match sent {
+                Ok(p) => p.wait().await,
+                Err(e) => Err(e),
+            }
+        }))
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_derive_from_the_prefix() {
+        let t = Topology::new("p", vec![5_000, 1_000, 30_000], 10);
+        assert_eq!(t.jobs_queue(), "p.jobs");
+        assert_eq!(t.samples_queue(), "p.jobs.samples");
+        assert_eq!(t.retry_queue(Lane::Ci, 1_000), "p.retry.1000");
+        assert_eq!(t.retry_queue(Lane::Samples, 1_000), "p.retry.samples.1000");
+        assert_eq!(t.parking_queue(), "p.parking");
+        assert_eq!(t.events_exchange(), "p.events");
+        assert_eq!(t.retry_tiers_ms(), &[1_000, 5_000, 30_000]);
+        assert_eq!(t.queues().len(), 4 + 6);
+    }
+
+    #[test]
+    fn a_delay_goes_to_the_smallest_tier_that_fits() {
+        let t = Topology::new("p", vec![1_000, 5_000, 30_000], 10);
+        assert_eq!(t.tier_for(Duration::from_millis(10)), 1_000);
+        assert_eq!(t.tier_for(Duration::from_millis(1_000)), 1_000);
+        assert_eq!(t.tier_for(Duration::from_millis(1_001)), 5_000);
+        assert_eq!(t.tier_for(Duration::from_secs(600)), 30_000);
+    }
+}

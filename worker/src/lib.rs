@@ -1,0 +1,1 @@
+//! The worker (being written).
