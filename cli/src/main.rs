@@ -1,1 +1,20 @@
-fn main() {}
+//! `skilleval`: the command line. Parses arguments, sets up logging, and hands over to the lib.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use skilleval_cli::{Cli, EXIT_BAD_INPUT};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    skilleval_cli::init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    let code = runtime.block_on(skilleval_cli::dispatch(cli));
+    ExitCode::from(code)
+}

@@ -24,3 +24,8 @@ pub mod runner;
 pub mod sandbox;
 pub mod scale;
 pub mod strategy;
+pub mod artifacts;
+pub mod executor;
+pub mod plan;
+pub mod report;
+pub mod summary;

@@ -347,7 +347,27 @@ impl Package {
             self.config = converted.config.clone();
         }
         self.raw_config = converted.config;
+        self.infer_runner();
         Ok(())
+    }
+
+    /// A definition that names no runner gets `command` with the package's conventional entry
+    /// script (`scripts/run.py`, `.js`, `.sh`, or `run.*` at the root) when there is one: a
+    /// v1 or skill-creator package has no field to name it, and running the skill's own script
+    /// is what its author means. Cases with a recorded `given` output keep the `given` runner.
+    fn infer_runner(&mut self) {
+        if self.config.settings.runner.is_some() || self.config.test_cases.iter().all(|c| c.given.is_some()) {
+            return;
+        }
+        let Some(script) = RUN_SCRIPTS.iter().copied().find(|f| self.has_file(f)) else {
+            return;
+        };
+        let runner = crate::model::RunnerSpec::Detailed(crate::model::RunnerConfig {
+            kind: "command".into(),
+            script: Some(script.to_string()),
+            ..crate::model::RunnerConfig::default()
+        });
+        self.config.settings.runner = Some(runner);
     }
 
     fn load_triggers(&mut self) -> Result<(), PackageError> {
@@ -362,6 +382,16 @@ impl Package {
         Ok(())
     }
 }
+
+/// Conventional entry scripts of a skill, in the order they are looked for.
+const RUN_SCRIPTS: &[&str] = &[
+    "scripts/run.py",
+    "scripts/run.js",
+    "scripts/run.sh",
+    "run.py",
+    "run.js",
+    "run.sh",
+];
 
 /// Removes everything inside `dir`, best effort (used after a failed extraction).
 fn clear_dir(dir: &Path) {

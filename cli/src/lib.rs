@@ -1,0 +1,114 @@
+//! The `skilleval` command line: evaluate a skill locally (`run`), check it without running
+//! (`validate`), or hand it to a skilleval server (`submit`).
+//!
+//! Local runs use the same `skilleval` library code path as the service's workers: open and
+//! validate the package, plan one job per case, execute jobs on an in-process pool, summarise,
+//! render the report and write the skill-creator compatible files.
+//!
+//! Exit codes: 0 the verdict is `pass`, 1 the verdict is `fail`, 2 bad input or configuration.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+pub mod run;
+pub mod table;
+pub mod validate;
+
+/// The verdict is `pass` (or `validate` found no error).
+pub const EXIT_PASS: u8 = 0;
+/// The verdict is `fail`.
+pub const EXIT_FAIL: u8 = 1;
+/// Bad input or configuration: the package, a flag, the server's answer.
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(name = "skilleval", version, about = "Evaluate agent skills: locally, in CI, or on a skilleval server")]
+pub struct Cli {
+    /// More logging (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Evaluate a skill folder or ZIP in-process and gate on the verdict.
+    Run(RunArgs),
+    /// Check a skill folder or ZIP without running it; lists every problem.
+    Validate(ValidateArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// The skill: a folder with SKILL.md, or a ZIP of one.
+    pub path: PathBuf,
+    /// Cases in flight at once (default: the file's maxConcurrentTests, else 4; 1 when
+    /// parallelExecution is false).
+    #[arg(long, short = 'j')]
+    pub concurrency: Option<usize>,
+    /// Run only cases carrying this tag (repeatable: any of them).
+    #[arg(long = "tag", short = 't')]
+    pub tags: Vec<String>,
+    /// Run only this case id (repeatable).
+    #[arg(long = "case", short = 'c')]
+    pub cases: Vec<String>,
+    /// Run only the cases of this suite.
+    #[arg(long)]
+    pub suite: Option<String>,
+    /// Print the full report in this format on stdout (`md` or `json`).
+    #[arg(long, short = 'f')]
+    pub format: Option<skilleval::report::ReportFormat>,
+    /// Where run files go (`runs/<run-id>/…`, `benchmark.json`); default: the skill's `eval/`
+    /// folder, or `./skilleval-runs/` for a ZIP.
+    #[arg(long, short = 'o')]
+    pub out: Option<PathBuf>,
+    /// Override the definition's runner (`command`, `given`, `llm`).
+    #[arg(long)]
+    pub runner: Option<String>,
+    /// Run untrusted scripts without bubblewrap when it is not installed (NOT isolated).
+    #[arg(long, env = "SKILLEVAL_ALLOW_UNSANDBOXED")]
+    pub allow_unsandboxed: bool,
+    /// Deliveries of a case whose fault is transient (timeouts, 429, 5xx), the first included.
+    #[arg(long, default_value_t = 3)]
+    pub max_attempts: u32,
+    /// Write no run files (grading, benchmark.json, report).
+    #[arg(long)]
+    pub no_write: bool,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ValidateArgs {
+    /// The skill: a folder with SKILL.md, or a ZIP of one.
+    pub path: PathBuf,
+    /// Print the problems as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs a parsed command line; returns the process exit code.
+pub async fn dispatch(cli: Cli) -> u8 {
+    match cli.command {
+        Command::Run(args) => run::run(&args).await,
+        Command::Validate(args) => validate::validate(&args),
+    }
+}
+
+/// Logs go to stderr so stdout stays the report.
+pub fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

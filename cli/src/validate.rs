@@ -1,0 +1,61 @@
+//! `skilleval validate`: open and check a package without running anything; every problem is
+//! listed with its file and JSON pointer.
+
+use skilleval::package::{validate as validate_package, Package, PackageLimits};
+use skilleval::strategy::StrategyRegistry;
+
+use crate::run::{print_problems, report_package_error};
+use crate::{ValidateArgs, EXIT_BAD_INPUT, EXIT_PASS};
+
+/// Validates the package at `args.path`; 0 when it has no error, 2 otherwise.
+pub fn validate(args: &ValidateArgs) -> u8 {
+    let package = match Package::open(&args.path, &PackageLimits::default()) {
+        Ok(p) => p,
+        Err(e) => {
+            if args.json {
+                let body = serde_json::json!({
+                    "valid": false,
+                    "error": e.to_string(),
+                    "limit": e.limit(),
+                    "entry": e.entry(),
+                    "problems": e.problems(),
+                });
+                println!("{}", serde_json::to_string_pretty(&body).unwrap_or_default());
+                return EXIT_BAD_INPUT;
+            }
+            return report_package_error(&args.path, &e);
+        }
+    };
+    let registry = StrategyRegistry::builtin().build();
+    let validation = validate_package(&package, &registry);
+    let ok = validation.is_ok();
+    if args.json {
+        let body = serde_json::json!({
+            "valid": ok,
+            "name": package.manifest.name,
+            "format": package.format.map(|f| f.as_str()),
+            "test_cases": package.config.test_cases.len(),
+            "content_hash": package.content_hash,
+            "problems": validation.problems,
+        });
+        println!("{}", serde_json::to_string_pretty(&body).unwrap_or_default());
+    } else if validation.problems.is_empty() {
+        println!(
+            "{}: valid ({} test case(s), {} format, profile {})",
+            args.path.display(),
+            package.config.test_cases.len(),
+            package.format.map_or("no", |f| f.as_str()),
+            package.config.profile.as_str()
+        );
+    } else {
+        print_problems(&args.path, &validation.problems);
+        if ok {
+            println!("{}: valid, with warnings", args.path.display());
+        }
+    }
+    if ok {
+        EXIT_PASS
+    } else {
+        EXIT_BAD_INPUT
+    }
+}

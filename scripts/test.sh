@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The project's test command (README): sets up what the tests need, then checks formatting,
+# lints and runs every test.
+#
+# On a fresh Debian machine it installs what is missing (bubblewrap, python3, node, and
+# PostgreSQL and RabbitMQ through deploy/local/ensure-services.sh) and starts the services that
+# are stopped. Run as root, or with sudo available, the first time.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_updated=0
+apt_install() {
+    if [ "$apt_updated" -eq 0 ]; then
+        as_root apt-get update -qq
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+# Tools the sandboxed runners and graders need: bubblewrap (the sandbox), python3 and node
+# (custom graders and example skills), prlimit and setpriv (util-linux, always on Debian).
+need=()
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+if [ "${#need[@]}" -gt 0 ]; then
+    log "installing ${need[*]}"
+    apt_install "${need[@]}"
+fi
+
+if [ -x deploy/local/ensure-services.sh ]; then
+    log "ensuring PostgreSQL and RabbitMQ are running"
+    deploy/local/ensure-services.sh
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo is not installed: install Rust from https://rustup.rs and run this again" >&2
+    exit 2
+fi
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "cargo test"
+cargo test --workspace --locked -- "$@"
+
+log "every example validates and runs"
+cargo build --locked -p skilleval-cli
+bin="${CARGO_TARGET_DIR:-target}/debug/skilleval"
+for skill in examples/skills/*/; do
+    "$bin" validate "$skill"
+    "$bin" run --quiet --no-write "$skill"
+done
