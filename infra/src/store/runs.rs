@@ -56,7 +56,10 @@ pub enum VersionError {
 /// Creates the skill if new and stores the version with its eval config. A package whose
 /// content hash the skill already has is the same version (returned, not duplicated).
 #[tracing::instrument(skip_all, fields(skill = v.skill_name))]
-pub async fn upsert_version(conn: &mut PgConnection, v: &NewVersion<'_>) -> Result<StoredVersion, VersionError> {
+pub async fn upsert_version(
+    conn: &mut PgConnection,
+    v: &NewVersion<'_>,
+) -> Result<StoredVersion, VersionError> {
     let skill_id: Uuid = sqlx::query_scalar(
         "INSERT INTO skills (id, name) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
@@ -67,11 +70,13 @@ pub async fn upsert_version(conn: &mut PgConnection, v: &NewVersion<'_>) -> Resu
     .fetch_one(&mut *conn)
     .await?;
     // Serialises version numbering per skill (the upsert above already row-locked it).
-    let existing = sqlx::query("SELECT id, version FROM skill_versions WHERE skill_id = $1 AND package_hash = $2")
-        .bind(skill_id)
-        .bind(v.package_hash)
-        .fetch_optional(&mut *conn)
-        .await?;
+    let existing = sqlx::query(
+        "SELECT id, version FROM skill_versions WHERE skill_id = $1 AND package_hash = $2",
+    )
+    .bind(skill_id)
+    .bind(v.package_hash)
+    .fetch_optional(&mut *conn)
+    .await?;
     if let Some(row) = existing {
         let version: String = row.try_get("version")?;
         if v.version_label.as_ref().is_none_or(|l| *l == version) {
@@ -86,10 +91,11 @@ pub async fn upsert_version(conn: &mut PgConnection, v: &NewVersion<'_>) -> Resu
     let version = match &v.version_label {
         Some(label) => label.clone(),
         None => {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM skill_versions WHERE skill_id = $1")
-                .bind(skill_id)
-                .fetch_one(&mut *conn)
-                .await?;
+            let n: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM skill_versions WHERE skill_id = $1")
+                    .bind(skill_id)
+                    .fetch_one(&mut *conn)
+                    .await?;
             (n + 1).to_string()
         }
     };
@@ -146,7 +152,10 @@ pub struct VersionForRun {
     pub config: Value,
 }
 
-pub async fn version_for_run(conn: &mut PgConnection, version_id: Uuid) -> Result<Option<VersionForRun>, sqlx::Error> {
+pub async fn version_for_run(
+    conn: &mut PgConnection,
+    version_id: Uuid,
+) -> Result<Option<VersionForRun>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT v.id, s.name, v.version, v.package_hash, c.config
          FROM skill_versions v
@@ -170,7 +179,10 @@ pub async fn version_for_run(conn: &mut PgConnection, version_id: Uuid) -> Resul
 }
 
 /// The stored ZIP of a package, by content hash (what workers fetch and cache).
-pub async fn package_bytes(pool: &PgPool, package_hash: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
+pub async fn package_bytes(
+    pool: &PgPool,
+    package_hash: &str,
+) -> Result<Option<Vec<u8>>, sqlx::Error> {
     sqlx::query_scalar("SELECT package_bytes FROM skill_versions WHERE package_hash = $1 LIMIT 1")
         .bind(package_hash)
         .fetch_optional(pool)
@@ -212,7 +224,11 @@ impl RunInsert {
 /// Inserts the run and one `queued` row per job (one multi-row statement), in the caller's
 /// transaction. With an idempotency key already used, changes nothing and returns that run.
 #[tracing::instrument(skip_all, fields(run_id = %run.id, jobs = jobs.len()))]
-pub async fn insert_run(conn: &mut PgConnection, run: &NewRun<'_>, jobs: &[Job]) -> Result<RunInsert, sqlx::Error> {
+pub async fn insert_run(
+    conn: &mut PgConnection,
+    run: &NewRun<'_>,
+    jobs: &[Job],
+) -> Result<RunInsert, sqlx::Error> {
     let total = i32::try_from(jobs.len()).unwrap_or(i32::MAX);
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO runs
@@ -285,7 +301,10 @@ pub async fn lock_run_release(conn: &mut PgConnection, run_id: Uuid) -> Result<(
 
 /// The jobs of a running run to publish now: unpublished `queued` rows in case order, as many
 /// as `max_in_flight` leaves room for (all when unset). Call under [`lock_run_release`].
-pub async fn jobs_to_release(conn: &mut PgConnection, run_id: Uuid) -> Result<Vec<Job>, sqlx::Error> {
+pub async fn jobs_to_release(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+) -> Result<Vec<Job>, sqlx::Error> {
     let rows: Vec<Value> = sqlx::query_scalar(
         "WITH r AS (
              SELECT id, max_in_flight FROM runs WHERE id = $1 AND status = 'running' AND NOT finalised
@@ -309,7 +328,11 @@ pub async fn jobs_to_release(conn: &mut PgConnection, run_id: Uuid) -> Result<Ve
 }
 
 /// Records the broker's confirms for these cases (one statement).
-pub async fn mark_published(conn: &mut PgConnection, run_id: Uuid, case_ids: &[String]) -> Result<u64, sqlx::Error> {
+pub async fn mark_published(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    case_ids: &[String],
+) -> Result<u64, sqlx::Error> {
     if case_ids.is_empty() {
         return Ok(0);
     }
@@ -327,7 +350,11 @@ pub async fn mark_published(conn: &mut PgConnection, run_id: Uuid, case_ids: &[S
 /// Runs with a `queued`, unpublished row older than `grace_secs`: a coordinator died between
 /// commit and publish, a publish was nacked, or `maxConcurrentTests` holds jobs back (the
 /// release respects the cap, so listing those is harmless).
-pub async fn runs_with_unpublished_jobs(pool: &PgPool, grace_secs: f64, limit: i64) -> Result<Vec<Uuid>, sqlx::Error> {
+pub async fn runs_with_unpublished_jobs(
+    pool: &PgPool,
+    grace_secs: f64,
+    limit: i64,
+) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT DISTINCT e.run_id FROM eval_results e JOIN runs r ON r.id = e.run_id
          WHERE e.status = 'queued' AND e.published_at IS NULL AND r.status = 'running'
@@ -342,7 +369,11 @@ pub async fn runs_with_unpublished_jobs(pool: &PgPool, grace_secs: f64, limit: i
 
 /// Marks every `queued` row of a run `skipped` and counts them as completed, in one statement;
 /// rows a worker finished first are untouched. Returns how many were skipped.
-pub async fn skip_queued(conn: &mut PgConnection, run_id: Uuid, reason: &str) -> Result<i64, sqlx::Error> {
+pub async fn skip_queued(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    reason: &str,
+) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "WITH skipped AS (
              UPDATE eval_results
@@ -368,7 +399,9 @@ pub enum CancelOutcome {
     NotFound,
     /// The run had already finished with this status.
     AlreadyFinished(String),
-    Cancelled { skipped: i64 },
+    Cancelled {
+        skipped: i64,
+    },
 }
 
 /// Cancels a run that is still going: status `cancelled`, its queued cases `skipped`.
@@ -382,7 +415,9 @@ pub async fn cancel_run(pool: &PgPool, run_id: Uuid) -> Result<CancelOutcome, sq
             .await?;
     let outcome = match status {
         None => CancelOutcome::NotFound,
-        Some((status, finalised)) if finalised || !matches!(status.as_str(), "pending" | "running") => {
+        Some((status, finalised))
+            if finalised || !matches!(status.as_str(), "pending" | "running") =>
+        {
             CancelOutcome::AlreadyFinished(status)
         }
         Some(_) => {
@@ -410,15 +445,25 @@ pub async fn fail_fast_running(pool: &PgPool, run_id: Uuid) -> Result<bool, sqlx
 }
 
 /// failFast: skips the rest of a running run after a failure (the run then completes).
-pub async fn stop_after_failure(pool: &PgPool, run_id: Uuid, case_id: &str) -> Result<i64, sqlx::Error> {
+pub async fn stop_after_failure(
+    pool: &PgPool,
+    run_id: Uuid,
+    case_id: &str,
+) -> Result<i64, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let running: Option<String> =
-        sqlx::query_scalar("SELECT status FROM runs WHERE id = $1 AND status = 'running' AND fail_fast FOR UPDATE")
-            .bind(run_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let running: Option<String> = sqlx::query_scalar(
+        "SELECT status FROM runs WHERE id = $1 AND status = 'running' AND fail_fast FOR UPDATE",
+    )
+    .bind(run_id)
+    .fetch_optional(&mut *tx)
+    .await?;
     let skipped = if running.is_some() {
-        skip_queued(&mut tx, run_id, &format!("failFast: case `{case_id}` did not pass")).await?
+        skip_queued(
+            &mut tx,
+            run_id,
+            &format!("failFast: case `{case_id}` did not pass"),
+        )
+        .await?
     } else {
         0
     };
@@ -438,10 +483,11 @@ pub async fn runs_ready_to_finalise(pool: &PgPool, limit: i64) -> Result<Vec<Uui
 
 /// Whether a run's counters are complete and it still awaits finalisation.
 pub async fn is_ready_to_finalise(pool: &PgPool, run_id: Uuid) -> Result<bool, sqlx::Error> {
-    let v: Option<bool> = sqlx::query_scalar("SELECT completed >= total FROM runs WHERE id = $1 AND NOT finalised")
-        .bind(run_id)
-        .fetch_optional(pool)
-        .await?;
+    let v: Option<bool> =
+        sqlx::query_scalar("SELECT completed >= total FROM runs WHERE id = $1 AND NOT finalised")
+            .bind(run_id)
+            .fetch_optional(pool)
+            .await?;
     Ok(v.unwrap_or(false))
 }
 
@@ -491,7 +537,12 @@ pub async fn case_rows_page(
 /// gets `true`; every later or concurrent caller gets `false` and must not notify anyone.
 /// A cancelled run keeps its status; any other becomes `completed`.
 #[tracing::instrument(skip(pool, summary))]
-pub async fn finalise(pool: &PgPool, run_id: Uuid, summary: &Value, verdict: &str) -> Result<bool, sqlx::Error> {
+pub async fn finalise(
+    pool: &PgPool,
+    run_id: Uuid,
+    summary: &Value,
+    verdict: &str,
+) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
         "UPDATE runs
          SET finalised = true, summary = $2, verdict = $3, finished_at = now(),
@@ -639,7 +690,10 @@ pub struct VersionRow {
 }
 
 /// The skill's id and its versions, newest first; `None` for an unknown skill.
-pub async fn versions_of(pool: &PgPool, name: &str) -> Result<Option<(Uuid, Vec<VersionRow>)>, sqlx::Error> {
+pub async fn versions_of(
+    pool: &PgPool,
+    name: &str,
+) -> Result<Option<(Uuid, Vec<VersionRow>)>, sqlx::Error> {
     let Some(skill_id): Option<Uuid> = sqlx::query_scalar("SELECT id FROM skills WHERE name = $1")
         .bind(name)
         .fetch_optional(pool)
@@ -674,7 +728,9 @@ pub async fn versions_of(pool: &PgPool, name: &str) -> Result<Option<(Uuid, Vec<
                 profile: r.try_get(4)?,
                 test_cases: r.try_get(5)?,
                 created_at: r.try_get(6)?,
-                latest_run: run_id.zip(run_status).map(|(id, status)| (id, status, r.try_get(9).ok().flatten())),
+                latest_run: run_id
+                    .zip(run_status)
+                    .map(|(id, status)| (id, status, r.try_get(9).ok().flatten())),
             })
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()?;
@@ -683,9 +739,10 @@ pub async fn versions_of(pool: &PgPool, name: &str) -> Result<Option<(Uuid, Vec<
 
 /// Runs per status, and queued jobs not yet confirmed by the broker (for `/metrics`).
 pub async fn gauges(pool: &PgPool) -> Result<(Vec<(String, i64)>, i64), sqlx::Error> {
-    let by_status: Vec<(String, i64)> = sqlx::query_as("SELECT status, count(*) FROM runs GROUP BY status")
-        .fetch_all(pool)
-        .await?;
+    let by_status: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM runs GROUP BY status")
+            .fetch_all(pool)
+            .await?;
     let unpublished: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM eval_results WHERE status = 'queued' AND published_at IS NULL",
     )

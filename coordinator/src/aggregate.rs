@@ -1,0 +1,198 @@
+//! Aggregation: turn finished cases into finished runs.
+//!
+//! Workers announce every finished case on the events exchange. For each event the aggregator
+//! applies `failFast` (a failed or errored case skips the rest of its run), releases more of the
+//! run's jobs when `maxConcurrentTests` holds some back, and tries to finalise the run. A
+//! periodic sweep does the same for runs whose events were missed (a coordinator restart, a
+//! lost event), so a complete run is always finalised.
+//!
+//! Finalising is exactly-once even with several replicas racing: the summary is computed from
+//! the stored results, then written by a conditional `UPDATE ... WHERE NOT finalised`; only the
+//! caller whose update matched sends the webhook.
+
+use std::sync::Arc;
+
+use crate::db::{self as runs, CaseRow};
+use anyhow::Context as _;
+use serde_json::{json, Value};
+use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::model::EvalConfig;
+use skilleval::plan::Job;
+use skilleval::summary::{summarize, RunSummary};
+pub use skilleval_infra::messages::CaseFinished;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::launch::RunLauncher;
+use crate::metrics::Metrics;
+use crate::views::RunView;
+use crate::webhook::WebhookSender;
+
+/// Rows read per query when summarising a run.
+const SUMMARY_PAGE: i64 = 500;
+
+/// Applies events and sweeps to runs: failFast, releases, finalisation and webhooks.
+#[derive(Debug, Clone)]
+pub struct RunAggregator {
+    pool: PgPool,
+    launcher: RunLauncher,
+    metrics: Arc<Metrics>,
+    webhooks: Option<WebhookSender>,
+}
+
+impl RunAggregator {
+    pub fn new(
+        pool: PgPool,
+        launcher: RunLauncher,
+        metrics: Arc<Metrics>,
+        webhooks: Option<WebhookSender>,
+    ) -> Self {
+        RunAggregator {
+            pool,
+            launcher,
+            metrics,
+            webhooks,
+        }
+    }
+
+    /// Handles one case-finished event.
+    #[tracing::instrument(skip(self), fields(run_id = %event.run_id, test_case_id = %event.test_case_id))]
+    pub async fn on_case_finished(&self, event: &CaseFinished) -> anyhow::Result<()> {
+        self.metrics.events_consumed.inc();
+        if matches!(event.status, CaseStatus::Failed | CaseStatus::Errored)
+            && runs::fail_fast_running(&self.pool, event.run_id).await?
+        {
+            let skipped =
+                runs::stop_after_failure(&self.pool, event.run_id, &event.test_case_id).await?;
+            if skipped > 0 {
+                tracing::info!(skipped, "failFast: skipped the rest of the run");
+            }
+        }
+        self.launcher.release_logged(event.run_id).await;
+        if runs::is_ready_to_finalise(&self.pool, event.run_id).await? {
+            self.finalise(event.run_id).await?;
+        }
+        Ok(())
+    }
+
+    /// Finalises every complete run not finalised yet, and releases held-back jobs. Returns
+    /// how many runs this call finalised.
+    pub async fn sweep(&self) -> anyhow::Result<usize> {
+        let ready = runs::runs_ready_to_finalise(&self.pool, 200).await?;
+        let mut finalised = 0;
+        for run_id in ready {
+            match self.finalise(run_id).await {
+                Ok(true) => finalised += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(%run_id, error = ?e, "finalising the run failed; the next sweep retries")
+                }
+            }
+        }
+        Ok(finalised)
+    }
+
+    /// Computes the summary and finalises the run if nobody did yet; `true` when this call
+    /// finalised it (and sent the webhook).
+    #[tracing::instrument(skip(self))]
+    pub async fn finalise(&self, run_id: Uuid) -> anyhow::Result<bool> {
+        let Some(run) = runs::get_run(&self.pool, run_id).await? else {
+            return Ok(false);
+        };
+        if run.finalised {
+            return Ok(false);
+        }
+        let config: EvalConfig =
+            serde_json::from_value(run.config.clone()).context("stored eval config")?;
+        let results = load_results(&self.pool, run_id).await?;
+        let summary = summarize(&results, &config.settings);
+        let summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
+        let won =
+            runs::finalise(&self.pool, run_id, &summary_json, summary.verdict.as_str()).await?;
+        if !won {
+            return Ok(false);
+        }
+        let outcome = if run.status == "cancelled" {
+            "cancelled"
+        } else {
+            summary.verdict.as_str()
+        };
+        Metrics::count(&self.metrics.runs_finalised, outcome);
+        tracing::info!(
+            verdict = summary.verdict.as_str(),
+            pass_rate = summary.pass_rate,
+            "run finalised"
+        );
+        if let (Some(url), Some(sender)) = (run.callback_url.clone(), self.webhooks.clone()) {
+            let Some(view) = runs::get_run(&self.pool, run_id)
+                .await?
+                .map(|r| RunView::from_row(&r))
+            else {
+                return Ok(true);
+            };
+            let body = serde_json::to_vec(&json!({ "event": "run.finished", "run": view }))
+                .context("webhook body")?;
+            let metrics = self.metrics.clone();
+            // Delivery retries for minutes: never hold up the aggregator for it.
+            tokio::spawn(async move {
+                let delivery = sender.deliver(&url, "run.finished", &body).await;
+                Metrics::count(&metrics.webhooks, delivery.outcome());
+            });
+        }
+        Ok(true)
+    }
+}
+
+/// Every result of a run in case order, read page by page; a case that never ran (skipped,
+/// or still queued) is described from its job.
+pub async fn load_results(pool: &PgPool, run_id: Uuid) -> anyhow::Result<Vec<JobResult>> {
+    let mut results = Vec::new();
+    let mut after = -1;
+    loop {
+        let page = runs::case_rows_page(pool, run_id, after, SUMMARY_PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = last.case_index;
+        let full = page.len() as i64 == SUMMARY_PAGE;
+        for row in page {
+            results.push(job_result(row)?);
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(results)
+}
+
+fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
+    if let Some(result) = row.result.filter(|v| !v.is_null()) {
+        return serde_json::from_value(result).with_context(|| {
+            format!(
+                "stored result of case `{}` does not parse",
+                row.test_case_id
+            )
+        });
+    }
+    let job: Job = serde_json::from_value(row.job)
+        .with_context(|| format!("stored job of case `{}` does not parse", row.test_case_id))?;
+    let reason = row
+        .details
+        .as_ref()
+        .and_then(|d| d.get("skipped"))
+        .and_then(Value::as_str)
+        .unwrap_or(if row.status == "queued" {
+            "not run"
+        } else {
+            "skipped"
+        })
+        .to_string();
+    let mut r = JobResult::skipped(&job, &reason);
+    if row.status == "queued" {
+        r.status = CaseStatus::Queued;
+    }
+    Ok(r)
+}
+
+/// The stored summary of a finalised run.
+pub fn stored_summary(summary: Option<&Value>) -> Option<RunSummary> {
+    summary.and_then(|v| serde_json::from_value(v.clone()).ok())
+}

@@ -1,0 +1,226 @@
+//! The coordinator's side of RabbitMQ: a [`JobSink`] over the shared confirm-mode
+//! [`Publisher`], and the loop that consumes case events.
+//!
+//! Both reconnect on their own: a publish that finds the connection gone drops it and the next
+//! one reconnects (the rows stay unpublished until then, and the sweeper retries them); the
+//! events loop reconnects with backoff when its consumer stream ends. A lost broker therefore
+//! degrades readiness, never correctness.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::Connection;
+use skilleval::plan::Job;
+use skilleval_infra::config::Settings;
+use skilleval_infra::messages::CaseFinished;
+use skilleval_infra::topology::{self, Lane, Publisher, Topology};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::aggregate::RunAggregator;
+use crate::jobs::JobSink;
+
+/// Events handled at once by one coordinator (the events queue's prefetch).
+const EVENTS_PREFETCH: u16 = 32;
+
+/// A connection and its confirm-mode publisher, replaced when the connection dies.
+#[derive(Debug)]
+struct Link {
+    connection: Connection,
+    publisher: Publisher,
+}
+
+/// Publishes jobs through the topology's publisher, reconnecting when needed.
+#[derive(Debug)]
+pub struct BrokerJobSink {
+    settings: Settings,
+    topology: Topology,
+    link: Mutex<Option<Link>>,
+}
+
+impl BrokerJobSink {
+    /// Connects, declares the topology (idempotent) and opens the publisher.
+    pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<BrokerJobSink>> {
+        let sink = BrokerJobSink {
+            settings: settings.clone(),
+            topology: Topology::from_settings(settings),
+            link: Mutex::new(None),
+        };
+        let link = sink.open().await?;
+        *sink.link.lock().await = Some(link);
+        Ok(Arc::new(sink))
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    async fn open(&self) -> anyhow::Result<Link> {
+        let connection = topology::connect(&self.settings, "skilleval-coordinator")
+            .await
+            .context("connecting to RabbitMQ")?;
+        let channel = connection
+            .create_channel()
+            .await
+            .context("opening a channel to declare the topology")?;
+        self.topology
+            .declare(&channel)
+            .await
+            .context("declaring the topology")?;
+        let _ = channel.close(200, "declared".into()).await;
+        let publisher = Publisher::open(&connection, self.topology.clone())
+            .await
+            .context("opening the publisher")?;
+        Ok(Link {
+            connection,
+            publisher,
+        })
+    }
+
+    /// The publisher, reconnecting first when the connection or channel is gone.
+    async fn publisher(&self) -> anyhow::Result<Publisher> {
+        let mut link = self.link.lock().await;
+        let healthy = link.as_ref().is_some_and(|l| {
+            l.connection.status().connected() && l.publisher.channel().status().connected()
+        });
+        if !healthy {
+            *link = None;
+            *link = Some(self.open().await?);
+        }
+        link.as_ref()
+            .map(|l| l.publisher.clone())
+            .context("no broker link after reconnecting")
+    }
+}
+
+#[async_trait]
+impl JobSink for BrokerJobSink {
+    async fn publish(&self, jobs: &[Job]) -> Vec<Result<(), String>> {
+        let publisher = match self.publisher().await {
+            Ok(p) => p,
+            Err(e) => {
+                let message = format!("{e:#}");
+                return jobs.iter().map(|_| Err(message.clone())).collect();
+            }
+        };
+        publisher
+            .publish_jobs(jobs, Lane::Ci)
+            .await
+            .into_iter()
+            .map(|r| r.map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    async fn check(&self) -> Result<(), String> {
+        self.publisher()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}"))
+    }
+}
+
+/// Consumes case events until `shutdown`, handing each to the aggregator; reconnects with
+/// backoff whenever the consumer stream ends or the connection fails.
+pub async fn consume_events(
+    settings: Settings,
+    aggregator: RunAggregator,
+    shutdown: CancellationToken,
+) {
+    let topology = Topology::from_settings(&settings);
+    let mut backoff = Duration::from_millis(200);
+    while !shutdown.is_cancelled() {
+        match consume_once(&settings, &topology, &aggregator, &shutdown).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = ?e, retry_in_ms = backoff.as_millis() as u64, "events consumer stopped; reconnecting");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(15));
+            }
+        }
+    }
+}
+
+/// One connection's worth of consuming: `Ok` on shutdown, `Err` when the stream ends.
+async fn consume_once(
+    settings: &Settings,
+    topology: &Topology,
+    aggregator: &RunAggregator,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let connection = topology::connect(settings, "skilleval-coordinator-events")
+        .await
+        .context("connecting to RabbitMQ for events")?;
+    let channel = connection
+        .create_channel()
+        .await
+        .context("opening the events channel")?;
+    topology
+        .declare(&channel)
+        .await
+        .context("declaring the topology")?;
+    channel
+        .basic_qos(EVENTS_PREFETCH, BasicQosOptions::default())
+        .await
+        .context("setting the events prefetch")?;
+    let queue = topology.coordinator_events_queue();
+    let mut consumer = channel
+        .basic_consume(
+            ShortString::from(queue.as_str()),
+            ShortString::from(""),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("consuming `{queue}`"))?;
+    tracing::info!(%queue, "consuming case events");
+    loop {
+        let delivery = tokio::select! {
+            () = shutdown.cancelled() => {
+                let _ = connection.close(200, "shutting down".into()).await;
+                return Ok(());
+            }
+            next = consumer.next() => next,
+        };
+        let delivery = match delivery {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => return Err(e).context("the events consumer failed"),
+            None => anyhow::bail!("the events consumer stream ended"),
+        };
+        match CaseFinished::decode(&delivery.data) {
+            Ok(event) => match aggregator.on_case_finished(&event).await {
+                Ok(()) => {
+                    delivery
+                        .ack(BasicAckOptions::default())
+                        .await
+                        .context("acking an event")?;
+                }
+                Err(e) => {
+                    // The sweep catches up with this run; requeueing could spin on a bad row.
+                    tracing::warn!(run_id = %event.run_id, error = ?e, "handling an event failed; the sweep will catch up");
+                    delivery
+                        .ack(BasicAckOptions::default())
+                        .await
+                        .context("acking an event")?;
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping an unparseable event");
+                delivery
+                    .nack(BasicNackOptions {
+                        requeue: false,
+                        ..BasicNackOptions::default()
+                    })
+                    .await
+                    .context("dropping an event")?;
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The one HTTP error type: every handler and extractor fails with an [`ApiError`], which renders
+//! as `{"error": {"code", "message", "details"}}`.
+//!
+//! A 4xx says which field broke which rule (`details.field`, `details.rule`). A 5xx body is
+//! generic: its cause rides in the response's extensions to [`log_server_errors`], which logs
+//! it once, so internals never reach a client and no error is logged twice.
+
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+/// An HTTP error response (boxed: handlers return it in `Result`s, keep those small).
+#[derive(Debug)]
+pub struct ApiError(Box<ApiErrorBody>);
+
+/// What an [`ApiError`] says.
+#[derive(Debug)]
+pub struct ApiErrorBody {
+    pub status: StatusCode,
+    /// Stable, machine-readable (`not_found`, `invalid_body`, `package_invalid`, ...).
+    pub code: &'static str,
+    pub message: String,
+    pub details: Value,
+    /// For 5xx only: what really happened, logged, never sent.
+    cause: Option<anyhow::Error>,
+}
+
+/// The cause of a 5xx, carried from [`ApiError::into_response`] to [`log_server_errors`].
+#[derive(Debug, Clone)]
+pub struct ServerErrorCause(pub Arc<anyhow::Error>);
+
+impl std::ops::Deref for ApiError {
+    type Target = ApiErrorBody;
+
+    fn deref(&self) -> &ApiErrorBody {
+        &self.0
+    }
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError(Box::new(ApiErrorBody {
+            status,
+            code,
+            message: message.into(),
+            details: Value::Null,
+            cause: None,
+        }))
+    }
+
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.0.details = details;
+        self
+    }
+
+    fn with_cause(mut self, cause: anyhow::Error) -> Self {
+        self.0.cause = Some(cause);
+        self
+    }
+
+    /// 400 naming the field (a JSON pointer or parameter name) and the rule it broke.
+    pub fn invalid_field(code: &'static str, field: &str, rule: impl Into<String>) -> Self {
+        let rule = rule.into();
+        let shown = if field.is_empty() {
+            "the body".to_string()
+        } else {
+            format!("`{field}`")
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, code, format!("{shown}: {rule}"))
+            .with_details(json!({ "field": field, "rule": rule }))
+    }
+
+    pub fn not_found(what: &str, id: impl std::fmt::Display) -> Self {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no {what} `{id}`"),
+        )
+        .with_details(json!({ "resource": what, "id": id.to_string() }))
+    }
+
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::CONFLICT, code, message)
+    }
+
+    pub fn unauthorized() -> Self {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required",
+        )
+    }
+
+    /// 413 naming the configuration key that sets the limit.
+    pub fn payload_too_large(limit_key: &str, limit_bytes: u64) -> Self {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the request body is larger than {limit_bytes} bytes (limit {limit_key})"),
+        )
+        .with_details(json!({ "limit": limit_key, "limit_bytes": limit_bytes }))
+    }
+
+    /// 500 with a generic body; `cause` is logged once by [`log_server_errors`].
+    pub fn internal(cause: impl Into<anyhow::Error>) -> Self {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error; the cause has been logged",
+        )
+        .with_cause(cause.into())
+    }
+
+    /// 503 for a dependency that is down (readiness, a broker that refused a publish).
+    pub fn unavailable(cause: impl Into<anyhow::Error>) -> Self {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "a dependency of the service is unavailable; retry later",
+        )
+        .with_cause(cause.into())
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        ApiError::internal(e)
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> Self {
+        ApiError::internal(e)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let ApiErrorBody {
+            status,
+            code,
+            message,
+            details,
+            cause,
+        } = *self.0;
+        let body = json!({ "error": { "code": code, "message": message, "details": details } });
+        let mut response = (status, axum::Json(body)).into_response();
+        if let Some(cause) = cause {
+            response
+                .extensions_mut()
+                .insert(ServerErrorCause(Arc::new(cause)));
+        }
+        response
+    }
+}
+
+/// Logs the cause of every 5xx once, with the request it answered.
+pub async fn log_server_errors(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    if let Some(ServerErrorCause(cause)) = response.extensions().get::<ServerErrorCause>() {
+        tracing::error!(%method, %path, status = response.status().as_u16(), error = ?cause, "request failed");
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn server_errors_hide_their_cause() {
+        let response = ApiError::internal(anyhow::anyhow!("password=hunter2")).into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(response.extensions().get::<ServerErrorCause>().is_some());
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("\"code\":\"internal\""));
+    }
+
+    #[test]
+    fn invalid_field_names_field_and_rule() {
+        let e = ApiError::invalid_field("invalid_body", "version_id", "must be a UUID");
+        assert_eq!(e.message, "`version_id`: must be a UUID");
+        assert_eq!(e.details["field"], "version_id");
+        assert_eq!(e.details["rule"], "must be a UUID");
+    }
+}

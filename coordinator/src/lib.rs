@@ -1,0 +1,38 @@
+//! The skilleval coordinator: the HTTP API, run creation and publishing, aggregation, reports
+//! and webhooks. `main.rs` only wires configuration and telemetry to [`startup::Application`].
+//!
+//! Layout:
+//!
+//! - [`startup`] builds the [`startup::Application`]: database pool and migrations, broker
+//!   topology and publisher, the router, and the background tasks (publish sweeper, events
+//!   consumer, finalisation sweep), all stopped by one cancellation token.
+//! - [`routes`] holds the API, one file per area, registered from one table that the OpenAPI
+//!   test compares with [`openapi`]'s document. [`error::ApiError`] is the one error type;
+//!   [`extract`] makes extractor rejections JSON errors naming the field; [`auth`] checks
+//!   bearer tokens.
+//! - [`launch::RunLauncher`] plans a version's jobs, commits the run with one `queued` row per
+//!   case, publishes with confirms, enforces `maxConcurrentTests`, and sweeps up anything left
+//!   unpublished.
+//! - [`aggregate::RunAggregator`] turns case-finished events (and a periodic sweep) into
+//!   failFast stops, further releases, and exactly-once finalisation with a signed
+//!   [`webhook`].
+//! - [`views`] are the response bodies; [`metrics`] the Prometheus metrics.
+//!
+//! The SQL lives in `skilleval_infra::store::runs` (re-exported here as [`db`]).
+
+pub use skilleval_infra::store::runs as db;
+
+pub mod aggregate;
+pub mod auth;
+pub mod broker;
+pub mod error;
+pub mod extract;
+pub mod jobs;
+pub mod launch;
+pub mod metrics;
+pub mod openapi;
+pub mod routes;
+pub mod startup;
+pub mod state;
+pub mod views;
+pub mod webhook;

@@ -1,0 +1,90 @@
+//! `skilleval-coordinator`: parses the command line, loads configuration, sets up telemetry and
+//! hands over to the library (`serve`, the default, or `migrate`).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use skilleval_coordinator::startup::{migrate, Application};
+use skilleval_infra::config::Settings;
+use tokio::signal;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "skilleval-coordinator",
+    version,
+    about = "skilleval's coordinator: HTTP API, run publishing and aggregation"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply migrations, then serve the API and run the aggregator (the default).
+    Serve,
+    /// Apply the database migrations and exit.
+    Migrate,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = skilleval_infra::telemetry::init(&settings.log) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let outcome = match cli.command.unwrap_or(Command::Serve) {
+        Command::Migrate => migrate(&settings)
+            .await
+            .map(|()| tracing::info!("migrations applied")),
+        Command::Serve => serve(settings).await,
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = ?e, "coordinator failed");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let app = Application::build(settings).await?;
+    let token = app.shutdown_token();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown signal received");
+        token.cancel();
+    });
+    app.run_until_stopped().await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match signal::unix::signal(signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,160 @@
+//! Prometheus metrics of the coordinator, served as text at `/metrics`.
+//!
+//! Counters are process-local (each replica reports its own; sum them in queries). The run
+//! gauges (`skilleval_runs{status}`, `skilleval_jobs_unpublished`) are read from the database
+//! at scrape time, so every replica reports the same fleet-wide numbers.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    /// The route template (`/v1/runs/{id}`), never the raw path: bounded cardinality.
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: String,
+}
+
+/// Every metric the coordinator exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_duration: Family<HttpLabels, Histogram>,
+    pub runs_created: Counter,
+    pub uploads_refused: Family<OutcomeLabels, Counter>,
+    pub jobs_published: Counter,
+    pub publish_failures: Counter,
+    pub sweeper_republished: Counter,
+    pub runs_finalised: Family<OutcomeLabels, Counter>,
+    pub webhooks: Family<OutcomeLabels, Counter>,
+    pub events_consumed: Counter,
+    pub runs_by_status: Family<StatusLabels, Gauge>,
+    pub jobs_unpublished: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("skilleval_coordinator");
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        let http_duration = Family::<HttpLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        let runs_created = Counter::default();
+        let uploads_refused = Family::<OutcomeLabels, Counter>::default();
+        let jobs_published = Counter::default();
+        let publish_failures = Counter::default();
+        let sweeper_republished = Counter::default();
+        let runs_finalised = Family::<OutcomeLabels, Counter>::default();
+        let webhooks = Family::<OutcomeLabels, Counter>::default();
+        let events_consumed = Counter::default();
+        let runs_by_status = Family::<StatusLabels, Gauge>::default();
+        let jobs_unpublished = Gauge::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests answered, by route and status",
+            http_requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request latency",
+            http_duration.clone(),
+        );
+        registry.register(
+            "runs_created",
+            "Runs created (uploads and POST /v1/runs)",
+            runs_created.clone(),
+        );
+        registry.register(
+            "uploads_refused",
+            "Uploads refused, by reason (too_large, refused, invalid)",
+            uploads_refused.clone(),
+        );
+        registry.register(
+            "jobs_published",
+            "Job messages confirmed by the broker",
+            jobs_published.clone(),
+        );
+        registry.register(
+            "publish_failures",
+            "Job publishes nacked, returned or failed (the sweeper retries them)",
+            publish_failures.clone(),
+        );
+        registry.register(
+            "sweeper_republished",
+            "Jobs published by the sweeper after the grace period",
+            sweeper_republished.clone(),
+        );
+        registry.register(
+            "runs_finalised",
+            "Runs finalised, by verdict or status",
+            runs_finalised.clone(),
+        );
+        registry.register(
+            "webhooks",
+            "Webhook deliveries, by outcome",
+            webhooks.clone(),
+        );
+        registry.register(
+            "events_consumed",
+            "Case-finished events consumed",
+            events_consumed.clone(),
+        );
+        registry.register(
+            "runs",
+            "Runs by status (from the database at scrape time)",
+            runs_by_status.clone(),
+        );
+        registry.register(
+            "jobs_unpublished",
+            "Queued jobs not yet confirmed by the broker (held back by maxConcurrentTests, or awaiting the sweeper)",
+            jobs_unpublished.clone(),
+        );
+        Arc::new(Metrics {
+            registry,
+            http_requests,
+            http_duration,
+            runs_created,
+            uploads_refused,
+            jobs_published,
+            publish_failures,
+            sweeper_republished,
+            runs_finalised,
+            webhooks,
+            events_consumed,
+            runs_by_status,
+            jobs_unpublished,
+        })
+    }
+
+    pub fn count(family: &Family<OutcomeLabels, Counter>, outcome: &str) {
+        family
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

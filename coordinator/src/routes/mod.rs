@@ -1,0 +1,102 @@
+//! The HTTP API: one file per area, all registered here from one table.
+//!
+//! [`ROUTES`] and [`router`] come from the same macro invocation, so the list of what the
+//! router serves cannot drift from the router; the OpenAPI test compares that list with the
+//! document's paths both ways.
+
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::auth::{require_bearer, Tokens};
+use crate::error::{log_server_errors, ApiError};
+use crate::metrics::{HttpLabels, Metrics};
+use crate::state::AppState;
+
+pub mod health;
+pub mod runs;
+pub mod skills;
+
+/// Longest a request may take (uploads included) before it gets a 408.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+macro_rules! routes {
+    ($($method:ident $path:literal => $handler:path;)*) => {
+        /// Every (method, path template) the router serves.
+        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
+
+        fn api_routes() -> Router<AppState> {
+            Router::new()$(.route($path, $method($handler)))*
+        }
+    };
+}
+
+routes! {
+    post "/v1/skills" => skills::upload;
+    get "/v1/skills/{name}/versions" => skills::versions;
+    post "/v1/runs" => runs::create;
+    get "/v1/runs/{id}" => runs::get_run;
+    get "/v1/runs/{id}/results" => runs::results;
+    get "/v1/runs/{id}/report" => runs::report;
+    post "/v1/runs/{id}/cancel" => runs::cancel;
+    get "/v1/openapi.json" => health::openapi;
+    get "/healthz" => health::healthz;
+    get "/readyz" => health::readyz;
+    get "/metrics" => health::metrics;
+}
+
+/// The whole application: routes, auth, error logging, metrics, tracing, timeouts.
+pub fn router(state: AppState, tokens: Tokens) -> Router {
+    api_routes()
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(tokens, require_bearer))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            record_metrics,
+        ))
+        .layer(middleware::from_fn(log_server_errors))
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {} {}", request.method(), request.uri().path()),
+    )
+    .with_details(serde_json::json!({ "see": "/v1/openapi.json" }))
+}
+
+async fn record_metrics(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = request.method().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let labels = HttpLabels {
+        method,
+        route,
+        status: response.status().as_u16(),
+    };
+    state.metrics.http_requests.get_or_create(&labels).inc();
+    state
+        .metrics
+        .http_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    let _: &Metrics = &state.metrics;
+    response
+}

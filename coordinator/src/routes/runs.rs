@@ -1,0 +1,264 @@
+//! `/v1/runs`: create (idempotent by key), read, list results, report, cancel.
+
+use crate::db::{self as runs, CancelOutcome, RunInsert};
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+use skilleval::model::RunnerSpec;
+use skilleval::plan::CaseFilter;
+use skilleval::report::{render, ReportContext, ReportFormat};
+
+use crate::aggregate::{load_results, stored_summary};
+use crate::error::ApiError;
+use crate::extract::{parse_uuid, ApiJson, ApiQuery};
+use crate::launch::RunRequest;
+use crate::routes::skills::check_callback_url;
+use crate::state::AppState;
+use crate::views::{CancelResponse, CreateRunResponse, ResultPage, ResultView, RunView};
+
+/// Results per page when the request names no limit, and the most it may name.
+const DEFAULT_PAGE: i64 = 100;
+const MAX_PAGE: i64 = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRunBody {
+    pub version_id: uuid::Uuid,
+    #[serde(default)]
+    pub runner: Option<RunnerSpec>,
+    #[serde(default)]
+    pub suite: Option<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub test_cases: Vec<String>,
+    #[serde(default)]
+    pub callback_url: Option<String>,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// `POST /v1/runs`.
+#[tracing::instrument(skip_all, fields(version_id = %body.version_id))]
+pub async fn create(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateRunBody>,
+) -> Result<(StatusCode, Json<CreateRunResponse>), ApiError> {
+    if let Some(url) = &body.callback_url {
+        check_callback_url("/callback_url", url)?;
+    }
+    if let Some(key) = &body.idempotency_key {
+        if key.is_empty() || key.len() > 200 {
+            return Err(ApiError::invalid_field(
+                "invalid_body",
+                "/idempotency_key",
+                "must be 1 to 200 characters",
+            ));
+        }
+    }
+    if let Some(RunnerSpec::Name(name)) = &body.runner {
+        if !matches!(name.as_str(), "command" | "given" | "llm") {
+            return Err(ApiError::invalid_field(
+                "invalid_body",
+                "/runner",
+                format!("unknown runner `{name}`: use `command`, `given` or `llm`"),
+            ));
+        }
+    }
+    let request = RunRequest {
+        version_id: body.version_id,
+        runner: body.runner,
+        filter: CaseFilter {
+            tags: body.tags,
+            case_ids: body.test_cases,
+            suite: body.suite,
+        },
+        callback_url: body.callback_url,
+        idempotency_key: body.idempotency_key,
+        kind: "manual",
+    };
+    let inserted = state.launcher.create(&request).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(CreateRunResponse {
+            run_id: inserted.run_id(),
+            created: matches!(inserted, RunInsert::Created(_)),
+        }),
+    ))
+}
+
+/// `GET /v1/runs/{id}`.
+pub async fn get_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    let run_id = parse_uuid("id", &id)?;
+    let run = runs::get_run(&state.pool, run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run", run_id))?;
+    Ok(Json(RunView::from_row(&run)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultsQuery {
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub limit: Option<i64>,
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+/// `GET /v1/runs/{id}/results`: keyset pagination on the case order; `next_cursor` is opaque.
+pub async fn results(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<ResultsQuery>,
+) -> Result<Json<ResultPage>, ApiError> {
+    let run_id = parse_uuid("id", &id)?;
+    if let Some(status) = &query.status {
+        if skilleval::executor::CaseStatus::parse(status).is_none() {
+            return Err(ApiError::invalid_field(
+                "invalid_query",
+                "status",
+                "must be one of queued, passed, failed, errored, skipped",
+            ));
+        }
+    }
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::invalid_field(
+            "invalid_query",
+            "limit",
+            format!("must be between 1 and {MAX_PAGE}"),
+        ));
+    }
+    let after = match &query.cursor {
+        None => -1,
+        Some(c) => c.parse::<i32>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+            ApiError::invalid_field(
+                "invalid_query",
+                "cursor",
+                "must be a `next_cursor` value from a previous page",
+            )
+        })?,
+    };
+    if runs::get_run(&state.pool, run_id).await?.is_none() {
+        return Err(ApiError::not_found("run", run_id));
+    }
+    let rows = runs::list_results(
+        &state.pool,
+        run_id,
+        query.status.as_deref(),
+        after,
+        limit + 1,
+    )
+    .await?;
+    let more = rows.len() as i64 > limit;
+    let mut results: Vec<ResultView> = rows
+        .into_iter()
+        .take(limit as usize)
+        .map(ResultView::from_row)
+        .collect();
+    let next_cursor = if more {
+        results.last().map(|r| r.case_index.to_string())
+    } else {
+        None
+    };
+    results.shrink_to_fit();
+    Ok(Json(ResultPage {
+        results,
+        next_cursor,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportQuery {
+    #[serde(default)]
+    pub format: Option<String>,
+}
+
+/// `GET /v1/runs/{id}/report?format=markdown|json`.
+pub async fn report(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<ReportQuery>,
+) -> Result<Response, ApiError> {
+    let run_id = parse_uuid("id", &id)?;
+    let format: ReportFormat = query
+        .format
+        .as_deref()
+        .unwrap_or("markdown")
+        .parse()
+        .map_err(|e: String| ApiError::invalid_field("invalid_query", "format", e))?;
+    let run = runs::get_run(&state.pool, run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run", run_id))?;
+    let Some(summary) = run
+        .finalised
+        .then(|| stored_summary(run.summary.as_ref()))
+        .flatten()
+    else {
+        return Err(ApiError::conflict(
+            "run_not_finished",
+            format!(
+                "run {run_id} has not finished ({} of {} cases done)",
+                run.completed, run.total
+            ),
+        )
+        .with_details(json!({ "status": run.status })));
+    };
+    let results = load_results(&state.pool, run_id).await?;
+    let ctx = ReportContext {
+        run_id,
+        skill_name: &run.skill,
+        skill_description: &run.description,
+        version: Some(&run.version),
+        profile: &run.profile,
+        package_hash: &run.package_hash,
+        created_at: run.created_at,
+        results: &results,
+        summary: &summary,
+    };
+    let body = render(&ctx, format);
+    let content_type = match format {
+        ReportFormat::Markdown => "text/markdown; charset=utf-8",
+        ReportFormat::Json => "application/json",
+    };
+    Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
+}
+
+/// `POST /v1/runs/{id}/cancel`: queued cases become `skipped`; workers skip the run's jobs.
+pub async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<CancelResponse>), ApiError> {
+    let run_id = parse_uuid("id", &id)?;
+    match runs::cancel_run(&state.pool, run_id).await? {
+        CancelOutcome::NotFound => Err(ApiError::not_found("run", run_id)),
+        CancelOutcome::AlreadyFinished(status) => Err(ApiError::conflict(
+            "run_finished",
+            format!("run {run_id} has already finished ({status})"),
+        )
+        .with_details(json!({ "status": status }))),
+        CancelOutcome::Cancelled { skipped } => {
+            // With nothing in flight the run is complete now; finalise without waiting for the sweep.
+            if let Err(e) = state.aggregator.finalise(run_id).await {
+                tracing::warn!(%run_id, error = ?e, "finalising the cancelled run failed; the sweep retries");
+            }
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(CancelResponse {
+                    run_id,
+                    status: "cancelled",
+                    skipped,
+                }),
+            ))
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! `POST /v1/skills` (upload a package, start a run) and `GET /v1/skills/{name}/versions`.
+//!
+//! An upload is read under `coordinator.max_upload_bytes` (413 past it, naming the limit),
+//! opened with the package hardening (zip bombs, zip slip, links: refused), validated (every
+//! problem listed with its file and JSON pointer), and only then stored: the skill, the
+//! version, its eval config and the run commit in one transaction, so a refused or invalid
+//! upload stores nothing.
+
+use std::sync::Arc;
+
+use crate::db::{self as runs, NewVersion, RunInsert, VersionError};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::Json;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+use skilleval::package::{validate, Package, PackageError, PackageLimits};
+use skilleval::plan::CaseFilter;
+use skilleval::problem::Problem;
+use skilleval::strategy::StrategyRegistry;
+
+use crate::error::ApiError;
+use crate::extract::ApiQuery;
+use crate::launch::RunRequest;
+use crate::state::AppState;
+use crate::views::{UploadResponse, VersionList, VersionView};
+
+/// The configuration key named in 413 responses.
+pub const UPLOAD_LIMIT_KEY: &str = "coordinator.max_upload_bytes";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadQuery {
+    /// `false`: store the version without running it.
+    #[serde(default = "yes")]
+    pub run: bool,
+    #[serde(default)]
+    pub callback_url: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /v1/skills`.
+#[tracing::instrument(skip_all)]
+pub async fn upload(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<UploadQuery>,
+    request: Request,
+) -> Result<(StatusCode, Json<UploadResponse>), ApiError> {
+    if let Some(url) = &query.callback_url {
+        check_callback_url("callback_url", url)?;
+    }
+    let headers = request.headers().clone();
+    let body = read_limited(request.into_body(), &headers, state.max_upload_bytes)
+        .await
+        .inspect_err(|e| {
+            if e.status == StatusCode::PAYLOAD_TOO_LARGE {
+                crate::metrics::Metrics::count(&state.metrics.uploads_refused, "too_large");
+            }
+        })?;
+    let zip = zip_from_body(&headers, body).await?;
+    let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
+    let (package, warnings) = match opened {
+        Ok(ok) => ok,
+        Err(e) => {
+            let reason = if e.code == "package_refused" {
+                "refused"
+            } else {
+                "invalid"
+            };
+            crate::metrics::Metrics::count(&state.metrics.uploads_refused, reason);
+            return Err(e);
+        }
+    };
+    let manifest = &package.manifest;
+    let version_label = manifest.metadata.get("version").and_then(|v| match v {
+        serde_json::Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    });
+    let config_json = serde_json::to_value(&package.config)
+        .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    let manifest_json =
+        serde_json::to_value(manifest).map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    let test_cases = package.config.test_cases.len();
+    let new_version = NewVersion {
+        skill_name: &manifest.name,
+        description: &manifest.description,
+        description_hash: &manifest.description_hash(),
+        package_hash: &package.content_hash,
+        package_bytes: &zip,
+        manifest: manifest_json,
+        version_label,
+        eval_version: &package.config.version,
+        profile: package.config.profile.as_str(),
+        config: config_json,
+        test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),
+    };
+
+    let mut tx = state.pool.begin().await?;
+    let stored = runs::upsert_version(&mut tx, &new_version).await.map_err(|e| match e {
+        VersionError::LabelTaken { .. } => ApiError::conflict("version_conflict", e.to_string())
+            .with_details(json!({ "field": "SKILL.md#/metadata/version", "rule": "a version label names one package content" })),
+        VersionError::Db(db) => ApiError::from(db),
+    })?;
+    let inserted = if query.run {
+        let request = RunRequest {
+            version_id: stored.version_id,
+            runner: None,
+            filter: CaseFilter::default(),
+            callback_url: query.callback_url.clone(),
+            idempotency_key: None,
+            kind: "upload",
+        };
+        Some(state.launcher.insert(&mut tx, &request).await?)
+    } else {
+        None
+    };
+    tx.commit().await?;
+    if let Some(RunInsert::Created(run_id)) = inserted {
+        state.metrics.runs_created.inc();
+        state.launcher.release_logged(run_id).await;
+    }
+    tracing::info!(skill = %manifest.name, version = %stored.version, created = stored.created, "skill version stored");
+    Ok((
+        StatusCode::CREATED,
+        Json(UploadResponse {
+            skill_id: stored.skill_id,
+            version_id: stored.version_id,
+            name: manifest.name.clone(),
+            version: stored.version,
+            test_cases,
+            run_id: inserted.map(RunInsert::run_id),
+            warnings,
+        }),
+    ))
+}
+
+/// `GET /v1/skills/{name}/versions`.
+pub async fn versions(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<VersionList>, ApiError> {
+    let (skill_id, versions) = runs::versions_of(&state.pool, &name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("skill", &name))?;
+    Ok(Json(VersionList {
+        skill: name,
+        skill_id,
+        versions: versions.into_iter().map(VersionView::from_row).collect(),
+    }))
+}
+
+/// A callback URL must be absolute http(s).
+pub fn check_callback_url(field: &str, url: &str) -> Result<(), ApiError> {
+    let ok = reqwest::Url::parse(url)
+        .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_field(
+            "invalid_body",
+            field,
+            "must be an absolute http or https URL",
+        ))
+    }
+}
+
+/// Reads the body, refusing (413) as soon as it is known to be over `limit`.
+async fn read_limited(body: Body, headers: &HeaderMap, limit: u64) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::payload_too_large(UPLOAD_LIMIT_KEY, limit));
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_body",
+                format!("reading the body failed: {e}"),
+            )
+        })?;
+        if (buf.len() + chunk.len()) as u64 > limit {
+            return Err(ApiError::payload_too_large(UPLOAD_LIMIT_KEY, limit));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// The ZIP: the raw body, or the multipart field `file`.
+async fn zip_from_body(headers: &HeaderMap, body: Bytes) -> Result<Bytes, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/zip")
+        .to_string();
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let zip = match mime.as_str() {
+        "application/zip" | "application/x-zip-compressed" | "application/octet-stream" => body,
+        "multipart/form-data" => multipart_file(&content_type, body).await?,
+        other => {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("`Content-Type: {other}` is not accepted: send the ZIP as application/zip, or as multipart/form-data field `file`"),
+            )
+            .with_details(json!({ "field": "Content-Type", "rule": "must be application/zip or multipart/form-data" })))
+        }
+    };
+    if zip.is_empty() {
+        return Err(ApiError::invalid_field(
+            "invalid_body",
+            "",
+            "the body is empty: send the skill's ZIP",
+        ));
+    }
+    Ok(zip)
+}
+
+async fn multipart_file(content_type: &str, body: Bytes) -> Result<Bytes, ApiError> {
+    let boundary = multer::parse_boundary(content_type).map_err(|e| {
+        ApiError::invalid_field(
+            "invalid_body",
+            "Content-Type",
+            format!("bad multipart boundary: {e}"),
+        )
+    })?;
+    let stream = futures::stream::once(async move { Ok::<Bytes, std::convert::Infallible>(body) });
+    let mut multipart = multer::Multipart::new(stream, boundary);
+    let bad = |e: multer::Error| {
+        ApiError::invalid_field(
+            "invalid_body",
+            "file",
+            format!("malformed multipart body: {e}"),
+        )
+    };
+    while let Some(field) = multipart.next_field().await.map_err(bad)? {
+        if field.name() == Some("file") {
+            return field.bytes().await.map_err(bad);
+        }
+    }
+    Err(ApiError::invalid_field(
+        "invalid_body",
+        "file",
+        "the multipart body has no field `file`",
+    ))
+}
+
+/// Opens and validates on the blocking pool (file system work); refusals and invalid packages
+/// are 422 with every problem.
+async fn open_package(
+    zip: Bytes,
+    limits: Arc<PackageLimits>,
+    strategies: Arc<StrategyRegistry>,
+) -> Result<(Package, Vec<Problem>), ApiError> {
+    let opened =
+        tokio::task::spawn_blocking(move || -> Result<(Package, Vec<Problem>), PackageError> {
+            let package = Package::from_zip_bytes(&zip, &limits, None)?;
+            let validation = validate(&package, &strategies);
+            if validation.is_ok() {
+                let warnings = validation.problems;
+                Ok((package, warnings))
+            } else {
+                Err(PackageError::Invalid(validation.problems))
+            }
+        })
+        .await
+        .map_err(|e| ApiError::internal(anyhow::anyhow!("package validation task failed: {e}")))?;
+    opened.map_err(package_error)
+}
+
+fn package_error(e: PackageError) -> ApiError {
+    match &e {
+        PackageError::Refused {
+            limit,
+            entry,
+            message,
+        } => {
+            let problem = json!({
+                "file": entry.clone().unwrap_or_default(),
+                "pointer": "",
+                "message": message,
+                "severity": "error",
+                "limit": limit,
+            });
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "package_refused",
+                e.to_string(),
+            )
+            .with_details(json!({ "limit": limit, "problems": [problem] }))
+        }
+        PackageError::Invalid(problems) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "package_invalid",
+            e.to_string(),
+        )
+        .with_details(json!({ "problems": problems })),
+        PackageError::Io { .. } => ApiError::internal(anyhow::Error::from(e)),
+    }
+}

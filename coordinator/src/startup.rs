@@ -1,0 +1,204 @@
+//! Building and running the coordinator: [`Application::build`] connects and migrates the
+//! database, connects the broker and declares the topology, binds the listener (port 0 picks a
+//! free port, read back with [`Application::port`]) and starts the background tasks;
+//! [`Application::run_until_stopped`] serves until the shutdown token is cancelled (SIGTERM or
+//! ctrl-c in the binary), then stops every task and waits for them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use skilleval::strategy::StrategyRegistry;
+use skilleval_infra::config::Settings;
+use skilleval_infra::store::Store;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::aggregate::RunAggregator;
+use crate::auth::Tokens;
+use crate::broker::{consume_events, BrokerJobSink};
+use crate::jobs::JobSink;
+use crate::launch::RunLauncher;
+use crate::metrics::Metrics;
+use crate::routes::router;
+use crate::state::AppState;
+use crate::webhook::{WebhookPolicy, WebhookSender};
+
+/// How long in-flight HTTP requests get to finish after shutdown begins.
+const HTTP_DRAIN: Duration = Duration::from_secs(20);
+
+/// A built coordinator, listening but not yet serving.
+#[derive(Debug)]
+pub struct Application {
+    listener: TcpListener,
+    port: u16,
+    state: AppState,
+    tokens: Tokens,
+    settings: Settings,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    /// Whether the background loops (events consumer, sweepers) run; tests that drive them by
+    /// hand turn them off.
+    background: bool,
+}
+
+/// Applies the migrations (the `migrate` subcommand; `serve` does it too).
+pub async fn migrate(settings: &Settings) -> anyhow::Result<()> {
+    let store = Store::connect(&settings.database).await?;
+    store.migrate().await?;
+    Ok(())
+}
+
+impl Application {
+    /// Connects everything and binds `coordinator.bind`.
+    pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        Application::build_with(settings, true).await
+    }
+
+    /// [`Application::build`], with the background loops on or off.
+    pub async fn build_with(settings: Settings, background: bool) -> anyhow::Result<Application> {
+        let store = Store::connect(&settings.database).await?;
+        store.migrate().await?;
+        let pool = store.pool().clone();
+        let sink: Arc<dyn JobSink> = BrokerJobSink::connect(&settings).await?;
+        let metrics = Metrics::new();
+        let launcher = RunLauncher::new(
+            pool.clone(),
+            sink.clone(),
+            metrics.clone(),
+            Duration::from_secs(settings.coordinator.publish_grace_secs),
+        );
+        let secret = settings
+            .coordinator
+            .webhook_secret
+            .as_ref()
+            .map(|s| s.expose().as_bytes().to_vec())
+            .unwrap_or_default();
+        if secret.is_empty() {
+            tracing::warn!(
+                "coordinator.webhook_secret is not set: webhooks are signed with an empty key"
+            );
+        }
+        let webhooks = WebhookSender::new(&secret, WebhookPolicy::default())?;
+        let aggregator = RunAggregator::new(
+            pool.clone(),
+            launcher.clone(),
+            metrics.clone(),
+            Some(webhooks),
+        );
+        let state = AppState {
+            pool,
+            sink,
+            launcher,
+            aggregator,
+            metrics,
+            strategies: Arc::new(StrategyRegistry::builtin().build()),
+            limits: Arc::new(settings.limits.clone()),
+            max_upload_bytes: settings.coordinator.max_upload_bytes,
+        };
+        let listener = TcpListener::bind(&settings.coordinator.bind)
+            .await
+            .with_context(|| format!("binding {}", settings.coordinator.bind))?;
+        let port = listener
+            .local_addr()
+            .context("reading the bound address")?
+            .port();
+        let tokens = Tokens::new(settings.coordinator.auth_tokens.iter().map(|t| t.expose()));
+        Ok(Application {
+            listener,
+            port,
+            state,
+            tokens,
+            settings,
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            background,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The shared state (tests drive the launcher and aggregator through it).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Cancel it to stop the server and every background task.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Serves until the shutdown token is cancelled, then drains and stops everything.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let Application {
+            listener,
+            port,
+            state,
+            tokens,
+            settings,
+            shutdown,
+            tasks,
+            background,
+        } = self;
+        if background {
+            spawn_background(&tasks, &settings, &state, &shutdown);
+        }
+        tasks.close();
+        let app = router(state, tokens).into_make_service_with_connect_info::<SocketAddr>();
+        tracing::info!(port, "coordinator listening");
+        let stop = shutdown.clone();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+            .context("serving HTTP")?;
+        shutdown.cancel();
+        if tokio::time::timeout(HTTP_DRAIN, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("background tasks did not stop within {HTTP_DRAIN:?}");
+        }
+        tracing::info!("coordinator stopped");
+        Ok(())
+    }
+}
+
+/// The events consumer and the two sweeps, each stopped by the token.
+fn spawn_background(
+    tasks: &TaskTracker,
+    settings: &Settings,
+    state: &AppState,
+    shutdown: &CancellationToken,
+) {
+    tasks.spawn(consume_events(
+        settings.clone(),
+        state.aggregator.clone(),
+        shutdown.clone(),
+    ));
+    let interval = Duration::from_secs(settings.coordinator.sweep_interval_secs.max(1));
+    let launcher = state.launcher.clone();
+    let aggregator = state.aggregator.clone();
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = launcher.sweep_unpublished().await {
+                tracing::warn!(error = ?e, "publish sweep failed");
+            }
+            match aggregator.sweep().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(finalised = n, "finalisation sweep"),
+                Err(e) => tracing::warn!(error = ?e, "finalisation sweep failed"),
+            }
+        }
+    });
+}

@@ -1,0 +1,35 @@
+//! What every handler shares.
+
+use std::sync::Arc;
+
+use skilleval::package::PackageLimits;
+use skilleval::strategy::StrategyRegistry;
+use sqlx::PgPool;
+
+use crate::aggregate::RunAggregator;
+use crate::jobs::JobSink;
+use crate::launch::RunLauncher;
+use crate::metrics::Metrics;
+
+/// Shared by every request: cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub sink: Arc<dyn JobSink>,
+    pub launcher: RunLauncher,
+    pub aggregator: RunAggregator,
+    pub metrics: Arc<Metrics>,
+    /// Validates uploads (compiles every case's grader).
+    pub strategies: Arc<StrategyRegistry>,
+    pub limits: Arc<PackageLimits>,
+    /// `coordinator.max_upload_bytes`.
+    pub max_upload_bytes: u64,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,224 @@
+//! Response bodies of the API, built from store rows. Their shapes are the OpenAPI document's
+//! schemas (`src/openapi.json`); the tests validate examples of each against it.
+
+use crate::db::{ResultRow, RunRow, VersionRow};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use skilleval::problem::Problem;
+use uuid::Uuid;
+
+use crate::aggregate::stored_summary;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UploadResponse {
+    pub skill_id: Uuid,
+    pub version_id: Uuid,
+    pub name: String,
+    pub version: String,
+    pub test_cases: usize,
+    pub run_id: Option<Uuid>,
+    pub warnings: Vec<Problem>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CreateRunResponse {
+    pub run_id: Uuid,
+    pub created: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Counters {
+    pub total: i32,
+    pub completed: i32,
+    pub passed: i32,
+    pub failed: i32,
+    pub errored: i32,
+    pub skipped: i32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SummaryView {
+    pub mean: f64,
+    pub median: f64,
+    pub std_dev: f64,
+    pub min: f64,
+    pub max: f64,
+    pub weighted_mean: f64,
+    pub pass_rate: f64,
+    pub verdict: &'static str,
+    pub verdict_reasons: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunView {
+    pub run_id: Uuid,
+    pub version_id: Uuid,
+    pub skill: String,
+    pub version: String,
+    pub kind: String,
+    pub status: String,
+    pub counters: Counters,
+    pub summary: Option<SummaryView>,
+    pub verdict: Option<String>,
+    pub callback_url: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl RunView {
+    pub fn from_row(r: &RunRow) -> Self {
+        let summary = if r.finalised {
+            stored_summary(r.summary.as_ref()).map(|s| SummaryView {
+                mean: s.mean,
+                median: s.median,
+                std_dev: s.std_dev,
+                min: s.min,
+                max: s.max,
+                weighted_mean: s.weighted_mean,
+                pass_rate: s.pass_rate,
+                verdict: s.verdict.as_str(),
+                verdict_reasons: s.verdict_reasons,
+            })
+        } else {
+            None
+        };
+        RunView {
+            run_id: r.id,
+            version_id: r.version_id,
+            skill: r.skill.clone(),
+            version: r.version.clone(),
+            kind: r.kind.clone(),
+            status: r.status.clone(),
+            counters: Counters {
+                total: r.total,
+                completed: r.completed,
+                passed: r.passed,
+                failed: r.failed,
+                errored: r.errored,
+                skipped: r.skipped,
+            },
+            summary,
+            verdict: if r.finalised { r.verdict.clone() } else { None },
+            callback_url: r.callback_url.clone(),
+            created_at: r.created_at,
+            finished_at: r.finished_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ResultView {
+    pub test_case_id: String,
+    pub name: String,
+    pub case_index: i32,
+    pub status: String,
+    pub strategy: String,
+    pub score: Option<f64>,
+    pub duration_ms: Option<u64>,
+    pub attempts: usize,
+    pub output: Option<String>,
+    pub expected_output: Option<String>,
+    pub feedback: Option<String>,
+    pub error: Option<String>,
+    pub details: Value,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl ResultView {
+    pub fn from_row(r: ResultRow) -> Self {
+        let result = r.result.unwrap_or(Value::Null);
+        let str_field = |k: &str| result.get(k).and_then(Value::as_str).map(str::to_string);
+        let error = result
+            .get("error")
+            .filter(|e| !e.is_null())
+            .map(|e| match e {
+                Value::String(s) => s.clone(),
+                other => other
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| other.to_string(), str::to_string),
+            });
+        ResultView {
+            test_case_id: r.test_case_id,
+            name: r.name,
+            case_index: r.case_index,
+            status: r.status,
+            strategy: r.strategy,
+            score: result.get("score").and_then(Value::as_f64),
+            duration_ms: result.get("duration_ms").and_then(Value::as_u64),
+            attempts: result
+                .get("attempts")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len),
+            output: str_field("output"),
+            expected_output: str_field("expected_output"),
+            feedback: str_field("feedback"),
+            error,
+            details: result
+                .get("details")
+                .cloned()
+                .or(r.details)
+                .unwrap_or(Value::Null),
+            finished_at: r.finished_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ResultPage {
+    pub results: Vec<ResultView>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CancelResponse {
+    pub run_id: Uuid,
+    pub status: &'static str,
+    pub skipped: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LatestRun {
+    pub run_id: Uuid,
+    pub status: String,
+    pub verdict: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VersionView {
+    pub version_id: Uuid,
+    pub version: String,
+    pub description: String,
+    pub package_hash: String,
+    pub profile: String,
+    pub test_cases: i32,
+    pub created_at: DateTime<Utc>,
+    pub latest_run: Option<LatestRun>,
+}
+
+impl VersionView {
+    pub fn from_row(v: VersionRow) -> Self {
+        VersionView {
+            version_id: v.version_id,
+            version: v.version,
+            description: v.description,
+            package_hash: v.package_hash,
+            profile: v.profile,
+            test_cases: v.test_cases,
+            created_at: v.created_at,
+            latest_run: v.latest_run.map(|(run_id, status, verdict)| LatestRun {
+                run_id,
+                status,
+                verdict,
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VersionList {
+    pub skill: String,
+    pub skill_id: Uuid,
+    pub versions: Vec<VersionView>,
+}
