@@ -15,6 +15,12 @@ use serde_json::Value;
 use super::Produced;
 use crate::grade::ToolCall;
 
+/// Parses a process's stdout: the trailing line terminators a `print` adds are dropped first,
+/// as shell command substitution does, so `^42$` matches a script that printed `42\n`.
+pub fn parse_stdout(stdout: &str) -> Produced {
+    parse(stdout.trim_end_matches(['\n', '\r']))
+}
+
 /// Parses stdout into the graded output and the tool calls, if it is a transcript.
 pub fn parse(stdout: &str) -> Produced {
     let trimmed = stdout.trim_start();
@@ -152,6 +158,12 @@ pub fn tool_calls_from_value(value: &Value) -> Vec<ToolCall> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn stdout_loses_only_its_trailing_line_terminators() {
+        assert_eq!(parse_stdout("  42\r\n\n").output, "  42");
+        assert_eq!(parse_stdout("a\nb\n").output, "a\nb");
+    }
 
     #[test]
     fn plain_text_is_the_output() {
