@@ -1,28 +1,79 @@
 //! Running untrusted code (custom graders, `command` runners) from uploaded packages.
 //!
-//! PLACEHOLDER API — implemented by the sandbox work item. See `Sandbox::run`.
+//! Design §5: such code gets JSON on stdin, a wall-clock timeout that kills every process it
+//! started, CPU/memory/file-size/process-count limits, a scrubbed environment, no network and a
+//! read-only view of its package. The workspace forbids `unsafe`, so nothing is done between
+//! `fork` and `exec` in this process; instead the limits are composed from stock tools on the
+//! command line (util-linux `prlimit` and `setpriv`, and bubblewrap), each of which applies one
+//! property and `exec`s the next:
+//!
+//! ```text
+//! prlimit --as=M --cpu=C --fsize=F --nproc=P --core=0 --
+//!   setpriv --reuid=U --regid=U --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
+//!   bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session
+//!         --ro-bind /usr /usr --symlink usr/bin /bin ... --ro-bind-try /etc/ssl /etc/ssl ...
+//!         --ro-bind PACKAGE /skill --size T --tmpfs /tmp --proc /proc --dev /dev --remount-ro /
+//!         --chdir /skill --clearenv --setenv PATH ... --setenv HOME /tmp ... -- python3 scripts/run.py
+//! ```
+//!
+//! `setpriv` is there because the kernel does not enforce `RLIMIT_NPROC` for root: when this
+//! process runs as root, every sandboxed run gets a uid of its own (leased from a pool, locked
+//! across processes with `flock`), so one run's fork bomb cannot eat another run's process
+//! budget, and after the run everything that uid still owns is killed (`kill -KILL -1` as that
+//! uid), which catches daemons that left the process group. Where such uids cannot be used (a
+//! container with a narrow uid map) all runs share `nobody` (65534) and the process budget.
+//! Not running as root, no uid change is possible: limits then count the invoking user's
+//! processes too, which is documented rather than hidden.
+//!
+//! Because the sandbox runs under another uid, a package directory must be world-readable:
+//! package loaders extract with directories 0755 and files 0644, and [`Sandbox::run`] refuses a
+//! package root that uid cannot reach, with an error saying so.
+//!
+//! Without bubblewrap (or with one that cannot create namespaces here) the sandbox refuses to
+//! run anything ([`SandboxError::NoSandbox`]) unless the policy allows unsandboxed execution;
+//! then the process still gets the limits, its own uid, a process group, the timeout, the output
+//! cap and the scrubbed environment, but it can use the network and see the host's files.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::Duration;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
 
-/// Limits applied to every sandboxed process.
+/// Limits applied to every sandboxed process. Missing fields take their defaults, so a
+/// configuration file may set only what it changes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct SandboxPolicy {
-    /// Address-space limit in bytes.
+    /// Address-space limit in bytes (`RLIMIT_AS`). Node reserves a lot of address space up
+    /// front and does not start below roughly 1 GiB.
     pub memory_bytes: u64,
-    /// CPU-time limit in seconds.
+    /// CPU-time limit in seconds, per process (`RLIMIT_CPU`).
     pub cpu_seconds: u64,
-    /// Largest file the process may write, in bytes.
+    /// Largest file the process may write, in bytes (`RLIMIT_FSIZE`).
     pub file_size_bytes: u64,
-    /// Most processes (threads count) the sandbox may hold.
+    /// Most processes (threads count) the sandbox may hold (`RLIMIT_NPROC`), including the
+    /// two bubblewrap processes that supervise it.
     pub max_processes: u64,
-    /// Stdout beyond this is cut and flagged.
+    /// Stdout beyond this is cut and flagged, and the process is killed.
     pub max_output_bytes: usize,
     /// Run without bubblewrap when it is absent (otherwise refuse).
     pub allow_unsandboxed: bool,
+    /// Size of the sandbox's private, memory-backed `/tmp` (bubblewrap only).
+    pub tmp_bytes: u64,
 }
 
 impl Default for SandboxPolicy {
@@ -34,6 +85,7 @@ impl Default for SandboxPolicy {
             max_processes: 64,
             max_output_bytes: 1 << 20,
             allow_unsandboxed: false,
+            tmp_bytes: 64 << 20,
         }
     }
 }
@@ -42,32 +94,38 @@ impl Default for SandboxPolicy {
 #[derive(Debug, Clone)]
 pub struct SandboxRequest {
     /// Program and arguments; paths inside the package are given relative to the package root.
+    /// A bare `python3`, `node` or `sh` is the interpreter the sandbox resolved at start.
     pub argv: Vec<String>,
     /// Mounted read-only; the working directory.
     pub package_root: PathBuf,
     pub stdin: Vec<u8>,
     /// Wall-clock limit; past it the whole process group is killed.
     pub timeout: Duration,
-    /// The only environment the process sees (plus PATH, HOME, LANG set by the sandbox).
+    /// The only environment the process sees (plus PATH, HOME, LANG, TMPDIR set by the
+    /// sandbox; PATH, HOME and TMPDIR cannot be overridden, LANG can).
     pub env: BTreeMap<String, String>,
 }
 
 /// What a finished process left behind.
 #[derive(Debug, Clone, Default)]
 pub struct SandboxOutput {
-    /// Exit code, `None` when killed by a signal.
+    /// Exit code; a process killed by signal N reports 128 + N (bubblewrap's convention, used
+    /// in both modes). `None` when the sandbox killed it (timeout, output limit).
     pub exit_code: Option<i32>,
     pub stdout: Vec<u8>,
+    /// The last 64 KiB of stderr.
     pub stderr: Vec<u8>,
-    /// Stdout was cut at `max_output_bytes`.
+    /// Stdout was cut at `max_output_bytes` (and the process killed).
     pub stdout_truncated: bool,
+    /// Stderr was longer than what is kept.
+    pub stderr_truncated: bool,
     pub timed_out: bool,
     pub duration: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
-    #[error("refusing to run untrusted code without a sandbox: bubblewrap (`bwrap`) is not installed; install it (Debian package `bubblewrap`) or allow unsandboxed execution explicitly")]
+    #[error("refusing to run untrusted code without a sandbox: bubblewrap (`bwrap`) is not installed or cannot create namespaces here; install it (Debian package `bubblewrap`) or allow unsandboxed execution explicitly")]
     NoSandbox,
     #[error("could not start `{program}`: {source}")]
     Spawn {
@@ -77,20 +135,1168 @@ pub enum SandboxError {
     },
     #[error("sandbox i/o: {0}")]
     Io(#[from] std::io::Error),
+    #[error("`{tool}` (util-linux) is not installed; it is needed to apply the sandbox's limits")]
+    MissingTool { tool: &'static str },
+    #[error("package directory {path} cannot be read by the sandbox user: {reason}; packages must be extracted with directories 0755 and files 0644")]
+    PackageNotReadable { path: PathBuf, reason: String },
+    #[error("interpreter `{name}` cannot be used in the sandbox: {reason}")]
+    Interpreter { name: String, reason: String },
+    #[error("no free sandbox uid: {0} sandboxed processes are already running")]
+    Busy(u32),
 }
 
-/// Runs processes under a [`SandboxPolicy`].
-#[derive(Debug, Clone, Default)]
+/// How [`Sandbox::run`] runs processes on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    /// Bubblewrap works: namespaces, read-only package, no network.
+    Bubblewrap,
+    /// No usable bubblewrap and the policy allows running anyway (limits, no isolation).
+    Unsandboxed,
+    /// No usable bubblewrap and the policy does not allow running without it.
+    Refusing,
+}
+
+impl fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SandboxMode::Bubblewrap => "bubblewrap",
+            SandboxMode::Unsandboxed => "unsandboxed",
+            SandboxMode::Refusing => "refusing",
+        })
+    }
+}
+
+/// Runs processes under a [`SandboxPolicy`]. Cheap to clone: what was found out about the
+/// host (tools, interpreters, whether bubblewrap works) is shared and probed once per process.
+#[derive(Debug, Clone)]
 pub struct Sandbox {
     pub policy: SandboxPolicy,
+    host: Arc<Host>,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox::detect(SandboxPolicy::default())
+    }
+}
+
+/// Where the package is mounted inside bubblewrap.
+const SANDBOX_PACKAGE_DIR: &str = "/skill";
+/// Stderr kept (its tail: that is where tracebacks are).
+const STDERR_KEEP: usize = 64 * 1024;
+/// After the main process exits, how long leftover children may keep its pipes open.
+const EXIT_GRACE: Duration = Duration::from_millis(500);
+/// After a kill, how long to keep reading what was already written to the pipes.
+const KILL_DRAIN: Duration = Duration::from_secs(1);
+/// Private sandbox uids: far above any real account, one per concurrent run.
+const UID_POOL_BASE: u32 = 2_000_000_000;
+const UID_POOL_SIZE: u32 = 1024;
+/// The fallback identity when private uids cannot be used.
+const NOBODY: u32 = 65534;
+/// System directories bubblewrap mirrors from the host (as directories or `/usr` symlinks).
+const SYSTEM_DIRS: &[&str] = &["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+/// The parts of `/etc` interpreters need; the rest of `/etc` (service configs, credentials)
+/// stays out of view.
+const ETC_ENTRIES: &[&str] = &[
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "localtime",
+    "timezone",
+    "nsswitch.conf",
+    "host.conf",
+    "hosts",
+    "mime.types",
+    "os-release",
+];
+/// Interpreters a request may name by bare name.
+const INTERPRETERS: &[&str] = &["python3", "node", "sh"];
+
+impl Sandbox {
+    /// Same as [`Sandbox::detect`].
+    pub fn new(policy: SandboxPolicy) -> Self {
+        Sandbox::detect(policy)
+    }
+
+    /// Finds bubblewrap on PATH and checks once per process that it works here.
+    pub fn detect(policy: SandboxPolicy) -> Self {
+        let bwrap = find_tool("bwrap");
+        Sandbox::with_bwrap_path(policy, bwrap)
+    }
+
+    /// Uses this bubblewrap binary, or none (`None`: as if bubblewrap were not installed).
+    pub fn with_bwrap_path(policy: SandboxPolicy, bwrap: Option<PathBuf>) -> Self {
+        static HOSTS: OnceLock<Mutex<BTreeMap<Option<PathBuf>, Arc<Host>>>> = OnceLock::new();
+        let hosts = HOSTS.get_or_init(Mutex::default);
+        let mut hosts = hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let host = hosts
+            .entry(bwrap.clone())
+            .or_insert_with(|| Arc::new(Host::discover(bwrap)))
+            .clone();
+        Sandbox { policy, host }
+    }
+
+    /// How processes are run under this policy on this host.
+    pub fn mode(&self) -> SandboxMode {
+        if self.host.bwrap.is_some() {
+            SandboxMode::Bubblewrap
+        } else if self.policy.allow_unsandboxed {
+            SandboxMode::Unsandboxed
+        } else {
+            SandboxMode::Refusing
+        }
+    }
+
+    /// Why bubblewrap is not used, when it is not.
+    pub fn unavailable_reason(&self) -> Option<&str> {
+        self.host.bwrap_problem.as_deref()
+    }
+
+    /// Runs one process to completion, timeout, or output limit, and reaps everything it
+    /// started.
+    pub async fn run(&self, req: SandboxRequest) -> Result<SandboxOutput, SandboxError> {
+        let mode = self.mode();
+        if mode == SandboxMode::Refusing {
+            return Err(SandboxError::NoSandbox);
+        }
+        if mode == SandboxMode::Unsandboxed {
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    reason = self.unavailable_reason().unwrap_or("not installed"),
+                    "bubblewrap is not usable: running untrusted package code WITHOUT a sandbox (resource limits only; network and host files are reachable)"
+                );
+            }
+        }
+        let Some(program) = req.argv.first() else {
+            return Err(SandboxError::Spawn {
+                program: String::new(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
+            });
+        };
+        let package = std::fs::canonicalize(&req.package_root)?;
+        let lease = self.host.identity.lease()?;
+        let uid = lease.as_ref().map(|l| l.uid);
+        if let Some(uid) = uid {
+            check_world_readable(&package).map_err(|reason| SandboxError::PackageNotReadable {
+                path: package.clone(),
+                reason: format!("{reason} (the sandbox runs as uid {uid})"),
+            })?;
+        }
+        let program = self.host.resolve_program(program)?;
+        // Unsandboxed, HOME and TMPDIR are a private scratch directory on the host.
+        let scratch = match mode {
+            SandboxMode::Unsandboxed => Some(scratch_dir(uid)?),
+            _ => None,
+        };
+        let plan = self.host.plan(
+            &self.policy,
+            &req,
+            &program,
+            &package,
+            uid,
+            scratch.as_ref().map(tempfile::TempDir::path),
+        )?;
+        tracing::debug!(argv = ?plan.argv, "sandbox: spawning");
+        let out = self.execute(plan, &req, lease).await;
+        drop(scratch);
+        out
+    }
+
+    async fn execute(
+        &self,
+        plan: Plan,
+        req: &SandboxRequest,
+        lease: Option<UidLease>,
+    ) -> Result<SandboxOutput, SandboxError> {
+        let (program, args) = plan.argv.split_first().ok_or_else(|| SandboxError::Spawn {
+            program: String::new(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command line"),
+        })?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(plan.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so the whole tree can be signalled at once.
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(cwd) = &plan.cwd {
+            cmd.current_dir(cwd);
+        }
+        let start = Instant::now();
+        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
+            program: program.to_string_lossy().into_owned(),
+            source,
+        })?;
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
+        // Kills the group (and the run's uid) if this future is dropped mid-run, e.g. by the
+        // executor's own timeout.
+        let mut guard = Reaper {
+            pgid,
+            sweep: self.host.sweep_command(lease.as_ref()),
+            lease,
+            armed: true,
+        };
+
+        let stdin_task = child.stdin.take().map(|mut stdin| {
+            let data = req.stdin.clone();
+            // A script that never reads stdin must not block the run: write concurrently and
+            // ignore a closed pipe.
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&data).await;
+                let _ = stdin.shutdown().await;
+            })
+        });
+        let mut stdout = child.stdout.take();
+        let mut stderr = child.stderr.take();
+
+        let limit = self.policy.max_output_bytes;
+        let mut out_buf = Vec::new();
+        let mut err_tail = Tail::new(STDERR_KEEP);
+        let mut status = None;
+        let mut timed_out = false;
+        let mut truncated = false;
+        let mut killed = false;
+        {
+            let out_fut = read_capped(stdout.as_mut(), &mut out_buf, limit);
+            let err_fut = read_tail(stderr.as_mut(), &mut err_tail);
+            tokio::pin!(out_fut, err_fut);
+            let timer = tokio::time::sleep_until((start + req.timeout).into());
+            tokio::pin!(timer);
+            let mut out_done = false;
+            let mut err_done = false;
+            let mut draining = false;
+            loop {
+                if out_done && err_done && status.is_some() {
+                    break;
+                }
+                tokio::select! {
+                    cut = &mut out_fut, if !out_done => {
+                        out_done = true;
+                        if cut && !killed {
+                            // A flood of output: stop it now rather than read it all.
+                            truncated = true;
+                            killed = true;
+                            guard.kill().await;
+                            timer.as_mut().reset((Instant::now() + KILL_DRAIN).into());
+                        }
+                    }
+                    () = &mut err_fut, if !err_done => err_done = true,
+                    st = child.wait(), if status.is_none() => {
+                        status = Some(st?);
+                        let pipes_open = !(out_done && err_done);
+                        if pipes_open && !killed && !draining {
+                            // The main process is gone but something it started still holds
+                            // its pipes; give it a moment, then kill it.
+                            draining = true;
+                            let grace = (Instant::now() + EXIT_GRACE).min(start + req.timeout);
+                            timer.as_mut().reset(grace.into());
+                        }
+                    }
+                    () = &mut timer => {
+                        if killed {
+                            // Pipes still open after a kill (an escaped daemon): stop reading.
+                            break;
+                        }
+                        timed_out = status.is_none();
+                        killed = true;
+                        guard.kill().await;
+                        timer.as_mut().reset((Instant::now() + KILL_DRAIN).into());
+                    }
+                }
+            }
+        }
+        // Always reap the child, even when the loop gave up on its pipes.
+        let status = match status {
+            Some(st) => st,
+            None => {
+                guard.kill().await;
+                child.wait().await?
+            }
+        };
+        guard.finish().await;
+        if let Some(task) = stdin_task {
+            task.abort();
+        }
+        let duration = start.elapsed();
+        let exit_code = match (status.code(), status.signal()) {
+            (Some(code), _) => Some(code),
+            (None, Some(_)) if killed => None,
+            (None, Some(sig)) => Some(128 + sig),
+            (None, None) => None,
+        };
+        let (stderr, stderr_truncated) = err_tail.finish();
+        Ok(SandboxOutput {
+            exit_code,
+            stdout: out_buf,
+            stderr,
+            stderr_truncated,
+            stdout_truncated: truncated,
+            timed_out,
+            duration,
+        })
+    }
+}
+
+/// The command line for one run.
+#[derive(Debug)]
+struct Plan {
+    argv: Vec<OsString>,
+    /// Set on the spawned process (bubblewrap gets the sandbox's env through `--setenv`).
+    env: Vec<(OsString, OsString)>,
+    cwd: Option<PathBuf>,
+}
+
+/// What was found out about this host, once per process.
+#[derive(Debug)]
+struct Host {
+    /// A bubblewrap that passed the functional check.
+    bwrap: Option<PathBuf>,
+    bwrap_problem: Option<String>,
+    prlimit: Option<PathBuf>,
+    setpriv: Option<PathBuf>,
+    kill: Option<PathBuf>,
+    identity: Identity,
+    /// bwrap arguments giving the read-only system view.
+    system_mounts: Vec<OsString>,
+    interpreters: BTreeMap<&'static str, Interpreter>,
+    /// PATH inside the sandbox.
+    path_env: String,
+}
+
+#[derive(Debug, Clone)]
+struct Interpreter {
+    path: PathBuf,
+    /// An install prefix outside the system directories, bound read-only at the same path.
+    bind: Option<PathBuf>,
+    /// Why it cannot be used from the sandbox.
+    problem: Option<String>,
+}
+
+/// Which uid sandboxed processes run as.
+#[derive(Debug, Clone)]
+enum Identity {
+    /// A private uid per run, leased under `lock_dir`.
+    Pool { lock_dir: PathBuf },
+    /// Every run shares this uid (and so the process budget); no sweep.
+    Shared(u32),
+    /// Not root: processes keep this process's uid.
+    Inherit,
+}
+
+impl Identity {
+    fn lease(&self) -> Result<Option<UidLease>, SandboxError> {
+        match self {
+            Identity::Inherit => Ok(None),
+            Identity::Shared(uid) => Ok(Some(UidLease {
+                uid: *uid,
+                private: false,
+                _lock: None,
+            })),
+            Identity::Pool { lock_dir } => lease_private_uid(lock_dir).map(Some),
+        }
+    }
+}
+
+struct UidLease {
+    uid: u32,
+    /// Nothing else runs as this uid, so everything it owns may be killed after the run.
+    private: bool,
+    _lock: Option<Flock<File>>,
+}
+
+impl fmt::Debug for UidLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UidLease")
+            .field("uid", &self.uid)
+            .field("private", &self.private)
+            .finish()
+    }
+}
+
+/// Leases a uid no other run (in this or another process on the host) is using. The lock is
+/// a `flock` on a per-uid file, released by the kernel even if this process dies.
+fn lease_private_uid(lock_dir: &Path) -> Result<UidLease, SandboxError> {
+    // Start after the last lease so a uid is not reused straight away.
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = NEXT.fetch_add(1, Ordering::Relaxed);
+    for i in 0..UID_POOL_SIZE {
+        let slot = start.wrapping_add(i) % UID_POOL_SIZE;
+        let uid = UID_POOL_BASE + slot;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(lock_dir.join(format!("{uid}.lock")))?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => {
+                NEXT.store(slot.wrapping_add(1), Ordering::Relaxed);
+                return Ok(UidLease {
+                    uid,
+                    private: true,
+                    _lock: Some(lock),
+                });
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
+            Err((_, errno)) => return Err(SandboxError::Io(std::io::Error::from(errno))),
+        }
+    }
+    Err(SandboxError::Busy(UID_POOL_SIZE))
+}
+
+impl Host {
+    fn discover(bwrap: Option<PathBuf>) -> Host {
+        let is_root = nix::unistd::geteuid().is_root();
+        let mut host = Host {
+            bwrap: None,
+            bwrap_problem: None,
+            prlimit: find_tool("prlimit"),
+            setpriv: find_tool("setpriv"),
+            kill: find_tool("kill"),
+            identity: Identity::Inherit,
+            system_mounts: system_mounts(),
+            interpreters: BTreeMap::new(),
+            path_env: String::new(),
+        };
+        let mut path_dirs = vec![
+            "/usr/local/bin".to_string(),
+            "/usr/bin".to_string(),
+            "/bin".to_string(),
+        ];
+        for name in INTERPRETERS {
+            if let Some(interp) = resolve_interpreter(name, is_root) {
+                if let Some(dir) = interp
+                    .path
+                    .parent()
+                    .map(|d| d.to_string_lossy().into_owned())
+                {
+                    if !path_dirs.contains(&dir) {
+                        path_dirs.push(dir);
+                    }
+                }
+                host.interpreters.insert(name, interp);
+            }
+        }
+        host.path_env = path_dirs.join(":");
+
+        // Identities to try, best first.
+        let mut identities = Vec::new();
+        if is_root && host.setpriv.is_some() {
+            if let Some(lock_dir) = uid_lock_dir() {
+                identities.push(Identity::Pool { lock_dir });
+            }
+            identities.push(Identity::Shared(NOBODY));
+        } else {
+            identities.push(Identity::Inherit);
+        }
+
+        let policy = SandboxPolicy::default();
+        let mut problems = Vec::new();
+        if let Some(bwrap) = bwrap {
+            host.bwrap = Some(bwrap);
+            for identity in &identities {
+                host.identity = identity.clone();
+                match host.probe(&policy) {
+                    Ok(()) => {
+                        tracing::debug!(identity = ?host.identity, "sandbox: bubblewrap works");
+                        return host;
+                    }
+                    Err(problem) => problems.push(format!("as {identity:?}: {problem}")),
+                }
+            }
+            host.bwrap = None;
+            let problem = format!("bubblewrap failed its check: {}", problems.join("; "));
+            tracing::warn!(%problem, "sandbox: bubblewrap is not usable");
+            host.bwrap_problem = Some(problem);
+        } else {
+            host.bwrap_problem = Some("`bwrap` is not on PATH".to_string());
+        }
+        // Pick the identity unsandboxed runs will use, should the policy allow them.
+        for identity in &identities {
+            host.identity = identity.clone();
+            if host.probe(&policy).is_ok() {
+                return host;
+            }
+        }
+        host.identity = identities.last().cloned().unwrap_or(Identity::Inherit);
+        host
+    }
+
+    /// Runs `true` through the full command line, synchronously (once per process).
+    fn probe(&self, policy: &SandboxPolicy) -> Result<(), String> {
+        let uid = match &self.identity {
+            Identity::Pool { .. } => Some(UID_POOL_BASE),
+            Identity::Shared(uid) => Some(*uid),
+            Identity::Inherit => None,
+        };
+        let req = SandboxRequest {
+            argv: vec!["true".into()],
+            package_root: PathBuf::from("/usr"),
+            stdin: Vec::new(),
+            timeout: Duration::from_secs(10),
+            env: BTreeMap::new(),
+        };
+        let tmp = std::env::temp_dir();
+        let scratch = if self.bwrap.is_some() {
+            None
+        } else {
+            Some(tmp.as_path())
+        };
+        let program = find_tool("true").unwrap_or_else(|| PathBuf::from("/bin/true"));
+        let plan = self
+            .plan(policy, &req, &program, Path::new("/usr"), uid, scratch)
+            .map_err(|e| e.to_string())?;
+        let (program, args) = plan.argv.split_first().ok_or("empty command line")?;
+        let out = std::process::Command::new(program)
+            .args(args)
+            .env_clear()
+            .envs(plan.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(plan.cwd.as_deref().unwrap_or(Path::new("/")))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("could not start {}: {e}", program.to_string_lossy()))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} ({})",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                out.status
+            ))
+        }
+    }
+
+    /// `argv[0]`: a bare interpreter name becomes the resolved interpreter.
+    fn resolve_program(&self, program: &str) -> Result<PathBuf, SandboxError> {
+        match self.interpreters.get(program) {
+            Some(Interpreter {
+                problem: Some(reason),
+                ..
+            }) => Err(SandboxError::Interpreter {
+                name: program.to_string(),
+                reason: reason.clone(),
+            }),
+            Some(interp) => Ok(interp.path.clone()),
+            None if INTERPRETERS.contains(&program) => Err(SandboxError::Interpreter {
+                name: program.to_string(),
+                reason: "not installed on this host".to_string(),
+            }),
+            None => Ok(PathBuf::from(program)),
+        }
+    }
+
+    fn plan(
+        &self,
+        policy: &SandboxPolicy,
+        req: &SandboxRequest,
+        program: &Path,
+        package: &Path,
+        uid: Option<u32>,
+        scratch: Option<&Path>,
+    ) -> Result<Plan, SandboxError> {
+        let prlimit = self
+            .prlimit
+            .as_ref()
+            .ok_or(SandboxError::MissingTool { tool: "prlimit" })?;
+        let mut argv: Vec<OsString> = vec![
+            prlimit.into(),
+            format!("--as={}", policy.memory_bytes).into(),
+            format!("--cpu={}", policy.cpu_seconds).into(),
+            format!("--fsize={}", policy.file_size_bytes).into(),
+            format!("--nproc={}", policy.max_processes).into(),
+            "--core=0".into(),
+            "--".into(),
+        ];
+        if let Some(uid) = uid {
+            let setpriv = self
+                .setpriv
+                .as_ref()
+                .ok_or(SandboxError::MissingTool { tool: "setpriv" })?;
+            argv.extend([
+                setpriv.into(),
+                format!("--reuid={uid}").into(),
+                format!("--regid={uid}").into(),
+                "--clear-groups".into(),
+                // No setuid binary may regain privileges, and no capability survives.
+                "--no-new-privs".into(),
+                "--inh-caps=-all".into(),
+                "--bounding-set=-all".into(),
+                "--".into(),
+            ]);
+        }
+        let home = match scratch {
+            Some(dir) => dir.as_os_str().to_owned(),
+            None => OsString::from("/tmp"),
+        };
+        let mut env: BTreeMap<OsString, OsString> = BTreeMap::new();
+        env.insert("LANG".into(), "C.UTF-8".into());
+        for (k, v) in &req.env {
+            // A name bwrap or execve would choke on is dropped rather than failing the run.
+            if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+                tracing::warn!(name = %k, "sandbox: skipping invalid environment variable");
+                continue;
+            }
+            env.insert(k.into(), v.into());
+        }
+        env.insert("PATH".into(), self.path_env.clone().into());
+        env.insert("HOME".into(), home.clone());
+        env.insert("TMPDIR".into(), home);
+
+        match &self.bwrap {
+            Some(bwrap) => {
+                argv.extend([
+                    bwrap.into(),
+                    // New user, pid, net (loopback only), ipc, uts and cgroup namespaces.
+                    "--unshare-all".into(),
+                    "--unshare-user".into(),
+                    // No nested user namespaces: less kernel surface for the script.
+                    "--disable-userns".into(),
+                    // If we die, the sandbox's pid 1 dies, and with it every process inside.
+                    "--die-with-parent".into(),
+                    // No TIOCSTI into a terminal of ours.
+                    "--new-session".into(),
+                ]);
+                argv.extend(self.system_mounts.iter().cloned());
+                for interp in self.interpreters.values() {
+                    if let (Some(bind), None) = (&interp.bind, &interp.problem) {
+                        argv.extend(["--ro-bind".into(), bind.into(), bind.into()]);
+                    }
+                }
+                argv.extend([
+                    "--ro-bind".into(),
+                    package.into(),
+                    SANDBOX_PACKAGE_DIR.into(),
+                    "--size".into(),
+                    policy.tmp_bytes.to_string().into(),
+                    "--tmpfs".into(),
+                    "/tmp".into(),
+                    "--proc".into(),
+                    "/proc".into(),
+                    "--dev".into(),
+                    "/dev".into(),
+                    // The root itself is a tmpfs bwrap made; nothing may be written there.
+                    "--remount-ro".into(),
+                    "/".into(),
+                    "--chdir".into(),
+                    SANDBOX_PACKAGE_DIR.into(),
+                    "--clearenv".into(),
+                ]);
+                for (k, v) in env {
+                    argv.extend(["--setenv".into(), k, v]);
+                }
+                argv.push("--".into());
+                argv.push(program.into());
+                argv.extend(req.argv.iter().skip(1).map(OsString::from));
+                Ok(Plan {
+                    argv,
+                    env: Vec::new(),
+                    cwd: None,
+                })
+            }
+            None => {
+                argv.push(program.into());
+                argv.extend(req.argv.iter().skip(1).map(OsString::from));
+                Ok(Plan {
+                    argv,
+                    env: env.into_iter().collect(),
+                    cwd: Some(package.to_path_buf()),
+                })
+            }
+        }
+    }
+
+    /// The command that kills everything a private uid still owns.
+    fn sweep_command(&self, lease: Option<&UidLease>) -> Option<Vec<OsString>> {
+        let lease = lease.filter(|l| l.private)?;
+        let setpriv = self.setpriv.as_ref()?;
+        let kill = self.kill.as_ref()?;
+        let uid = lease.uid;
+        Some(vec![
+            setpriv.into(),
+            format!("--reuid={uid}").into(),
+            format!("--regid={uid}").into(),
+            "--clear-groups".into(),
+            "--".into(),
+            kill.into(),
+            "-KILL".into(),
+            "--".into(),
+            // kill(-1): every process this uid may signal, i.e. all of the run's, atomically
+            // with respect to forks.
+            "-1".into(),
+        ])
+    }
+}
+
+/// Kills a run's process group and sweeps its uid; on drop too, so an abandoned run is cleaned.
+///
+/// It holds the run's uid lease: the uid goes back to the pool only after the sweep, so a
+/// sweep can never hit the next run that leases the same uid.
+struct Reaper {
+    pgid: Option<Pid>,
+    sweep: Option<Vec<OsString>>,
+    lease: Option<UidLease>,
+    armed: bool,
+}
+
+impl Reaper {
+    async fn kill(&self) {
+        self.kill_group();
+        if let Some(sweep) = &self.sweep {
+            run_sweep(sweep).await;
+        }
+    }
+
+    fn kill_group(&self) {
+        if let Some(pgid) = self.pgid {
+            // ESRCH (already gone) is the usual, fine outcome.
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+    }
+
+    /// After the child is reaped: nothing of the run may survive it.
+    async fn finish(&mut self) {
+        self.kill().await;
+        self.armed = false;
+        self.lease = None;
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.kill_group();
+        let Some(sweep) = self.sweep.take() else {
+            return;
+        };
+        let lease = self.lease.take();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    run_sweep(&sweep).await;
+                    drop(lease);
+                });
+            }
+            Err(_) => {
+                if let Some((program, args)) = sweep.split_first() {
+                    let _ = std::process::Command::new(program)
+                        .args(args)
+                        .env_clear()
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status();
+                }
+                drop(lease);
+            }
+        }
+    }
+}
+
+async fn run_sweep(sweep: &[OsString]) {
+    if let Some((program, args)) = sweep.split_first() {
+        // A failure (no process left: ESRCH) is the usual outcome and changes nothing.
+        let _ = Command::new(program)
+            .args(args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+    }
+}
+
+/// Reads into `buf` until EOF or until more than `limit` bytes arrive; true when cut.
+async fn read_capped<R: AsyncRead + Unpin>(
+    reader: Option<&mut R>,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> bool {
+    let Some(reader) = reader else {
+        return false;
+    };
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        match reader.read(&mut chunk).await {
+            Ok(0) => return false,
+            Ok(n) => {
+                let room = limit.saturating_sub(buf.len());
+                if n > room {
+                    buf.extend_from_slice(&chunk[..room]);
+                    return true;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "sandbox: reading stdout failed");
+                return false;
+            }
+        }
+    }
+}
+
+/// Drains `reader` to EOF, keeping its tail (a chatty stderr must not block the process).
+async fn read_tail<R: AsyncRead + Unpin>(reader: Option<&mut R>, tail: &mut Tail) {
+    let Some(reader) = reader else {
+        return;
+    };
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        match reader.read(&mut chunk).await {
+            Ok(0) => return,
+            Ok(n) => tail.push(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "sandbox: reading stderr failed");
+                return;
+            }
+        }
+    }
+}
+
+/// The last `keep` bytes of a stream.
+#[derive(Debug)]
+struct Tail {
+    buf: Vec<u8>,
+    keep: usize,
+    dropped: bool,
+}
+
+impl Tail {
+    fn new(keep: usize) -> Self {
+        Tail {
+            buf: Vec::new(),
+            keep,
+            dropped: false,
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+        // Trim in batches so a byte-at-a-time writer does not cost a memmove per byte.
+        if self.buf.len() > self.keep * 2 {
+            let excess = self.buf.len() - self.keep;
+            self.buf.drain(..excess);
+            self.dropped = true;
+        }
+    }
+
+    /// The kept bytes, and whether anything was dropped.
+    fn finish(mut self) -> (Vec<u8>, bool) {
+        if self.buf.len() > self.keep {
+            let excess = self.buf.len() - self.keep;
+            self.buf.drain(..excess);
+            self.dropped = true;
+        }
+        (self.buf, self.dropped)
+    }
+}
+
+/// A private HOME/TMPDIR for an unsandboxed run, owned by the run's uid.
+fn scratch_dir(uid: Option<u32>) -> Result<tempfile::TempDir, SandboxError> {
+    let dir = tempfile::Builder::new()
+        .prefix("skilleval-sandbox-")
+        .tempdir()?;
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid))?;
+    }
+    Ok(dir)
+}
+
+/// Where uid lease locks live: a root-owned directory nobody else can plant files in.
+fn uid_lock_dir() -> Option<PathBuf> {
+    let candidates = [
+        PathBuf::from("/run/skilleval-sandbox"),
+        std::env::temp_dir().join("skilleval-sandbox-uids"),
+    ];
+    let me = nix::unistd::geteuid().as_raw();
+    candidates.into_iter().find(|dir| {
+        if std::fs::create_dir_all(dir).is_err() {
+            return false;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(dir) else {
+            return false;
+        };
+        if !meta.is_dir() || meta.uid() != me {
+            return false;
+        }
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).is_ok()
+    })
+}
+
+/// Whether a uid that is neither owner nor group can list and read `dir` (every ancestor
+/// searchable, the directory itself readable and searchable).
+fn check_world_readable(dir: &Path) -> Result<(), String> {
+    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    if meta.mode() & 0o005 != 0o005 {
+        return Err(format!(
+            "{} has mode {:o}, not world-readable",
+            dir.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    for ancestor in dir.ancestors().skip(1) {
+        let meta =
+            std::fs::metadata(ancestor).map_err(|e| format!("{}: {e}", ancestor.display()))?;
+        if meta.mode() & 0o001 == 0 {
+            return Err(format!(
+                "{} has mode {:o}, not world-searchable",
+                ancestor.display(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A system tool: the standard directories first, so a hostile PATH cannot substitute one.
+fn find_tool(name: &str) -> Option<PathBuf> {
+    ["/usr/bin", "/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| is_executable(p))
+        .or_else(|| search_path(name))
+}
+
+fn search_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
+}
+
+/// Under the system directories bubblewrap always mounts.
+fn is_system_path(path: &Path) -> bool {
+    path.starts_with("/usr") || SYSTEM_DIRS.iter().any(|d| path.starts_with(d))
+}
+
+/// Finds an interpreter. The system one wins (`/usr/bin`, `/usr/local/bin`): it is what a
+/// production image has and the sandbox can always reach it. Otherwise the one on PATH is
+/// resolved to its real install prefix (for pyenv, asking Python itself, since PATH holds a
+/// shell shim), which is then bound into the sandbox — provided another uid can reach it.
+fn resolve_interpreter(name: &str, drops_privileges: bool) -> Option<Interpreter> {
+    for dir in ["/usr/bin", "/usr/local/bin", "/bin"] {
+        let path = Path::new(dir).join(name);
+        if is_executable(&path) {
+            return Some(Interpreter {
+                path,
+                bind: None,
+                problem: None,
+            });
+        }
+    }
+    let found = search_path(name)?;
+    let (exe, prefix) = if name.starts_with("python") {
+        let out = std::process::Command::new(&found)
+            .args([
+                "-c",
+                "import sys; print(sys.executable); print(sys.base_prefix)",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = text.lines();
+        let exe = PathBuf::from(lines.next()?);
+        let prefix = PathBuf::from(lines.next()?);
+        (exe, prefix)
+    } else {
+        let exe = std::fs::canonicalize(&found).ok()?;
+        // <prefix>/bin/<name>
+        let prefix = exe.parent()?.parent()?.to_path_buf();
+        (exe, prefix)
+    };
+    if is_system_path(&exe) {
+        return Some(Interpreter {
+            path: exe,
+            bind: None,
+            problem: None,
+        });
+    }
+    let problem = if drops_privileges {
+        check_world_readable(&prefix).err().map(|reason| {
+            format!(
+                "{} lives in {}, which the sandbox user cannot reach ({reason}); install it system-wide (e.g. Debian's `python3`/`nodejs`) or under a world-readable prefix",
+                exe.display(),
+                prefix.display()
+            )
+        })
+    } else {
+        None
+    };
+    if let Some(problem) = &problem {
+        tracing::warn!(interpreter = name, %problem, "sandbox: interpreter not usable");
+    }
+    Some(Interpreter {
+        path: exe,
+        bind: Some(prefix),
+        problem,
+    })
+}
+
+/// bwrap arguments mirroring the host's system directories read-only: `/usr`, the top-level
+/// library and binary directories as they are on the host (real directories, or the symlinks
+/// into `/usr` of a merged-/usr system), and the few `/etc` entries interpreters need.
+fn system_mounts() -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["--ro-bind".into(), "/usr".into(), "/usr".into()];
+    for dir in SYSTEM_DIRS {
+        let path = Path::new(dir);
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            if let Ok(target) = std::fs::read_link(path) {
+                args.extend(["--symlink".into(), target.into(), path.into()]);
+            }
+        } else if meta.is_dir() {
+            args.extend(["--ro-bind".into(), path.into(), path.into()]);
+        }
+    }
+    let mut etc: Vec<String> = ETC_ENTRIES.iter().map(|e| (*e).to_string()).collect();
+    // Debian's per-version Python configuration (/etc/python3.11, ...).
+    if let Ok(entries) = std::fs::read_dir("/etc") {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("python") {
+                etc.push(name);
+            }
+        }
+    }
+    etc.sort();
+    etc.dedup();
+    for name in etc {
+        let path = Path::new("/etc").join(name);
+        args.extend(["--ro-bind-try".into(), path.clone().into(), path.into()]);
+    }
+    args
+}
+
+/// Checks a package-relative path: relative, no `..`, no root or prefix; `Err` says why.
+pub fn check_package_relative(path: &str) -> Result<PathBuf, String> {
+    let p = Path::new(path);
+    if path.is_empty() {
+        return Err("path is empty".to_string());
+    }
+    let mut clean = PathBuf::new();
+    for component in p.components() {
+        match component {
+            Component::Normal(part) => clean.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(format!("`{path}` contains `..`")),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "`{path}` is absolute; give it relative to the package root"
+                ))
+            }
+        }
+    }
+    if clean.as_os_str().is_empty() {
+        return Err(format!("`{path}` names no file"));
+    }
+    Ok(clean)
+}
+
+/// For error messages: the command line as one string.
+pub fn display_argv(argv: &[OsString]) -> String {
+    argv.iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 impl Sandbox {
-    pub fn new(policy: SandboxPolicy) -> Self {
-        Sandbox { policy }
+    /// The command line [`Sandbox::run`] would spawn for `req` (with a placeholder uid), for
+    /// logs and diagnostics.
+    pub fn describe(&self, req: &SandboxRequest) -> Result<String, SandboxError> {
+        let program = req
+            .argv
+            .first()
+            .map_or(Ok(PathBuf::new()), |p| self.host.resolve_program(p))?;
+        let uid = match &self.host.identity {
+            Identity::Pool { .. } => Some(UID_POOL_BASE),
+            Identity::Shared(uid) => Some(*uid),
+            Identity::Inherit => None,
+        };
+        let scratch = (self.mode() == SandboxMode::Unsandboxed).then_some(Path::new("$SCRATCH"));
+        let plan = self
+            .host
+            .plan(&self.policy, req, &program, &req.package_root, uid, scratch)?;
+        Ok(display_argv(&plan.argv))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_end() {
+        let mut t = Tail::new(4);
+        t.push(b"abcdefghij");
+        t.push(b"kl");
+        assert_eq!(t.finish(), (b"ijkl".to_vec(), true));
+        let mut t = Tail::new(4);
+        t.push(b"abcde");
+        assert_eq!(t.finish(), (b"bcde".to_vec(), true));
+        let mut t = Tail::new(4);
+        t.push(b"abcd");
+        assert_eq!(t.finish(), (b"abcd".to_vec(), false));
     }
 
-    pub async fn run(&self, _req: SandboxRequest) -> Result<SandboxOutput, SandboxError> {
-        Err(SandboxError::NoSandbox)
+    #[test]
+    fn package_relative_paths() {
+        assert_eq!(
+            check_package_relative("scripts/run.py"),
+            Ok(PathBuf::from("scripts/run.py"))
+        );
+        assert_eq!(
+            check_package_relative("./run.py"),
+            Ok(PathBuf::from("run.py"))
+        );
+        assert!(check_package_relative("../x.py").is_err());
+        assert!(check_package_relative("a/../../x.py").is_err());
+        assert!(check_package_relative("/etc/x.py").is_err());
+        assert!(check_package_relative("").is_err());
+        assert!(check_package_relative(".").is_err());
+    }
+
+    #[test]
+    fn a_partial_policy_keeps_the_other_defaults() {
+        let policy: SandboxPolicy =
+            serde_json::from_str(r#"{"allow_unsandboxed": true}"#).expect("policy");
+        assert!(policy.allow_unsandboxed);
+        assert_eq!(policy.memory_bytes, SandboxPolicy::default().memory_bytes);
+        assert_eq!(policy.tmp_bytes, SandboxPolicy::default().tmp_bytes);
+    }
+
+    #[test]
+    fn system_view_has_usr_and_no_whole_etc() {
+        let mounts = system_mounts();
+        let text = display_argv(&mounts);
+        assert!(text.starts_with("--ro-bind /usr /usr"), "{text}");
+        assert!(!text.contains("/etc /etc"), "{text}");
     }
 }
