@@ -23,7 +23,11 @@ pub const EXIT_FAIL: u8 = 1;
 pub const EXIT_BAD_INPUT: u8 = 2;
 
 #[derive(Debug, Parser)]
-#[command(name = "skilleval", version, about = "Evaluate agent skills: locally, in CI, or on a skilleval server")]
+#[command(
+    name = "skilleval",
+    version,
+    about = "Evaluate agent skills: locally, in CI, or on a skilleval server"
+)]
 pub struct Cli {
     /// More logging (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]

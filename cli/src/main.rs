@@ -8,7 +8,10 @@ use skilleval_cli::{Cli, EXIT_BAD_INPUT};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     skilleval_cli::init_logging(cli.verbose);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -39,7 +39,10 @@ pub(crate) fn report_package_error(path: &Path, err: &PackageError) -> u8 {
 pub(crate) fn print_problems(path: &Path, problems: &[Problem]) {
     let errors = problems.iter().filter(|p| p.is_error()).count();
     let warnings = problems.len() - errors;
-    eprintln!("{}: {errors} error(s), {warnings} warning(s)", path.display());
+    eprintln!(
+        "{}: {errors} error(s), {warnings} warning(s)",
+        path.display()
+    );
     for p in problems {
         eprintln!("  {p}");
     }
@@ -55,7 +58,8 @@ pub async fn run(args: &RunArgs) -> u8 {
 
 async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
     let limits = PackageLimits::default();
-    let package = Package::open(&args.path, &limits).map_err(|e| report_package_error(&args.path, &e))?;
+    let package =
+        Package::open(&args.path, &limits).map_err(|e| report_package_error(&args.path, &e))?;
     let registry = StrategyRegistry::builtin().build();
     let validation = validate(&package, &registry);
     if !validation.is_ok() {
@@ -89,7 +93,14 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
             .map(skilleval::model::RunnerSpec::config)
             .unwrap_or_default()
     });
-    let jobs = plan(&package.config, &package.content_hash, run_id, &filter, runner_override.as_ref()).map_err(|e| {
+    let jobs = plan(
+        &package.config,
+        &package.content_hash,
+        run_id,
+        &filter,
+        runner_override.as_ref(),
+    )
+    .map_err(|e| {
         eprintln!("error: {e}");
         EXIT_BAD_INPUT
     })?;
@@ -105,7 +116,10 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
         }
     }
     if runnable.is_empty() {
-        eprintln!("nothing to run without a model provider: {} case(s) validated, 0 run.", need_model.len());
+        eprintln!(
+            "nothing to run without a model provider: {} case(s) validated, 0 run.",
+            need_model.len()
+        );
         return Ok(EXIT_PASS);
     }
 
@@ -113,7 +127,11 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
         .concurrency
         .or_else(|| match package.config.settings.parallel_execution {
             Some(false) => Some(1),
-            _ => package.config.settings.max_concurrent_tests.map(|n| n as usize),
+            _ => package
+                .config
+                .settings
+                .max_concurrent_tests
+                .map(|n| n as usize),
         })
         .unwrap_or(DEFAULT_CONCURRENCY)
         .max(1);
@@ -189,12 +207,19 @@ fn artifact_base(args: &RunArgs, package: &Package) -> PathBuf {
     }
 }
 
-fn write_run_files(base: &Path, ctx: &ReportContext<'_>) -> Result<PathBuf, artifacts::ArtifactError> {
+fn write_run_files(
+    base: &Path,
+    ctx: &ReportContext<'_>,
+) -> Result<PathBuf, artifacts::ArtifactError> {
     let run_dir = base.join("runs").join(ctx.run_id.to_string());
     artifacts::write_grading(&run_dir, ctx.results)?;
-    for (name, format) in [("report.md", ReportFormat::Markdown), ("report.json", ReportFormat::Json)] {
+    for (name, format) in [
+        ("report.md", ReportFormat::Markdown),
+        ("report.json", ReportFormat::Json),
+    ] {
         let path = run_dir.join(name);
-        std::fs::write(&path, render(ctx, format)).map_err(|source| artifacts::ArtifactError::Write { path, source })?;
+        std::fs::write(&path, render(ctx, format))
+            .map_err(|source| artifacts::ArtifactError::Write { path, source })?;
     }
     artifacts::append_benchmark(
         &base.join("benchmark.json"),
@@ -235,7 +260,11 @@ pub async fn execute_all(
                 if fail_fast && result.status != CaseStatus::Passed {
                     stop.store(true, Ordering::SeqCst);
                 }
-                bar.set_message(format!("{} {}", result.test_case_id, result.status.as_str()));
+                bar.set_message(format!(
+                    "{} {}",
+                    result.test_case_id,
+                    result.status.as_str()
+                ));
                 bar.inc(1);
                 result
             }
@@ -249,11 +278,17 @@ pub async fn execute_all(
     results
 }
 
-async fn execute_with_retry(executor: &Executor, mut job: Job, package_root: &Path, retry: RetryPolicy) -> JobResult {
+async fn execute_with_retry(
+    executor: &Executor,
+    mut job: Job,
+    package_root: &Path,
+    retry: RetryPolicy,
+) -> JobResult {
     let mut previous: Vec<skilleval::executor::Attempt> = Vec::new();
     loop {
         let mut result = executor.execute(&job, package_root).await;
-        let transient = result.status == CaseStatus::Errored && result.error.as_ref().is_some_and(|e| e.is_transient());
+        let transient = result.status == CaseStatus::Errored
+            && result.error.as_ref().is_some_and(|e| e.is_transient());
         if !transient || job.attempt >= retry.max_attempts {
             if !previous.is_empty() {
                 previous.append(&mut result.attempts);
@@ -264,7 +299,10 @@ async fn execute_with_retry(executor: &Executor, mut job: Job, package_root: &Pa
             }
             return result;
         }
-        let fault = result.error.clone().unwrap_or_else(|| skilleval::grade::Fault::transient("unknown"));
+        let fault = result
+            .error
+            .clone()
+            .unwrap_or_else(|| skilleval::grade::Fault::transient("unknown"));
         let delay = retry.delay(job.attempt + 1, &fault);
         tracing::info!(case = %job.case.id, attempt = job.attempt, ?delay, error = %fault, "transient fault; retrying");
         previous.append(&mut result.attempts);
@@ -278,7 +316,9 @@ fn progress_bar(len: u64, quiet: bool) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+    {
         bar.set_style(style);
     }
     bar

@@ -34,7 +34,11 @@ pub fn summary_table(ctx: &ReportContext<'_>) -> String {
         "\n{:<id_width$}  {:<NAME_WIDTH$}  {:<18}  {:<8}  {:>6}  {:>8}",
         "id", "name", "strategy", "status", "score", "time"
     );
-    let _ = writeln!(out, "{}", "-".repeat(id_width + NAME_WIDTH + 18 + 8 + 6 + 8 + 10));
+    let _ = writeln!(
+        out,
+        "{}",
+        "-".repeat(id_width + NAME_WIDTH + 18 + 8 + 6 + 8 + 10)
+    );
     for r in ctx.results {
         let score = r.score.map_or("-".to_string(), |s| format!("{s:.3}"));
         let status = match r.status {

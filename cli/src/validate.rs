@@ -20,7 +20,10 @@ pub fn validate(args: &ValidateArgs) -> u8 {
                     "entry": e.entry(),
                     "problems": e.problems(),
                 });
-                println!("{}", serde_json::to_string_pretty(&body).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&body).unwrap_or_default()
+                );
                 return EXIT_BAD_INPUT;
             }
             return report_package_error(&args.path, &e);
@@ -38,7 +41,10 @@ pub fn validate(args: &ValidateArgs) -> u8 {
             "content_hash": package.content_hash,
             "problems": validation.problems,
         });
-        println!("{}", serde_json::to_string_pretty(&body).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&body).unwrap_or_default()
+        );
     } else if validation.problems.is_empty() {
         println!(
             "{}: valid ({} test case(s), {} format, profile {})",

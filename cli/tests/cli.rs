@@ -1,4 +1,5 @@
 //! End-to-end tests of the `skilleval` binary: exit codes, files written, reports printed.
+#![allow(clippy::unwrap_used)] // Helpers of a test binary; a failed setup should panic.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -34,7 +35,10 @@ fn example_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join(name);
     copy_dir(&examples().join(name), &root);
-    let _ = Command::new("chmod").args(["-R", "a+rX"]).arg(dir.path()).status();
+    let _ = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir.path())
+        .status();
     (dir, root)
 }
 
@@ -54,12 +58,17 @@ fn calculator_passes_and_writes_grading_and_benchmark_files() {
     let runs: Vec<_> = std::fs::read_dir(root.join("eval/runs")).unwrap().collect();
     assert_eq!(runs.len(), 1);
     let run_dir = runs[0].as_ref().unwrap().path();
-    let grading: Value = serde_json::from_str(&std::fs::read_to_string(run_dir.join("grading/tc-002.json")).unwrap()).unwrap();
+    let grading: Value = serde_json::from_str(
+        &std::fs::read_to_string(run_dir.join("grading/tc-002.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(grading["test_case_id"], "tc-002");
     assert_eq!(grading["status"], "passed");
     assert_eq!(grading["expectations"][0]["passed"], true);
     assert!(run_dir.join("report.md").exists());
-    let bench: Value = serde_json::from_str(&std::fs::read_to_string(root.join("eval/benchmark.json")).unwrap()).unwrap();
+    let bench: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("eval/benchmark.json")).unwrap())
+            .unwrap();
     assert_eq!(bench["skill_name"], "calculator");
     assert_eq!(bench["entries"][0]["num_test_cases"], 6);
     assert_eq!(bench["entries"][0]["description_version"], 1);
@@ -69,14 +78,25 @@ fn calculator_passes_and_writes_grading_and_benchmark_files() {
 fn a_failing_case_makes_the_verdict_fail_with_exit_1() {
     let (_tmp, root) = example_copy("calculator");
     let tests = root.join("eval/tests.json");
-    let text = std::fs::read_to_string(&tests).unwrap().replace("\"output\": \"27\"", "\"output\": \"28\"");
+    let text = std::fs::read_to_string(&tests)
+        .unwrap()
+        .replace("\"output\": \"27\"", "\"output\": \"28\"");
     std::fs::write(&tests, text).unwrap();
-    let out = bin().args(["run", "--quiet", "--no-write", "--format", "json"]).arg(&root).output().unwrap();
+    let out = bin()
+        .args(["run", "--quiet", "--no-write", "--format", "json"])
+        .arg(&root)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["verdict"], "fail");
     assert_eq!(report["runSummary"]["failed"], 1);
-    let failed: Vec<&Value> = report["results"].as_array().unwrap().iter().filter(|r| r["status"] == "failed").collect();
+    let failed: Vec<&Value> = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "failed")
+        .collect();
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["test_case_id"], "tc-002");
     assert_eq!(failed[0]["details"]["expected"], "28");
@@ -86,15 +106,39 @@ fn a_failing_case_makes_the_verdict_fail_with_exit_1() {
 #[test]
 fn tag_and_case_filters_select_cases() {
     let (_tmp, root) = example_copy("calculator");
-    let out = bin().args(["run", "--quiet", "--no-write", "--tag", "edge-case"]).arg(&root).output().unwrap();
+    let out = bin()
+        .args(["run", "--quiet", "--no-write", "--tag", "edge-case"])
+        .arg(&root)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(stderr(&out).contains("3 cases: 3 passed"), "{}", stderr(&out));
-    let out = bin().args(["run", "--quiet", "--no-write", "--case", "tc-001", "--format", "md"]).arg(&root).output().unwrap();
+    assert!(
+        stderr(&out).contains("3 cases: 3 passed"),
+        "{}",
+        stderr(&out)
+    );
+    let out = bin()
+        .args([
+            "run",
+            "--quiet",
+            "--no-write",
+            "--case",
+            "tc-001",
+            "--format",
+            "md",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let md = String::from_utf8_lossy(&out.stdout);
     assert!(md.contains("# Evaluation report: calculator"), "{md}");
     assert!(stderr(&out).contains("1 cases: 1 passed"));
-    let out = bin().args(["run", "--quiet", "--no-write", "--case", "nope"]).arg(&root).output().unwrap();
+    let out = bin()
+        .args(["run", "--quiet", "--no-write", "--case", "nope"])
+        .arg(&root)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("unknown test case id `nope`"));
 }
@@ -104,7 +148,11 @@ fn validate_lists_every_problem_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     std::fs::create_dir_all(root.join("eval")).unwrap();
-    std::fs::write(root.join("SKILL.md"), "---\nname: Bad_Name\ndescription: has <html>\n---\nbody\n").unwrap();
+    std::fs::write(
+        root.join("SKILL.md"),
+        "---\nname: Bad_Name\ndescription: has <html>\n---\nbody\n",
+    )
+    .unwrap();
     std::fs::write(
         root.join("eval/tests.json"),
         r#"{"version":"2.0","testCases":[
@@ -116,10 +164,20 @@ fn validate_lists_every_problem_and_exits_2() {
     let out = bin().args(["validate"]).arg(root).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    for needle in ["SKILL.md#/name", "SKILL.md#/description", "/testCases/0/expected/patterns/0", "/testCases/1/id", "missing"] {
+    for needle in [
+        "SKILL.md#/name",
+        "SKILL.md#/description",
+        "/testCases/0/expected/patterns/0",
+        "/testCases/1/id",
+        "missing",
+    ] {
         assert!(err.contains(needle), "missing {needle} in:\n{err}");
     }
-    let out = bin().args(["validate", "--json"]).arg(root).output().unwrap();
+    let out = bin()
+        .args(["validate", "--json"])
+        .arg(root)
+        .output()
+        .unwrap();
     let body: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(body["valid"], false);
     assert!(body["problems"].as_array().unwrap().len() >= 5);
@@ -130,14 +188,22 @@ fn a_zip_runs_like_its_folder() {
     let (tmp, root) = example_copy("slugify");
     let zip_path = tmp.path().join("slugify.zip");
     let status = Command::new("python3")
-        .args(["-c", "import shutil,sys; shutil.make_archive(sys.argv[1][:-4], 'zip', sys.argv[2])"])
+        .args([
+            "-c",
+            "import shutil,sys; shutil.make_archive(sys.argv[1][:-4], 'zip', sys.argv[2])",
+        ])
         .arg(&zip_path)
         .arg(&root)
         .status()
         .unwrap();
     assert!(status.success());
     let out_dir = tmp.path().join("out");
-    let out = bin().args(["run", "--quiet", "--out"]).arg(&out_dir).arg(&zip_path).output().unwrap();
+    let out = bin()
+        .args(["run", "--quiet", "--out"])
+        .arg(&out_dir)
+        .arg(&zip_path)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).contains("4 cases: 4 passed"));
     assert!(out_dir.join("benchmark.json").exists());
@@ -146,7 +212,11 @@ fn a_zip_runs_like_its_folder() {
 #[test]
 fn model_cases_are_listed_not_failed() {
     let (_tmp, root) = example_copy("meeting-notes");
-    let out = bin().args(["run", "--quiet", "--no-write"]).arg(&root).output().unwrap();
+    let out = bin()
+        .args(["run", "--quiet", "--no-write"])
+        .arg(&root)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("3 case(s) need a model provider"), "{err}");
@@ -155,7 +225,10 @@ fn model_cases_are_listed_not_failed() {
 
 #[test]
 fn missing_path_is_bad_input() {
-    let out = bin().args(["run", "/definitely/not/here"]).output().unwrap();
+    let out = bin()
+        .args(["run", "/definitely/not/here"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("/definitely/not/here"));
 }

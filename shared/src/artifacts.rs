@@ -57,7 +57,11 @@ pub fn expectations(r: &JobResult) -> Vec<Expectation> {
         return items
             .iter()
             .map(|a| Expectation {
-                text: a.get("assertion").or_else(|| a.get("text")).map(short).unwrap_or_default(),
+                text: a
+                    .get("assertion")
+                    .or_else(|| a.get("text"))
+                    .map(short)
+                    .unwrap_or_default(),
                 passed: a.get("result").and_then(Value::as_str) == Some("pass")
                     || a.get("passed").and_then(Value::as_bool) == Some(true),
                 evidence: a.get("evidence").map(short).unwrap_or_default(),
@@ -77,7 +81,11 @@ pub fn expectations(r: &JobResult) -> Vec<Expectation> {
                             .map(short)
                             .unwrap_or_else(|| short(c)),
                         passed: c.get("passed").and_then(Value::as_bool).unwrap_or(false),
-                        evidence: c.get("detail").or_else(|| c.get("details")).map(short).unwrap_or_default(),
+                        evidence: c
+                            .get("detail")
+                            .or_else(|| c.get("details"))
+                            .map(short)
+                            .unwrap_or_default(),
                     })
                     .collect();
             }
@@ -170,7 +178,13 @@ pub fn write_grading(run_dir: &Path, results: &[JobResult]) -> Result<Vec<PathBu
 pub fn safe_file_name(id: &str) -> String {
     let s: String = id
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if s.is_empty() || s.chars().all(|c| c == '.') {
         "_".into()
@@ -230,8 +244,13 @@ pub fn append_benchmark(
         });
     };
     let last = entries.last();
-    let last_version = last.and_then(|e| e.get("description_version")).and_then(Value::as_u64).unwrap_or(0);
-    let last_hash = last.and_then(|e| e.get("description_hash")).and_then(Value::as_str);
+    let last_version = last
+        .and_then(|e| e.get("description_version"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let last_hash = last
+        .and_then(|e| e.get("description_hash"))
+        .and_then(Value::as_str);
     let version = match last_hash {
         Some(h) if h == hash => last_version.max(1),
         _ => last_version + 1,
@@ -290,7 +309,11 @@ mod tests {
             case_index: 0,
             status,
             strategy: "regex_match".into(),
-            score: Some(if status == CaseStatus::Passed { 1.0 } else { 0.5 }),
+            score: Some(if status == CaseStatus::Passed {
+                1.0
+            } else {
+                0.5
+            }),
             details,
             rubric_scores: None,
             feedback: None,
@@ -321,8 +344,14 @@ mod tests {
             CaseStatus::Failed,
         );
         let g = grading_json(&r);
-        assert_eq!(g["expectations"][0], json!({"text": "calls search", "passed": true, "evidence": "1 call"}));
-        assert_eq!(g["summary"], json!({"passed": 1, "failed": 1, "total": 2, "pass_rate": 0.5}));
+        assert_eq!(
+            g["expectations"][0],
+            json!({"text": "calls search", "passed": true, "evidence": "1 call"})
+        );
+        assert_eq!(
+            g["summary"],
+            json!({"passed": 1, "failed": 1, "total": 2, "pass_rate": 0.5})
+        );
         assert_eq!(g["assertions"][1]["result"], "fail");
         assert_eq!(g["overall_score"], 0.5);
         assert_eq!(g["timing"]["executor_duration_seconds"], 1.5);
@@ -332,7 +361,11 @@ mod tests {
     #[test]
     fn grading_files_use_safe_names() {
         let dir = tempfile::tempdir().unwrap();
-        let files = write_grading(dir.path(), &[result("../tc 1", json!({}), CaseStatus::Passed)]).unwrap();
+        let files = write_grading(
+            dir.path(),
+            &[result("../tc 1", json!({}), CaseStatus::Passed)],
+        )
+        .unwrap();
         assert_eq!(files[0], dir.path().join("grading").join(".._tc_1.json"));
         assert!(files[0].exists());
         assert_eq!(safe_file_name(".."), "_");
@@ -345,9 +378,18 @@ mod tests {
         let rs = vec![result("a", json!({}), CaseStatus::Passed)];
         let s = summarize(&rs, &Settings::default());
         let now = Utc::now();
-        assert_eq!(append_benchmark(&path, "calc", "v1 text", Uuid::nil(), &rs, &s, now).unwrap(), 1);
-        assert_eq!(append_benchmark(&path, "calc", "v1 text", Uuid::nil(), &rs, &s, now).unwrap(), 1);
-        assert_eq!(append_benchmark(&path, "calc", "v2 text", Uuid::nil(), &rs, &s, now).unwrap(), 2);
+        assert_eq!(
+            append_benchmark(&path, "calc", "v1 text", Uuid::nil(), &rs, &s, now).unwrap(),
+            1
+        );
+        assert_eq!(
+            append_benchmark(&path, "calc", "v1 text", Uuid::nil(), &rs, &s, now).unwrap(),
+            1
+        );
+        assert_eq!(
+            append_benchmark(&path, "calc", "v2 text", Uuid::nil(), &rs, &s, now).unwrap(),
+            2
+        );
         let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let entries = doc["entries"].as_array().unwrap();
         assert_eq!(entries.len(), 3);
@@ -355,6 +397,9 @@ mod tests {
         assert_eq!(doc["description_version"], 2);
         assert_eq!(entries[0]["per_test_case"][0]["duration_seconds"], 1.5);
         // SHA-256 of "abc" (FIPS 180-2 test vector).
-        assert_eq!(description_hash("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            description_hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 }

@@ -252,7 +252,11 @@ impl std::fmt::Debug for Executor {
 }
 
 impl Executor {
-    pub fn new(strategies: StrategyRegistry, runners: RunnerRegistry, sandbox: Arc<Sandbox>) -> Self {
+    pub fn new(
+        strategies: StrategyRegistry,
+        runners: RunnerRegistry,
+        sandbox: Arc<Sandbox>,
+    ) -> Self {
         Executor {
             strategies,
             runners,
@@ -275,7 +279,10 @@ impl Executor {
             return Some("runner `llm` (no model provider configured)".into());
         }
         match self.strategies.get(job.strategy()) {
-            Some(s) if s.needs_model() => Some(format!("strategy `{}` (no model provider configured)", job.strategy())),
+            Some(s) if s.needs_model() => Some(format!(
+                "strategy `{}` (no model provider configured)",
+                job.strategy()
+            )),
             _ => None,
         }
     }
@@ -311,7 +318,11 @@ impl Executor {
             .map_err(|problems| {
                 Fault::permanent(format!(
                     "the test case does not compile: {}",
-                    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+                    problems
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
                 ))
             })?;
         if let Ok(mut cache) = self.graders.lock() {
@@ -341,7 +352,9 @@ impl Executor {
         for n in 1..=max_attempts {
             let t0 = Instant::now();
             let timeout = Duration::from_millis(job.timeout_ms);
-            let outcome = tokio::time::timeout(timeout, self.attempt(job, grader.as_ref(), &env, timeout)).await;
+            let outcome =
+                tokio::time::timeout(timeout, self.attempt(job, grader.as_ref(), &env, timeout))
+                    .await;
             let elapsed = duration_ms(t0.elapsed());
             let number = n;
             match outcome {
@@ -397,7 +410,8 @@ impl Executor {
         let Some(runner) = self.runners.get(&job.runner.kind) else {
             let known = self.runners.names().join(", ");
             let msg = if job.runner.kind == "llm" {
-                "runner `llm` needs a model provider; none is configured (see docs/providers.md)".to_string()
+                "runner `llm` needs a model provider; none is configured (see docs/providers.md)"
+                    .to_string()
             } else {
                 format!("unknown runner `{}`; known: {known}", job.runner.kind)
             };
@@ -501,7 +515,11 @@ mod tests {
         fn name(&self) -> &'static str {
             "equals_ok"
         }
-        fn compile(&self, _case: &TestCase, _ctx: &CompileContext<'_>) -> Result<Arc<dyn Grader>, Vec<crate::problem::Problem>> {
+        fn compile(
+            &self,
+            _case: &TestCase,
+            _ctx: &CompileContext<'_>,
+        ) -> Result<Arc<dyn Grader>, Vec<crate::problem::Problem>> {
             Ok(Arc::new(EqualsGrader {
                 grades: self.grades.clone(),
             }))
@@ -534,7 +552,11 @@ mod tests {
         fn name(&self) -> &'static str {
             "scripted"
         }
-        async fn produce(&self, _req: &ProduceRequest<'_>, _env: &GradeEnv) -> Result<Produced, Fault> {
+        async fn produce(
+            &self,
+            _req: &ProduceRequest<'_>,
+            _env: &GradeEnv,
+        ) -> Result<Produced, Fault> {
             let i = self.calls.fetch_add(1, Ordering::SeqCst) as usize;
             match self.outputs.get(i).copied().unwrap_or("ok") {
                 "sleep" => {
@@ -565,7 +587,10 @@ mod tests {
             outputs,
             calls: AtomicU32::new(0),
         }));
-        (Executor::new(strategies, runners, Arc::new(Sandbox::default())), grades)
+        (
+            Executor::new(strategies, runners, Arc::new(Sandbox::default())),
+            grades,
+        )
     }
 
     fn job(retry_count: u32, timeout_ms: u64) -> Job {
@@ -613,7 +638,10 @@ mod tests {
         let r = ex.execute(&job(3, 1_000), Path::new("/")).await;
         assert_eq!(r.status, CaseStatus::Passed);
         let statuses: Vec<_> = r.attempts.iter().map(|a| a.status).collect();
-        assert_eq!(statuses, vec![CaseStatus::Failed, CaseStatus::Failed, CaseStatus::Passed]);
+        assert_eq!(
+            statuses,
+            vec![CaseStatus::Failed, CaseStatus::Failed, CaseStatus::Passed]
+        );
     }
 
     #[tokio::test]
@@ -644,7 +672,10 @@ mod tests {
         let r = ex.execute(&job(0, 1_000), Path::new("/")).await;
         assert_eq!(r.status, CaseStatus::Errored);
         assert!(!r.error.as_ref().is_some_and(Fault::is_transient));
-        assert!(r.details["error"].as_str().unwrap_or_default().contains("script crashed"));
+        assert!(r.details["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("script crashed"));
     }
 
     #[tokio::test]
@@ -655,7 +686,10 @@ mod tests {
         let r = ex.execute(&j, Path::new("/")).await;
         assert_eq!(r.status, CaseStatus::Errored);
         let msg = r.error.map(|e| e.to_string()).unwrap_or_default();
-        assert!(msg.contains("unknown strategy `nope`") && msg.contains("equals_ok"), "{msg}");
+        assert!(
+            msg.contains("unknown strategy `nope`") && msg.contains("equals_ok"),
+            "{msg}"
+        );
     }
 
     #[tokio::test]
@@ -672,9 +706,15 @@ mod tests {
         let p = RetryPolicy::default();
         let f = Fault::transient("x");
         let d2 = p.delay(2, &f);
-        assert!(d2 >= Duration::from_millis(250) && d2 <= Duration::from_millis(500), "{d2:?}");
+        assert!(
+            d2 >= Duration::from_millis(250) && d2 <= Duration::from_millis(500),
+            "{d2:?}"
+        );
         let d4 = p.delay(4, &f);
-        assert!(d4 >= Duration::from_millis(1_000) && d4 <= Duration::from_millis(2_000), "{d4:?}");
+        assert!(
+            d4 >= Duration::from_millis(1_000) && d4 <= Duration::from_millis(2_000),
+            "{d4:?}"
+        );
         let asked = Fault::Transient {
             message: "429".into(),
             retry_after_ms: Some(7_000),

@@ -16,16 +16,16 @@
 //! The CLI feeds jobs from an in-process pool; the worker feeds them from RabbitMQ. Both call
 //! the same [`executor::Executor`].
 
+pub mod artifacts;
+pub mod executor;
 pub mod grade;
 pub mod model;
 pub mod package;
+pub mod plan;
 pub mod problem;
+pub mod report;
 pub mod runner;
 pub mod sandbox;
 pub mod scale;
 pub mod strategy;
-pub mod artifacts;
-pub mod executor;
-pub mod plan;
-pub mod report;
 pub mod summary;

@@ -70,7 +70,9 @@ pub enum PlanError {
     UnknownSuite(String, String),
     #[error("unknown test case id `{0}`")]
     UnknownCase(String),
-    #[error("no test case matches the filter (tags: {tags:?}, cases: {cases:?}, suite: {suite:?})")]
+    #[error(
+        "no test case matches the filter (tags: {tags:?}, cases: {cases:?}, suite: {suite:?})"
+    )]
     Empty {
         tags: Vec<String>,
         cases: Vec<String>,
@@ -134,7 +136,11 @@ pub fn plan(
         .enumerate()
         .filter(|(_, c)| filter.case_ids.is_empty() || filter.case_ids.contains(&c.id))
         .filter(|(_, c)| filter.tags.is_empty() || c.tags.iter().any(|t| filter.tags.contains(t)))
-        .filter(|(_, c)| suite_ids.as_ref().is_none_or(|ids| ids.contains(&c.id.as_str())))
+        .filter(|(_, c)| {
+            suite_ids
+                .as_ref()
+                .is_none_or(|ids| ids.contains(&c.id.as_str()))
+        })
         .map(|(index, c)| {
             let mut case = c.clone();
             case.evaluation.strategy = c.strategy_name(config.profile).to_string();
@@ -150,7 +156,11 @@ pub fn plan(
                 package_hash: package_hash.to_string(),
                 environment: environment.clone(),
                 given: None,
-                suites: config.suites_of(&c.id).into_iter().map(str::to_string).collect(),
+                suites: config
+                    .suites_of(&c.id)
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect(),
                 attempt: 1,
                 case,
             }
@@ -189,7 +199,11 @@ mod tests {
             },
             setup: None,
             teardown: None,
-            test_cases: vec![case("a", &["smoke"]), case("b", &["edge"]), case("c", &["smoke", "edge"])],
+            test_cases: vec![
+                case("a", &["smoke"]),
+                case("b", &["edge"]),
+                case("c", &["smoke", "edge"]),
+            ],
             suites: vec![Suite {
                 name: "core".into(),
                 test_ids: vec!["a".into(), "b".into()],
@@ -228,17 +242,26 @@ mod tests {
             suite: Some("nope".into()),
             ..CaseFilter::default()
         };
-        assert!(matches!(plan(&config(), "h", Uuid::nil(), &f, None), Err(PlanError::UnknownSuite(..))));
+        assert!(matches!(
+            plan(&config(), "h", Uuid::nil(), &f, None),
+            Err(PlanError::UnknownSuite(..))
+        ));
         let f = CaseFilter {
             case_ids: vec!["zzz".into()],
             ..CaseFilter::default()
         };
-        assert_eq!(plan(&config(), "h", Uuid::nil(), &f, None), Err(PlanError::UnknownCase("zzz".into())));
+        assert_eq!(
+            plan(&config(), "h", Uuid::nil(), &f, None),
+            Err(PlanError::UnknownCase("zzz".into()))
+        );
         let f = CaseFilter {
             tags: vec!["none".into()],
             ..CaseFilter::default()
         };
-        assert!(matches!(plan(&config(), "h", Uuid::nil(), &f, None), Err(PlanError::Empty { .. })));
+        assert!(matches!(
+            plan(&config(), "h", Uuid::nil(), &f, None),
+            Err(PlanError::Empty { .. })
+        ));
     }
 
     #[test]
@@ -247,7 +270,14 @@ mod tests {
             kind: "given".into(),
             ..RunnerConfig::default()
         };
-        let jobs = plan(&config(), "h", Uuid::nil(), &CaseFilter::default(), Some(&r)).unwrap();
+        let jobs = plan(
+            &config(),
+            "h",
+            Uuid::nil(),
+            &CaseFilter::default(),
+            Some(&r),
+        )
+        .unwrap();
         assert!(jobs.iter().all(|j| j.runner.kind == "given"));
     }
 }

@@ -28,7 +28,11 @@ pub enum Severity {
 }
 
 impl Problem {
-    pub fn error(file: impl Into<String>, pointer: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn error(
+        file: impl Into<String>,
+        pointer: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         Problem {
             file: file.into(),
             pointer: pointer.into(),
@@ -37,7 +41,11 @@ impl Problem {
         }
     }
 
-    pub fn warning(file: impl Into<String>, pointer: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn warning(
+        file: impl Into<String>,
+        pointer: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         Problem {
             severity: Severity::Warning,
             ..Problem::error(file, pointer, message)
@@ -88,6 +96,9 @@ mod tests {
     #[test]
     fn display_names_file_pointer_and_rule() {
         let p = Problem::error("eval/tests.json", "/testCases/0/id", "must not be empty");
-        assert_eq!(p.to_string(), "error: eval/tests.json#/testCases/0/id: must not be empty");
+        assert_eq!(
+            p.to_string(),
+            "error: eval/tests.json#/testCases/0/id: must not be empty"
+        );
     }
 }

@@ -115,7 +115,13 @@ pub fn describe(values: &[f64]) -> (f64, f64, f64, f64, f64) {
     } else {
         sorted[mid]
     };
-    (mean, median, var.sqrt(), sorted[0], sorted[sorted.len() - 1])
+    (
+        mean,
+        median,
+        var.sqrt(),
+        sorted[0],
+        sorted[sorted.len() - 1],
+    )
 }
 
 /// Nearest-rank percentile of sorted values (`p` in 0..=100).
@@ -210,8 +216,14 @@ pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
         add_to(&mut e.0, r, &mut e.1);
         if let Some(serde_json::Value::Object(map)) = &r.rubric_scores {
             for (name, c) in map {
-                let score = c.get("normalized").or_else(|| c.get("score")).and_then(serde_json::Value::as_f64);
-                let weight = c.get("weight").and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+                let score = c
+                    .get("normalized")
+                    .or_else(|| c.get("score"))
+                    .and_then(serde_json::Value::as_f64);
+                let weight = c
+                    .get("weight")
+                    .and_then(serde_json::Value::as_f64)
+                    .unwrap_or(0.0);
                 if let Some(score) = score {
                     let entry = criteria.entry(name.clone()).or_default();
                     entry.0 += score;
@@ -220,16 +232,30 @@ pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
                 }
             }
         }
-        if r.strategy == "json_schema" && r.status != CaseStatus::Errored && r.status.is_final() && r.status != CaseStatus::Skipped {
+        if r.strategy == "json_schema"
+            && r.status != CaseStatus::Errored
+            && r.status.is_final()
+            && r.status != CaseStatus::Skipped
+        {
             schema.1 += 1;
-            if r.schema_errors.as_ref().is_none_or(Vec::is_empty) && r.score.is_some_and(|s| s >= 1.0) {
+            if r.schema_errors.as_ref().is_none_or(Vec::is_empty)
+                && r.score.is_some_and(|s| s >= 1.0)
+            {
                 schema.0 += 1;
             }
         }
         if r.status != CaseStatus::Skipped && r.status != CaseStatus::Queued {
             durations.push(r.duration_ms);
-            first_start = Some(first_start.map_or(r.started_at, |s: chrono::DateTime<chrono::Utc>| s.min(r.started_at)));
-            last_finish = Some(last_finish.map_or(r.finished_at, |s: chrono::DateTime<chrono::Utc>| s.max(r.finished_at)));
+            first_start = Some(
+                first_start.map_or(r.started_at, |s: chrono::DateTime<chrono::Utc>| {
+                    s.min(r.started_at)
+                }),
+            );
+            last_finish = Some(
+                last_finish.map_or(r.finished_at, |s: chrono::DateTime<chrono::Utc>| {
+                    s.max(r.finished_at)
+                }),
+            );
         }
         produce_usage.add(&r.produce_usage);
         grade_usage.add(&r.grade_usage);
@@ -237,7 +263,11 @@ pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
 
     let total = results.len() as u64;
     let (mean, median, std_dev, min, max) = describe(&scores);
-    let weighted_mean = if weighted.1 > 0.0 { weighted.0 / weighted.1 } else { 0.0 };
+    let weighted_mean = if weighted.1 > 0.0 {
+        weighted.0 / weighted.1
+    } else {
+        0.0
+    };
     let pass_rate = ratio(passed, total);
     let pass_threshold = settings.pass_threshold.unwrap_or(DEFAULT_PASS_THRESHOLD);
     if pass_rate + 1e-9 < pass_threshold {
@@ -249,7 +279,9 @@ pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
     }
     if let Some(t) = settings.score_threshold {
         if weighted_mean + 1e-9 < t {
-            reasons.push(format!("weighted mean score {weighted_mean:.3} is under the threshold {t:.3}"));
+            reasons.push(format!(
+                "weighted mean score {weighted_mean:.3} is under the threshold {t:.3}"
+            ));
         }
     }
     if total == 0 {
@@ -300,7 +332,11 @@ pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
         },
         produce_usage,
         grade_usage,
-        verdict: if reasons.is_empty() { Verdict::Pass } else { Verdict::Fail },
+        verdict: if reasons.is_empty() {
+            Verdict::Pass
+        } else {
+            Verdict::Fail
+        },
         verdict_reasons: reasons,
         pass_threshold,
         score_threshold: settings.score_threshold,
@@ -314,7 +350,13 @@ mod tests {
     use serde_json::json;
     use uuid::Uuid;
 
-    fn result(id: &str, status: CaseStatus, score: Option<f64>, weight: f64, tags: &[&str]) -> JobResult {
+    fn result(
+        id: &str,
+        status: CaseStatus,
+        score: Option<f64>,
+        weight: f64,
+        tags: &[&str],
+    ) -> JobResult {
         let now = Utc::now();
         JobResult {
             run_id: Uuid::nil(),

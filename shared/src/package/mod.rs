@@ -356,7 +356,9 @@ impl Package {
     /// v1 or skill-creator package has no field to name it, and running the skill's own script
     /// is what its author means. Cases with a recorded `given` output keep the `given` runner.
     fn infer_runner(&mut self) {
-        if self.config.settings.runner.is_some() || self.config.test_cases.iter().all(|c| c.given.is_some()) {
+        if self.config.settings.runner.is_some()
+            || self.config.test_cases.iter().all(|c| c.given.is_some())
+        {
             return;
         }
         let Some(script) = RUN_SCRIPTS.iter().copied().find(|f| self.has_file(f)) else {

@@ -69,8 +69,17 @@ fn executive_summary(out: &mut String, s: &RunSummary) {
         out.push('\n');
     }
     let _ = writeln!(out, "| Metric | Value |\n|---|---|");
-    let _ = writeln!(out, "| Passed / failed / errored / skipped | {} / {} / {} / {} |", s.passed, s.failed, s.errored, s.skipped);
-    let _ = writeln!(out, "| Pass rate (threshold) | {} ({}) |", pct(s.pass_rate), pct(s.pass_threshold));
+    let _ = writeln!(
+        out,
+        "| Passed / failed / errored / skipped | {} / {} / {} / {} |",
+        s.passed, s.failed, s.errored, s.skipped
+    );
+    let _ = writeln!(
+        out,
+        "| Pass rate (threshold) | {} ({}) |",
+        pct(s.pass_rate),
+        pct(s.pass_threshold)
+    );
     let _ = writeln!(out, "| Mean / median | {:.3} / {:.3} |", s.mean, s.median);
     let _ = writeln!(out, "| Std dev | {:.3} |", s.std_dev);
     let _ = writeln!(out, "| Min / max | {:.3} / {:.3} |", s.min, s.max);
@@ -118,8 +127,17 @@ fn histogram(out: &mut String, results: &[JobResult]) {
             break;
         }
         let width = (*n as f64 / max as f64 * 40.0).round() as usize;
-        let hi = if i == 9 { "1.0]".to_string() } else { format!("{:.1})", (i + 1) as f64 / 10.0) };
-        let _ = writeln!(out, "[{:.1}, {hi:<4} {:<40} {n}", i as f64 / 10.0, "█".repeat(width));
+        let hi = if i == 9 {
+            "1.0]".to_string()
+        } else {
+            format!("{:.1})", (i + 1) as f64 / 10.0)
+        };
+        let _ = writeln!(
+            out,
+            "[{:.1}, {hi:<4} {:<40} {n}",
+            i as f64 / 10.0,
+            "█".repeat(width)
+        );
     }
     let _ = writeln!(out, "```\n");
 }
@@ -152,7 +170,11 @@ fn breakdowns(out: &mut String, s: &RunSummary) {
     if !s.by_criterion.is_empty() {
         let _ = writeln!(out, "### By rubric criterion\n\n| criterion | average | weight | contribution |\n|---|---|---|---|");
         for (name, c) in &s.by_criterion {
-            let _ = writeln!(out, "| {name} | {:.3} | {:.2} | {:.3} |", c.average_score, c.weight, c.contribution);
+            let _ = writeln!(
+                out,
+                "| {name} | {:.3} | {:.2} | {:.3} |",
+                c.average_score, c.weight, c.contribution
+            );
         }
         out.push('\n');
     }
@@ -208,13 +230,20 @@ fn failing_cases(out: &mut String, results: &[JobResult]) {
             let _ = writeln!(out, "Actual:\n\n{f}\n{a}\n{f}\n");
         }
         if !r.details.is_null() {
-            let d = excerpt(&serde_json::to_string_pretty(&r.details).unwrap_or_default(), DETAILS_CHARS);
+            let d = excerpt(
+                &serde_json::to_string_pretty(&r.details).unwrap_or_default(),
+                DETAILS_CHARS,
+            );
             let f = fence(&d);
             let _ = writeln!(out, "Details:\n\n{f}json\n{d}\n{f}\n");
         }
     }
     if failing.len() > MAX_FAILING_LISTED {
-        let _ = writeln!(out, "… and {} more failing cases (see the JSON report).\n", failing.len() - MAX_FAILING_LISTED);
+        let _ = writeln!(
+            out,
+            "… and {} more failing cases (see the JSON report).\n",
+            failing.len() - MAX_FAILING_LISTED
+        );
     }
 }
 
@@ -227,7 +256,10 @@ pub(crate) fn recommendation_lines(s: &RunSummary, results: &[JobResult]) -> Vec
         .map(|r| r.test_case_id.as_str())
         .collect();
     if !critical.is_empty() {
-        lines.push(format!("Fix the critical cases first: {}. Any critical failure fails the run.", critical.join(", ")));
+        lines.push(format!(
+            "Fix the critical cases first: {}. Any critical failure fails the run.",
+            critical.join(", ")
+        ));
     }
     let timeouts = results
         .iter()
@@ -256,7 +288,10 @@ pub(crate) fn recommendation_lines(s: &RunSummary, results: &[JobResult]) -> Vec
     }
     for (name, c) in &s.by_criterion {
         if c.average_score < 0.6 {
-            lines.push(format!("Rubric criterion `{name}` averages {:.2}: it is the weakest dimension.", c.average_score));
+            lines.push(format!(
+                "Rubric criterion `{name}` averages {:.2}: it is the weakest dimension.",
+                c.average_score
+            ));
         }
     }
     let flaky: Vec<&str> = results
@@ -269,7 +304,10 @@ pub(crate) fn recommendation_lines(s: &RunSummary, results: &[JobResult]) -> Vec
         .map(|r| r.test_case_id.as_str())
         .collect();
     if !flaky.is_empty() {
-        lines.push(format!("Flaky cases (passed only on a retry): {}.", flaky.join(", ")));
+        lines.push(format!(
+            "Flaky cases (passed only on a retry): {}.",
+            flaky.join(", ")
+        ));
     }
     if s.by_tag.is_empty() && s.total > 5 {
         lines.push("Tag your cases (`tags`) to get per-area breakdowns.".into());
@@ -345,15 +383,26 @@ mod tests {
             summary: &summary,
         };
         let md = render(&ctx, ReportFormat::Markdown);
-        let js: serde_json::Value = serde_json::from_str(&render(&ctx, ReportFormat::Json)).unwrap();
+        let js: serde_json::Value =
+            serde_json::from_str(&render(&ctx, ReportFormat::Json)).unwrap();
         (md, js)
     }
 
     #[test]
     fn markdown_has_every_section_and_the_failing_case() {
-        let rs = vec![result("a", CaseStatus::Passed, Some(1.0)), result("b", CaseStatus::Failed, Some(0.0))];
+        let rs = vec![
+            result("a", CaseStatus::Passed, Some(1.0)),
+            result("b", CaseStatus::Failed, Some(0.0)),
+        ];
         let (md, _) = render_both(&rs);
-        for section in ["# Evaluation report: calc", "## Executive summary", "## Score distribution", "## Breakdowns", "## Failing cases", "## Recommendations"] {
+        for section in [
+            "# Evaluation report: calc",
+            "## Executive summary",
+            "## Score distribution",
+            "## Breakdowns",
+            "## Failing cases",
+            "## Recommendations",
+        ] {
             assert!(md.contains(section), "missing {section}\n{md}");
         }
         assert!(md.contains("**Verdict: FAIL**"));
@@ -380,7 +429,10 @@ mod tests {
 
     #[test]
     fn json_report_follows_the_seed_shape() {
-        let rs = vec![result("a", CaseStatus::Passed, Some(1.0)), result("c", CaseStatus::Failed, Some(0.5))];
+        let rs = vec![
+            result("a", CaseStatus::Passed, Some(1.0)),
+            result("c", CaseStatus::Failed, Some(0.5)),
+        ];
         let (_, js) = render_both(&rs);
         assert_eq!(js["format"], "json");
         assert_eq!(js["summary"]["totalRuns"], 2);
@@ -389,7 +441,10 @@ mod tests {
         assert_eq!(js["summary"]["schemaComplianceRate"], 1.0);
         assert_eq!(js["runIds"], json!(["a", "c"]));
         assert_eq!(js["verdict"], "fail");
-        assert!(js["content"].as_str().unwrap().starts_with("# Evaluation report"));
+        assert!(js["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("# Evaluation report"));
         assert_eq!(js["results"].as_array().unwrap().len(), 2);
     }
 
@@ -399,13 +454,28 @@ mod tests {
         t.error = Some(crate::grade::Fault::Timeout { timeout_ms: 10 });
         let mut f = result("f", CaseStatus::Passed, Some(1.0));
         f.attempts = vec![
-            crate::executor::Attempt { number: 1, status: CaseStatus::Failed, score: Some(0.0), duration_ms: 1, error: None },
-            crate::executor::Attempt { number: 2, status: CaseStatus::Passed, score: Some(1.0), duration_ms: 1, error: None },
+            crate::executor::Attempt {
+                number: 1,
+                status: CaseStatus::Failed,
+                score: Some(0.0),
+                duration_ms: 1,
+                error: None,
+            },
+            crate::executor::Attempt {
+                number: 2,
+                status: CaseStatus::Passed,
+                score: Some(1.0),
+                duration_ms: 1,
+                error: None,
+            },
         ];
         let rs = vec![t, f];
         let s = summarize(&rs, &Settings::default());
         let lines = recommendation_lines(&s, &rs).join("\n");
         assert!(lines.contains("1 case(s) timed out"), "{lines}");
-        assert!(lines.contains("Flaky cases (passed only on a retry): f."), "{lines}");
+        assert!(
+            lines.contains("Flaky cases (passed only on a retry): f."),
+            "{lines}"
+        );
     }
 }

@@ -32,7 +32,9 @@ impl std::str::FromStr for ReportFormat {
         match s {
             "md" | "markdown" => Ok(ReportFormat::Markdown),
             "json" => Ok(ReportFormat::Json),
-            other => Err(format!("unknown report format `{other}`: use `markdown` (or `md`) or `json`")),
+            other => Err(format!(
+                "unknown report format `{other}`: use `markdown` (or `md`) or `json`"
+            )),
         }
     }
 }

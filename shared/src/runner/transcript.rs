@@ -54,10 +54,12 @@ pub fn parse(stdout: &str) -> Produced {
                 ..Produced::default()
             }
         }
-        Value::Object(obj) if obj.get("messages").is_some_and(Value::is_array) => {
-            from_messages(obj.get("messages").and_then(Value::as_array).map_or(&[][..], Vec::as_slice))
-                .unwrap_or_else(|| plain(stdout))
-        }
+        Value::Object(obj) if obj.get("messages").is_some_and(Value::is_array) => from_messages(
+            obj.get("messages")
+                .and_then(Value::as_array)
+                .map_or(&[][..], Vec::as_slice),
+        )
+        .unwrap_or_else(|| plain(stdout)),
         Value::Array(items) if items.iter().all(is_message) && !items.is_empty() => {
             from_messages(items).unwrap_or_else(|| plain(stdout))
         }
@@ -91,11 +93,7 @@ fn from_messages(messages: &[Value]) -> Option<Produced> {
             calls.extend(tool_calls_from_value(tc));
         }
         match msg.get("content") {
-            Some(Value::String(s)) => {
-                if !s.is_empty() {
-                    last_assistant_text = s.clone();
-                }
-            }
+            Some(Value::String(s)) if !s.is_empty() => last_assistant_text = s.clone(),
             Some(Value::Array(blocks)) => {
                 let mut text = String::new();
                 for block in blocks {
@@ -141,11 +139,18 @@ pub fn tool_calls_from_value(value: &Value) -> Vec<ToolCall> {
             // OpenAI: {"type":"function","function":{"name","arguments":"<json string>"}}
             let (name, args) = match item.get("function") {
                 Some(f) => (f.get("name"), f.get("arguments")),
-                None => (item.get("name"), item.get("arguments").or_else(|| item.get("input")).or_else(|| item.get("args"))),
+                None => (
+                    item.get("name"),
+                    item.get("arguments")
+                        .or_else(|| item.get("input"))
+                        .or_else(|| item.get("args")),
+                ),
             };
             let name = name?.as_str()?.to_string();
             let arguments = match args {
-                Some(Value::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())),
+                Some(Value::String(s)) => {
+                    serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone()))
+                }
                 Some(v) => v.clone(),
                 None => Value::Object(Default::default()),
             };
@@ -181,7 +186,8 @@ mod tests {
 
     #[test]
     fn simple_shape_gives_output_and_calls() {
-        let p = parse(r#"{"output":"done","tool_calls":[{"name":"search","arguments":{"q":"x"}}]}"#);
+        let p =
+            parse(r#"{"output":"done","tool_calls":[{"name":"search","arguments":{"q":"x"}}]}"#);
         assert_eq!(p.output, "done");
         let calls = p.tool_calls.unwrap_or_default();
         assert_eq!(calls.len(), 1);
