@@ -278,13 +278,15 @@ impl Executor {
         if self.runners.get(&job.runner.kind).is_none() && job.runner.kind == "llm" {
             return Some("runner `llm` (no model provider configured)".into());
         }
-        match self.strategies.get(job.strategy()) {
-            Some(s) if s.needs_model() => Some(format!(
-                "strategy `{}` (no model provider configured)",
-                job.strategy()
-            )),
-            _ => None,
+        // A hybrid needs a model when one of its parts does.
+        let mut names = vec![job.strategy()];
+        if job.strategy() == "hybrid" {
+            names.extend(job.case.evaluation.weights.keys().map(String::as_str));
         }
+        names
+            .into_iter()
+            .find(|name| self.strategies.get(name).is_some_and(|s| s.needs_model()))
+            .map(|name| format!("strategy `{name}` (no model provider configured)"))
     }
 
     /// Seeds the grader cache with graders compiled at validation time.
@@ -690,6 +692,29 @@ mod tests {
             msg.contains("unknown strategy `nope`") && msg.contains("equals_ok"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn a_hybrid_with_a_model_part_needs_a_model() {
+        let ex = Executor::new(
+            StrategyRegistry::builtin().build(),
+            RunnerRegistry::builtin(),
+            Arc::new(Sandbox::default()),
+        );
+        let mut j = job(0, 1_000);
+        j.runner.kind = "given".into();
+        j.case.evaluation.strategy = "hybrid".into();
+        j.case.evaluation.weights = [
+            ("regex_match".to_string(), 0.5),
+            ("llm_judge".to_string(), 0.5),
+        ]
+        .into();
+        let why = ex.needs_missing_model(&j).unwrap_or_default();
+        assert!(why.contains("`llm_judge`"), "{why}");
+        j.case.evaluation.weights = [("regex_match".to_string(), 1.0)].into();
+        assert_eq!(ex.needs_missing_model(&j), None);
+        j.runner.kind = "llm".into();
+        assert!(ex.needs_missing_model(&j).is_some());
     }
 
     #[tokio::test]
