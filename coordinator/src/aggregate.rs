@@ -85,7 +85,7 @@ impl RunAggregator {
                 Ok(true) => finalised += 1,
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::warn!(%run_id, error = ?e, "finalising the run failed; the next sweep retries")
+                    tracing::warn!(%run_id, error = ?e, "finalising the run failed; the next sweep retries");
                 }
             }
         }

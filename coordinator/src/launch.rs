@@ -148,7 +148,7 @@ impl RunLauncher {
             match self.release(run_id).await {
                 Ok(n) => published += n,
                 Err(e) => {
-                    tracing::warn!(%run_id, error = ?e, "sweeper could not publish the run's jobs")
+                    tracing::warn!(%run_id, error = ?e, "sweeper could not publish the run's jobs");
                 }
             }
         }

@@ -1,0 +1,16 @@
+//! Integration tests of the coordinator against the real PostgreSQL and RabbitMQ: one test
+//! binary, one module per area. Every test gets its own database (random name, dropped WITH
+//! (FORCE) at the end) and its own queue prefix (queues and exchanges deleted at the end).
+
+// Tests may unwrap: a failure is the test failing.
+#![allow(clippy::unwrap_used)]
+
+mod aggregate;
+mod deploy;
+mod helpers;
+mod openapi;
+mod packages;
+mod publish;
+mod runs;
+mod submit;
+mod upload;
