@@ -7,6 +7,7 @@
 
 mod aggregate;
 mod deploy;
+mod e2e;
 mod helpers;
 mod openapi;
 mod packages;

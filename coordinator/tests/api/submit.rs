@@ -3,7 +3,7 @@
 
 #[path = "../../../cli/src/submit.rs"]
 #[allow(dead_code)]
-mod cli_submit;
+pub(crate) mod cli_submit;
 
 use serde_json::json;
 
