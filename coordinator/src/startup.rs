@@ -74,14 +74,11 @@ impl Application {
             .coordinator
             .webhook_secret
             .as_ref()
-            .map(|s| s.expose().as_bytes().to_vec())
-            .unwrap_or_default();
-        if secret.is_empty() {
-            tracing::warn!(
-                "coordinator.webhook_secret is not set: webhooks are signed with an empty key"
-            );
+            .map(|s| s.expose().as_bytes());
+        if secret.is_none() {
+            tracing::warn!("coordinator.webhook_secret is not set: webhooks are sent unsigned");
         }
-        let webhooks = WebhookSender::new(&secret, WebhookPolicy::default())?;
+        let webhooks = WebhookSender::new(secret, WebhookPolicy::default())?;
         let aggregator = RunAggregator::new(
             pool.clone(),
             launcher.clone(),

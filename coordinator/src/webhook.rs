@@ -2,7 +2,8 @@
 //!
 //! The body is JSON; `X-Skilleval-Signature: sha256=<hex>` is the HMAC-SHA256 of the exact body
 //! bytes with `coordinator.webhook_secret`, so a receiver can check the sender and that the
-//! body was not changed. A failed delivery (connection error, timeout, 5xx, 429) is retried with
+//! body was not changed (without a secret configured, deliveries are unsigned). A failed
+//! delivery (connection error, timeout, 5xx, 429) is retried with
 //! exponential backoff and jitter up to a maximum number of attempts; a 4xx other than 408/429
 //! is final (the receiver rejected it and will keep doing so).
 
@@ -102,12 +103,13 @@ impl Delivery {
 #[derive(Debug, Clone)]
 pub struct WebhookSender {
     client: reqwest::Client,
-    secret: Vec<u8>,
+    /// `None`: deliveries carry no signature header.
+    secret: Option<Vec<u8>>,
     policy: WebhookPolicy,
 }
 
 impl WebhookSender {
-    pub fn new(secret: &[u8], policy: WebhookPolicy) -> anyhow::Result<Self> {
+    pub fn new(secret: Option<&[u8]>, policy: WebhookPolicy) -> anyhow::Result<Self> {
         use anyhow::Context as _;
         let client = reqwest::Client::builder()
             .timeout(policy.timeout)
@@ -116,24 +118,25 @@ impl WebhookSender {
             .context("building the webhook HTTP client")?;
         Ok(WebhookSender {
             client,
-            secret: secret.to_vec(),
+            secret: secret.map(<[u8]>::to_vec),
             policy,
         })
     }
 
     #[tracing::instrument(skip(self, body), fields(url = %url))]
     pub async fn deliver(&self, url: &str, event: &str, body: &[u8]) -> Delivery {
-        let signature = sign(&self.secret, body);
+        let signature = self.secret.as_deref().map(|secret| sign(secret, body));
         let mut last_error = String::new();
         for attempt in 1..=self.policy.max_attempts.max(1) {
             if attempt > 1 {
                 tokio::time::sleep(self.policy.delay(attempt)).await;
             }
-            let sent = self
-                .client
-                .post(url)
+            let mut request = self.client.post(url);
+            if let Some(signature) = &signature {
+                request = request.header(SIGNATURE_HEADER, signature);
+            }
+            let sent = request
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .header(SIGNATURE_HEADER, &signature)
                 .header("X-Skilleval-Event", event)
                 .header("X-Skilleval-Delivery-Attempt", attempt.to_string())
                 .body(body.to_vec())

@@ -22,14 +22,31 @@ use crate::helpers::{spawn_app_with, AppOptions, TestApp};
 use crate::packages::given_package;
 
 /// What a local run says: the summary and, per case, (status, score).
-fn local_run(zip: &[u8], settings: &skilleval_infra::config::Settings) -> (RunSummary, BTreeMap<String, (String, Option<f64>)>) {
+fn local_run(
+    zip: &[u8],
+    settings: &skilleval_infra::config::Settings,
+) -> (RunSummary, BTreeMap<String, (String, Option<f64>)>) {
     let package = Package::from_zip_bytes(zip, &settings.limits, None).expect("the package opens");
     let registry = StrategyRegistry::builtin().build();
     let validation = validate(&package, &registry);
     assert!(validation.is_ok(), "{:?}", validation.problems);
-    let executor = Executor::new(registry, RunnerRegistry::builtin(), Arc::new(Sandbox::detect(settings.sandbox.clone())));
-    let jobs = plan(&package.config, &package.content_hash, uuid::Uuid::now_v7(), &CaseFilter::default(), None).unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let executor = Executor::new(
+        registry,
+        RunnerRegistry::builtin(),
+        Arc::new(Sandbox::detect(settings.sandbox.clone())),
+    );
+    let jobs = plan(
+        &package.config,
+        &package.content_hash,
+        uuid::Uuid::now_v7(),
+        &CaseFilter::default(),
+        None,
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let results: Vec<_> = runtime.block_on(async {
         let mut out = Vec::new();
         for job in &jobs {
@@ -40,18 +57,28 @@ fn local_run(zip: &[u8], settings: &skilleval_infra::config::Settings) -> (RunSu
     let summary = summarize(&results, &package.config.settings);
     let cases = results
         .iter()
-        .map(|r| (r.test_case_id.clone(), (r.status.as_str().to_string(), r.score)))
+        .map(|r| {
+            (
+                r.test_case_id.clone(),
+                (r.status.as_str().to_string(), r.score),
+            )
+        })
         .collect();
     (summary, cases)
 }
 
 /// Starts an in-process worker next to the app; returns its shutdown token and task.
-async fn start_worker(app: &TestApp, cache: &Path) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+async fn start_worker(
+    app: &TestApp,
+    cache: &Path,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let mut settings = app.settings.clone();
     settings.worker.package_cache_dir = cache.to_path_buf();
     settings.worker.http_port = 0;
     settings.worker.concurrency = 4;
-    let store = Store::connect(&settings.database).await.expect("worker store");
+    let store = Store::connect(&settings.database)
+        .await
+        .expect("worker store");
     let worker = Arc::new(skilleval_worker::Worker::new(settings, store));
     let token = CancellationToken::new();
     let stop = token.clone();
@@ -75,7 +102,9 @@ async fn wait_for_verdict(app: &TestApp, run_id: &str) -> Value {
 }
 
 async fn server_cases(app: &TestApp, run_id: &str) -> BTreeMap<String, (String, Option<f64>)> {
-    let (_, page) = app.get_json(&format!("/v1/runs/{run_id}/results?limit=1000")).await;
+    let (_, page) = app
+        .get_json(&format!("/v1/runs/{run_id}/results?limit=1000"))
+        .await;
     page["results"]
         .as_array()
         .unwrap()
@@ -83,7 +112,10 @@ async fn server_cases(app: &TestApp, run_id: &str) -> BTreeMap<String, (String, 
         .map(|r| {
             (
                 r["test_case_id"].as_str().unwrap().to_string(),
-                (r["status"].as_str().unwrap().to_string(), r["score"].as_f64()),
+                (
+                    r["status"].as_str().unwrap().to_string(),
+                    r["score"].as_f64(),
+                ),
             )
         })
         .collect()
@@ -103,7 +135,10 @@ fn assert_same(server: &Value, local: &RunSummary) {
         ("pass_rate", local.pass_rate),
     ] {
         let got = summary[key].as_f64().unwrap();
-        assert!((got - want).abs() < 1e-9, "{key}: server {got}, local {want}");
+        assert!(
+            (got - want).abs() < 1e-9,
+            "{key}: server {got}, local {want}"
+        );
     }
     assert_eq!(server["counters"]["passed"], local.passed);
     assert_eq!(server["counters"]["failed"], local.failed);
@@ -114,16 +149,25 @@ async fn round_trip(app: &TestApp, zip: Vec<u8>) {
     let (local_summary, local_cases) = {
         let zip = zip.clone();
         let settings = app.settings.clone();
-        tokio::task::spawn_blocking(move || local_run(&zip, &settings)).await.unwrap()
+        tokio::task::spawn_blocking(move || local_run(&zip, &settings))
+            .await
+            .unwrap()
     };
-    assert_eq!(local_summary.errored, 0, "the package runs cleanly here: {local_cases:?}");
+    assert_eq!(
+        local_summary.errored, 0,
+        "the package runs cleanly here: {local_cases:?}"
+    );
     assert!(local_summary.passed > 0, "{local_cases:?}");
     let upload: Value = app.upload_zip(zip, "").await.json().await.unwrap();
     let run_id = upload["run_id"].as_str().expect("a run").to_string();
     let run = wait_for_verdict(app, &run_id).await;
     assert_eq!(run["status"], "completed");
     assert_same(&run, &local_summary);
-    assert_eq!(server_cases(app, &run_id).await, local_cases, "per-case statuses and scores");
+    assert_eq!(
+        server_cases(app, &run_id).await,
+        local_cases,
+        "per-case statuses and scores"
+    );
     let report = app.get(&format!("/v1/runs/{run_id}/report")).await;
     assert_eq!(report.status().as_u16(), 200);
 }
@@ -140,15 +184,24 @@ async fn a_run_through_a_real_worker_matches_a_local_run_of_the_same_package() {
     let (stop, worker) = start_worker(&app, cache.path()).await;
 
     // Recorded outputs: some pass, some fail; no model, no sandbox.
-    round_trip(&app, given_package("e2e-given", &["ok", "no", "ok", "ok ", "OK"], json!({}))).await;
+    round_trip(
+        &app,
+        given_package("e2e-given", &["ok", "no", "ok", "ok ", "OK"], json!({})),
+    )
+    .await;
 
     // A real example skill whose runner is a sandboxed script of the package.
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/skills/slugify");
-    if Sandbox::detect(app.settings.sandbox.clone()).unavailable_reason().is_none() {
+    if Sandbox::detect(app.settings.sandbox.clone())
+        .unavailable_reason()
+        .is_none()
+    {
         let zip = crate::submit::cli_submit::zip_folder(&example).unwrap();
         round_trip(&app, zip).await;
     } else {
-        eprintln!("bubblewrap is not available: skipping the sandboxed example in the end-to-end test");
+        eprintln!(
+            "bubblewrap is not available: skipping the sandboxed example in the end-to-end test"
+        );
     }
 
     stop.cancel();
