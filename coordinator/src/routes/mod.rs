@@ -16,7 +16,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::auth::{require_bearer, Tokens};
 use crate::error::{log_server_errors, ApiError};
-use crate::metrics::{HttpLabels, Metrics};
+use crate::metrics::HttpLabels;
 use crate::state::AppState;
 
 pub mod health;
@@ -97,6 +97,5 @@ async fn record_metrics(State(state): State<AppState>, request: Request, next: N
         .http_duration
         .get_or_create(&labels)
         .observe(started.elapsed().as_secs_f64());
-    let _: &Metrics = &state.metrics;
     response
 }
