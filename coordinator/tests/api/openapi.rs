@@ -267,6 +267,14 @@ async fn live_responses_validate_against_the_document() {
         metrics.contains("skilleval_coordinator_http_requests_total"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains(r#"route="/v1/runs/{id}""#),
+        "requests are labelled by route template: {metrics}"
+    );
+    assert!(
+        metrics.contains(r#"skilleval_coordinator_runs{status="completed"} 1"#),
+        "{metrics}"
+    );
     app.cleanup().await;
 
     let small = spawn_app_with(AppOptions {
