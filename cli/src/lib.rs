@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 pub mod run;
+pub mod submit;
 pub mod table;
 pub mod validate;
 
@@ -42,6 +43,8 @@ pub enum Command {
     Run(RunArgs),
     /// Check a skill folder or ZIP without running it; lists every problem.
     Validate(ValidateArgs),
+    /// Upload a skill to a skilleval server; with --wait, follow the run and gate on its verdict.
+    Submit(submit::SubmitArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -99,6 +102,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
     match cli.command {
         Command::Run(args) => run::run(&args).await,
         Command::Validate(args) => validate::validate(&args),
+        Command::Submit(args) => submit::submit(&args).await,
     }
 }
 
