@@ -243,7 +243,9 @@ impl Default for WorkerSettings {
 
 impl WorkerSettings {
     pub fn samples_prefetch(&self) -> u16 {
-        self.samples_concurrency.unwrap_or((self.concurrency / 4).max(1)).max(1)
+        self.samples_concurrency
+            .unwrap_or((self.concurrency / 4).max(1))
+            .max(1)
     }
 
     pub fn shutdown_grace(&self) -> Duration {
@@ -382,7 +384,10 @@ impl Settings {
             })
         };
         if self.amqp.heartbeat_secs == 0 || self.amqp.heartbeat_secs > MAX_HEARTBEAT_SECS {
-            return invalid("amqp.heartbeat_secs", &format!("must be 1..={MAX_HEARTBEAT_SECS}"));
+            return invalid(
+                "amqp.heartbeat_secs",
+                &format!("must be 1..={MAX_HEARTBEAT_SECS}"),
+            );
         }
         if self.amqp.prefix.is_empty()
             || !self
@@ -391,7 +396,10 @@ impl Settings {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
         {
-            return invalid("amqp.prefix", "must be non-empty ASCII letters, digits, `.`, `-` or `_`");
+            return invalid(
+                "amqp.prefix",
+                "must be non-empty ASCII letters, digits, `.`, `-` or `_`",
+            );
         }
         if self.worker.concurrency == 0 {
             return invalid("worker.concurrency", "must be at least 1");
@@ -401,7 +409,10 @@ impl Settings {
         }
         let tiers = &self.worker.retry_tiers_ms;
         if tiers.is_empty() || tiers.contains(&0) || tiers.windows(2).any(|w| w[0] >= w[1]) {
-            return invalid("worker.retry_tiers_ms", "must be non-empty, positive and strictly increasing");
+            return invalid(
+                "worker.retry_tiers_ms",
+                "must be non-empty, positive and strictly increasing",
+            );
         }
         if self.worker.batch_size == 0 {
             return invalid("worker.batch_size", "must be at least 1");
@@ -424,7 +435,10 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        let mut map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         // Point at a folder without files unless a test sets its own.
         map.entry("SKILLEVAL_CONFIG_DIR".into())
             .or_insert_with(|| "/nonexistent-skilleval-config".into());
@@ -461,12 +475,23 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(s.worker.concurrency, 8, "variable beats file");
-        assert_eq!(s.worker.batch_size, 9, "environment file beats default file");
+        assert_eq!(
+            s.worker.batch_size, 9,
+            "environment file beats default file"
+        );
         assert_eq!(s.amqp.prefix, "fromfile");
         assert_eq!(s.worker.retry_tiers_ms, vec![100, 200]);
         assert!(s.sandbox.allow_unsandboxed);
-        assert_eq!(s.sandbox.memory_bytes, SandboxPolicy::default().memory_bytes, "other fields keep defaults");
-        assert_eq!(s.database.url.expose(), "postgres://u:pw@standard/db", "DATABASE_URL wins");
+        assert_eq!(
+            s.sandbox.memory_bytes,
+            SandboxPolicy::default().memory_bytes,
+            "other fields keep defaults"
+        );
+        assert_eq!(
+            s.database.url.expose(),
+            "postgres://u:pw@standard/db",
+            "DATABASE_URL wins"
+        );
         assert_eq!(s.log.filter, "debug");
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -474,39 +499,65 @@ mod tests {
     #[test]
     fn secrets_never_print() {
         let s = Settings::load_from(&env(&[
-            ("DATABASE_URL", "postgres://user:hunter2@db:5432/x?sslmode=require&password=hunter3"),
+            (
+                "DATABASE_URL",
+                "postgres://user:hunter2@db:5432/x?sslmode=require&password=hunter3",
+            ),
             ("SKILLEVAL__COORDINATOR__WEBHOOK_SECRET", "s3cr3t"),
         ]))
         .unwrap();
         let printed = format!("{s:?}");
-        assert!(!printed.contains("hunter2") && !printed.contains("hunter3") && !printed.contains("s3cr3t"), "{printed}");
-        assert!(printed.contains("postgres://user:***@db:5432/x?sslmode=require&password=***"), "{printed}");
-        assert_eq!(s.coordinator.webhook_secret.as_ref().map(Secret::expose), Some("s3cr3t"));
+        assert!(
+            !printed.contains("hunter2")
+                && !printed.contains("hunter3")
+                && !printed.contains("s3cr3t"),
+            "{printed}"
+        );
+        assert!(
+            printed.contains("postgres://user:***@db:5432/x?sslmode=require&password=***"),
+            "{printed}"
+        );
+        assert_eq!(
+            s.coordinator.webhook_secret.as_ref().map(Secret::expose),
+            Some("s3cr3t")
+        );
     }
 
     #[test]
     fn heartbeat_is_bounded_and_added_to_the_url() {
-        let err = Settings::load_from(&env(&[("SKILLEVAL__AMQP__HEARTBEAT_SECS", "60")])).unwrap_err();
+        let err =
+            Settings::load_from(&env(&[("SKILLEVAL__AMQP__HEARTBEAT_SECS", "60")])).unwrap_err();
         assert!(err.to_string().contains("amqp.heartbeat_secs"), "{err}");
         let s = Settings::load_from(&env(&[("AMQP_URL", "amqp://g:g@h:5672/%2f")])).unwrap();
-        assert_eq!(s.amqp.connect_url().expose(), "amqp://g:g@h:5672/%2f?heartbeat=10");
+        assert_eq!(
+            s.amqp.connect_url().expose(),
+            "amqp://g:g@h:5672/%2f?heartbeat=10"
+        );
     }
 
     #[test]
     fn bad_tiers_are_refused() {
-        let err = Settings::load_from(&env(&[("SKILLEVAL__WORKER__RETRY_TIERS_MS", "500,100")])).unwrap_err();
+        let err = Settings::load_from(&env(&[("SKILLEVAL__WORKER__RETRY_TIERS_MS", "500,100")]))
+            .unwrap_err();
         assert!(err.to_string().contains("retry_tiers_ms"), "{err}");
     }
 
     #[test]
     fn redaction_keeps_the_user_and_host() {
-        assert_eq!(redact_url("amqp://guest:guest@localhost:5672/%2f"), "amqp://guest:***@localhost:5672/%2f");
-        assert_eq!(redact_url("postgres://postgres@127.0.0.1/test"), "postgres://postgres@127.0.0.1/test");
+        assert_eq!(
+            redact_url("amqp://guest:guest@localhost:5672/%2f"),
+            "amqp://guest:***@localhost:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("postgres://postgres@127.0.0.1/test"),
+            "postgres://postgres@127.0.0.1/test"
+        );
         assert_eq!(redact_url("not a url"), "***");
     }
 
     fn tempfile_dir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("skilleval-config-test-{}", uuid::Uuid::new_v4()));
+        let dir =
+            std::env::temp_dir().join(format!("skilleval-config-test-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }

@@ -46,7 +46,9 @@ pub fn encode_job(job: &Job) -> Result<Vec<u8>, MessageError> {
 pub fn decode_job(body: &[u8]) -> Result<Job, MessageError> {
     let envelope: JobIn = serde_json::from_slice(body)?;
     if envelope.schema != JOB_SCHEMA_VERSION {
-        return Err(MessageError::Schema { found: envelope.schema });
+        return Err(MessageError::Schema {
+            found: envelope.schema,
+        });
     }
     Ok(serde_json::from_value(envelope.job)?)
 }
@@ -72,14 +74,19 @@ impl CaseFinished {
 /// A W3C `traceparent` whose trace id is the run id, so every job of one upload shares one
 /// trace across the coordinator and the workers (the span id is random per message).
 pub fn traceparent_for_run(run_id: Uuid) -> String {
-    format!("00-{}-{:016x}-01", run_id.simple(), rand::random::<u64>() | 1)
+    format!(
+        "00-{}-{:016x}-01",
+        run_id.simple(),
+        rand::random::<u64>() | 1
+    )
 }
 
 /// The trace id of a `traceparent` header, when it is well formed.
 pub fn trace_id(traceparent: &str) -> Option<&str> {
     let mut parts = traceparent.split('-');
     let (_version, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
-    (trace.len() == 32 && span.len() == 16 && trace.bytes().all(|b| b.is_ascii_hexdigit())).then_some(trace)
+    (trace.len() == 32 && span.len() == 16 && trace.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then_some(trace)
 }
 
 #[cfg(test)]
@@ -139,7 +146,10 @@ mod tests {
             status: CaseStatus::Passed,
         };
         let v: serde_json::Value = serde_json::from_slice(&e.encode().unwrap()).unwrap();
-        assert_eq!(v, serde_json::json!({"run_id": Uuid::nil(), "test_case_id": "c", "status": "passed"}));
+        assert_eq!(
+            v,
+            serde_json::json!({"run_id": Uuid::nil(), "test_case_id": "c", "status": "passed"})
+        );
         assert_eq!(CaseFinished::decode(&e.encode().unwrap()).unwrap(), e);
     }
 

@@ -53,7 +53,9 @@ pub fn init(settings: &LogSettings) -> Result<(), TelemetryError> {
             .with_writer(std::io::stderr);
         let _ = registry.with(layer).try_init();
     } else {
-        let layer = tracing_subscriber::fmt::layer().with_target(true).with_writer(std::io::stderr);
+        let layer = tracing_subscriber::fmt::layer()
+            .with_target(true)
+            .with_writer(std::io::stderr);
         let _ = registry.with(layer).try_init();
     }
     Ok(())

@@ -36,11 +36,14 @@ use std::time::Duration;
 
 use lapin::message::BasicReturnMessage;
 use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    PublisherConfirm,
+};
 use skilleval::plan::Job;
 
 use crate::config::Settings;
@@ -106,7 +109,10 @@ pub enum BrokerError {
         reply_text: String,
     },
     #[error("publishing to `{exchange}` with key `{routing_key}`: the broker refused it (nack)")]
-    Nacked { exchange: String, routing_key: String },
+    Nacked {
+        exchange: String,
+        routing_key: String,
+    },
     #[error("publishing to `{exchange}`: the channel is not in confirm mode")]
     NoConfirm { exchange: String },
     #[error(transparent)]
@@ -143,7 +149,11 @@ pub struct Topology {
 
 impl Topology {
     /// `retry_tiers_ms` must be non-empty and increasing (as [`Settings::validate`] checks).
-    pub fn new(prefix: impl Into<String>, retry_tiers_ms: Vec<u64>, delivery_limit: u32) -> Topology {
+    pub fn new(
+        prefix: impl Into<String>,
+        retry_tiers_ms: Vec<u64>,
+        delivery_limit: u32,
+    ) -> Topology {
         let mut tiers = retry_tiers_ms;
         tiers.sort_unstable();
         tiers.dedup();
@@ -160,7 +170,11 @@ impl Topology {
     pub fn from_settings(settings: &Settings) -> Topology {
         // The broker's limit sits above the workers' own guard, as a backstop.
         let limit = settings.worker.max_redeliveries.saturating_add(5);
-        Topology::new(settings.amqp.prefix.clone(), settings.worker.retry_tiers_ms.clone(), limit)
+        Topology::new(
+            settings.amqp.prefix.clone(),
+            settings.worker.retry_tiers_ms.clone(),
+            limit,
+        )
     }
 
     pub fn prefix(&self) -> &str {
@@ -249,7 +263,11 @@ impl Topology {
 
     /// Every exchange, for cleanup.
     pub fn exchanges(&self) -> Vec<String> {
-        vec![self.jobs_exchange(), self.parking_exchange(), self.events_exchange()]
+        vec![
+            self.jobs_exchange(),
+            self.parking_exchange(),
+            self.events_exchange(),
+        ]
     }
 
     /// Declares everything (idempotent).
@@ -263,24 +281,51 @@ impl Topology {
             (self.parking_exchange(), ExchangeKind::Fanout),
             (self.events_exchange(), ExchangeKind::Topic),
         ] {
-            ch.exchange_declare(ShortString::from(name.as_str()), kind, durable, FieldTable::default())
-                .await
-                .map_err(BrokerError::amqp(format!("declaring exchange `{name}`")))?;
+            ch.exchange_declare(
+                ShortString::from(name.as_str()),
+                kind,
+                durable,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(BrokerError::amqp(format!("declaring exchange `{name}`")))?;
         }
 
         let mut jobs_args = FieldTable::default();
         jobs_args.insert("x-queue-type".into(), long_string("quorum"));
-        jobs_args.insert("x-dead-letter-exchange".into(), long_string(&self.parking_exchange()));
-        jobs_args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(i64::from(self.delivery_limit)));
-        self.declare_queue(ch, &self.jobs_queue(), jobs_args).await?;
+        jobs_args.insert(
+            "x-dead-letter-exchange".into(),
+            long_string(&self.parking_exchange()),
+        );
+        jobs_args.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongLongInt(i64::from(self.delivery_limit)),
+        );
+        self.declare_queue(ch, &self.jobs_queue(), jobs_args)
+            .await?;
 
         let mut samples_args = FieldTable::default();
-        samples_args.insert("x-dead-letter-exchange".into(), long_string(&self.parking_exchange()));
-        self.declare_queue(ch, &self.samples_queue(), samples_args).await?;
-
-        self.bind(ch, &self.jobs_queue(), &self.jobs_exchange(), JOB_ROUTING_KEY).await?;
-        self.bind(ch, &self.samples_queue(), &self.jobs_exchange(), SAMPLE_ROUTING_KEY)
+        samples_args.insert(
+            "x-dead-letter-exchange".into(),
+            long_string(&self.parking_exchange()),
+        );
+        self.declare_queue(ch, &self.samples_queue(), samples_args)
             .await?;
+
+        self.bind(
+            ch,
+            &self.jobs_queue(),
+            &self.jobs_exchange(),
+            JOB_ROUTING_KEY,
+        )
+        .await?;
+        self.bind(
+            ch,
+            &self.samples_queue(),
+            &self.jobs_exchange(),
+            SAMPLE_ROUTING_KEY,
+        )
+        .await?;
 
         for lane in [Lane::Ci, Lane::Samples] {
             for tier in &self.retry_tiers_ms {
@@ -289,20 +334,38 @@ impl Topology {
                     "x-message-ttl".into(),
                     AMQPValue::LongLongInt(i64::try_from(*tier).unwrap_or(i64::MAX)),
                 );
-                args.insert("x-dead-letter-exchange".into(), long_string(&self.jobs_exchange()));
-                args.insert("x-dead-letter-routing-key".into(), long_string(lane.routing_key()));
-                self.declare_queue(ch, &self.retry_queue(lane, *tier), args).await?;
+                args.insert(
+                    "x-dead-letter-exchange".into(),
+                    long_string(&self.jobs_exchange()),
+                );
+                args.insert(
+                    "x-dead-letter-routing-key".into(),
+                    long_string(lane.routing_key()),
+                );
+                self.declare_queue(ch, &self.retry_queue(lane, *tier), args)
+                    .await?;
             }
         }
 
-        self.declare_queue(ch, &self.parking_queue(), FieldTable::default()).await?;
-        self.bind(ch, &self.parking_queue(), &self.parking_exchange(), "").await?;
+        self.declare_queue(ch, &self.parking_queue(), FieldTable::default())
+            .await?;
+        self.bind(ch, &self.parking_queue(), &self.parking_exchange(), "")
+            .await?;
 
         let mut events_args = FieldTable::default();
-        events_args.insert("x-max-length".into(), AMQPValue::LongLongInt(EVENTS_QUEUE_MAX_LENGTH));
-        self.declare_queue(ch, &self.coordinator_events_queue(), events_args).await?;
-        self.bind(ch, &self.coordinator_events_queue(), &self.events_exchange(), "case.#")
+        events_args.insert(
+            "x-max-length".into(),
+            AMQPValue::LongLongInt(EVENTS_QUEUE_MAX_LENGTH),
+        );
+        self.declare_queue(ch, &self.coordinator_events_queue(), events_args)
             .await?;
+        self.bind(
+            ch,
+            &self.coordinator_events_queue(),
+            &self.events_exchange(),
+            "case.#",
+        )
+        .await?;
         Ok(())
     }
 
@@ -314,14 +377,22 @@ impl Topology {
                 .map_err(BrokerError::amqp(format!("deleting queue `{q}`")))?;
         }
         for x in self.exchanges() {
-            ch.exchange_delete(ShortString::from(x.as_str()), ExchangeDeleteOptions::default())
-                .await
-                .map_err(BrokerError::amqp(format!("deleting exchange `{x}`")))?;
+            ch.exchange_delete(
+                ShortString::from(x.as_str()),
+                ExchangeDeleteOptions::default(),
+            )
+            .await
+            .map_err(BrokerError::amqp(format!("deleting exchange `{x}`")))?;
         }
         Ok(())
     }
 
-    async fn declare_queue(&self, ch: &Channel, name: &str, args: FieldTable) -> Result<(), BrokerError> {
+    async fn declare_queue(
+        &self,
+        ch: &Channel,
+        name: &str,
+        args: FieldTable,
+    ) -> Result<(), BrokerError> {
         ch.queue_declare(
             ShortString::from(name),
             QueueDeclareOptions {
@@ -335,7 +406,13 @@ impl Topology {
         Ok(())
     }
 
-    async fn bind(&self, ch: &Channel, queue: &str, exchange: &str, key: &str) -> Result<(), BrokerError> {
+    async fn bind(
+        &self,
+        ch: &Channel,
+        queue: &str,
+        exchange: &str,
+        key: &str,
+    ) -> Result<(), BrokerError> {
         ch.queue_bind(
             ShortString::from(queue),
             ShortString::from(exchange),
@@ -344,7 +421,9 @@ impl Topology {
             FieldTable::default(),
         )
         .await
-        .map_err(BrokerError::amqp(format!("binding `{queue}` to `{exchange}`")))
+        .map_err(BrokerError::amqp(format!(
+            "binding `{queue}` to `{exchange}`"
+        )))
     }
 }
 
@@ -373,19 +452,26 @@ pub struct PendingConfirm {
 impl PendingConfirm {
     /// Waits for the broker's answer.
     pub async fn wait(self) -> Result<(), BrokerError> {
-        let confirmation = self
-            .confirm
-            .await
-            .map_err(BrokerError::amqp(format!("waiting for the confirm of a publish to `{}`", self.exchange)))?;
+        let confirmation = self.confirm.await.map_err(BrokerError::amqp(format!(
+            "waiting for the confirm of a publish to `{}`",
+            self.exchange
+        )))?;
         check_confirmation(confirmation, self.exchange, self.routing_key)
     }
 }
 
-fn check_confirmation(confirmation: Confirmation, exchange: String, routing_key: String) -> Result<(), BrokerError> {
+fn check_confirmation(
+    confirmation: Confirmation,
+    exchange: String,
+    routing_key: String,
+) -> Result<(), BrokerError> {
     match confirmation {
         Confirmation::Ack(None) => Ok(()),
         Confirmation::Ack(Some(returned)) => Err(unroutable(&returned, exchange, routing_key)),
-        Confirmation::Nack(_) => Err(BrokerError::Nacked { exchange, routing_key }),
+        Confirmation::Nack(_) => Err(BrokerError::Nacked {
+            exchange,
+            routing_key,
+        }),
         Confirmation::NotRequested => Err(BrokerError::NoConfirm { exchange }),
     }
 }
@@ -467,10 +553,16 @@ impl Publisher {
     /// Publishes a job to its lane and waits for the confirm.
     pub async fn publish_job(&self, job: &Job, lane: Lane) -> Result<(), BrokerError> {
         let body = messages::encode_job(job)?;
-        self.send(&self.topology.jobs_exchange(), lane.routing_key(), &body, Self::job_headers(job), true)
-            .await?
-            .wait()
-            .await
+        self.send(
+            &self.topology.jobs_exchange(),
+            lane.routing_key(),
+            &body,
+            Self::job_headers(job),
+            true,
+        )
+        .await?
+        .wait()
+        .await
     }
 
     /// Publishes every job, then waits for all the confirms: one round trip for the batch.
@@ -481,8 +573,14 @@ impl Publisher {
         for job in jobs {
             let sent = match messages::encode_job(job) {
                 Ok(body) => {
-                    self.send(&exchange, lane.routing_key(), &body, Self::job_headers(job), true)
-                        .await
+                    self.send(
+                        &exchange,
+                        lane.routing_key(),
+                        &body,
+                        Self::job_headers(job),
+                        true,
+                    )
+                    .await
                 }
                 Err(e) => Err(e.into()),
             };
@@ -499,7 +597,12 @@ impl Publisher {
 
     /// Publishes a job for a later attempt into the delay queue of `tier_ms` (which dead-letters
     /// it back to the lane's queue when the TTL expires), and waits for the confirm.
-    pub async fn publish_retry(&self, job: &Job, lane: Lane, tier_ms: u64) -> Result<(), BrokerError> {
+    pub async fn publish_retry(
+        &self,
+        job: &Job,
+        lane: Lane,
+        tier_ms: u64,
+    ) -> Result<(), BrokerError> {
         let body = messages::encode_job(job)?;
         let queue = self.topology.retry_queue(lane, tier_ms);
         // The default exchange routes by queue name.
@@ -534,7 +637,10 @@ impl Publisher {
         for event in events {
             let key = Topology::event_routing_key(event.status);
             let sent = match event.encode() {
-                Ok(body) => self.send(&exchange, &key, &body, FieldTable::default(), false).await,
+                Ok(body) => {
+                    self.send(&exchange, &key, &body, FieldTable::default(), false)
+                        .await
+                }
                 Err(e) => Err(e.into()),
             };
             pending.push(sent);

@@ -1,1 +1,48 @@
-//! The worker (being written).
+//! The skilleval worker: takes jobs from RabbitMQ, runs and grades them with the shared
+//! executor, and writes one result per test case to PostgreSQL.
+//!
+//! Layout:
+//!
+//! - [`worker`] is the consume loop: broker sessions with a consumer per lane (CI jobs and
+//!   production samples), one task per delivery, reconnects, and shutdown. Its one-step
+//!   function, [`Worker::handle`], decides what a delivery needs (park it, skip it, run it,
+//!   retry it) and is what tests drive directly.
+//! - [`batch`] commits finished results in batches through the store, then acks, then
+//!   announces the cases on the events exchange.
+//! - [`packages`] fetches a package once per content hash and caches it on disk.
+//! - [`retry`] computes backoff and picks the delay queue tier.
+//! - [`cancel`] caches whether a run was cancelled.
+//! - [`http`] serves `/healthz`, `/readyz` and `/metrics` ([`metrics`]).
+//!
+//! The guarantees, in order: a job's result is committed before its delivery is acked; a
+//! result row leaves `queued` once, however often its job is delivered; every job ends in a
+//! stored result (retries are bounded, poison jobs are stored `errored`), so every run
+//! completes.
+
+use std::sync::{Arc, RwLock};
+
+use skilleval_infra::topology::Publisher;
+
+pub mod batch;
+pub mod cancel;
+pub mod http;
+pub mod metrics;
+pub mod packages;
+pub mod retry;
+pub mod worker;
+
+pub use worker::{DeliveryInfo, Disposition, HandleError, Worker, WorkerError};
+
+/// The publisher of the current broker session, if any (shared by the delivery tasks and the
+/// batcher, replaced on reconnect).
+pub type PublisherSlot = Arc<RwLock<Option<Publisher>>>;
+
+pub(crate) fn current_publisher(slot: &PublisherSlot) -> Option<Publisher> {
+    slot.read().ok().and_then(|p| p.clone())
+}
+
+pub(crate) fn set_publisher(slot: &PublisherSlot, publisher: Option<Publisher>) {
+    if let Ok(mut p) = slot.write() {
+        *p = publisher;
+    }
+}

@@ -171,16 +171,22 @@ impl Columns {
         self.output.push(r.output.clone());
         self.output_truncated.push(r.output_truncated);
         self.expected_output.push(r.expected_output.clone());
-        self.matched_patterns.push(r.matched_patterns.as_ref().map(json).transpose()?);
-        self.schema_errors.push(r.schema_errors.as_ref().map(json).transpose()?);
+        self.matched_patterns
+            .push(r.matched_patterns.as_ref().map(json).transpose()?);
+        self.schema_errors
+            .push(r.schema_errors.as_ref().map(json).transpose()?);
         self.duration_ms.push(int8(r.duration_ms));
         self.attempts.push(json(&r.attempts)?);
         self.error.push(r.error.as_ref().map(json).transpose()?);
-        self.produce_input_tokens.push(int8(r.produce_usage.input_tokens));
-        self.produce_output_tokens.push(int8(r.produce_usage.output_tokens));
+        self.produce_input_tokens
+            .push(int8(r.produce_usage.input_tokens));
+        self.produce_output_tokens
+            .push(int8(r.produce_usage.output_tokens));
         self.produce_cost_usd.push(r.produce_usage.cost_usd);
-        self.grade_input_tokens.push(int8(r.grade_usage.input_tokens));
-        self.grade_output_tokens.push(int8(r.grade_usage.output_tokens));
+        self.grade_input_tokens
+            .push(int8(r.grade_usage.input_tokens));
+        self.grade_output_tokens
+            .push(int8(r.grade_usage.output_tokens));
         self.grade_cost_usd.push(r.grade_usage.cost_usd);
         self.details.push(r.details.clone());
         self.tags.push(json(&r.tags)?);
@@ -267,16 +273,21 @@ impl Store {
 
     /// Whether the run was cancelled (an unknown run is not).
     pub async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, StoreError> {
-        let cancelled: Option<bool> = sqlx::query_scalar("SELECT status = 'cancelled' FROM runs WHERE id = $1")
-            .bind(run_id)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(StoreError::query("reading a run's status"))?;
+        let cancelled: Option<bool> =
+            sqlx::query_scalar("SELECT status = 'cancelled' FROM runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(StoreError::query("reading a run's status"))?;
         Ok(cancelled.unwrap_or(false))
     }
 
     /// The run's status and the case's, or `None` when the run does not exist.
-    pub async fn case_state(&self, run_id: Uuid, test_case_id: &str) -> Result<Option<CaseState>, StoreError> {
+    pub async fn case_state(
+        &self,
+        run_id: Uuid,
+        test_case_id: &str,
+    ) -> Result<Option<CaseState>, StoreError> {
         let row: Option<(String, Option<String>)> = sqlx::query_as(
             "SELECT r.status, e.status FROM runs r
              LEFT JOIN eval_results e ON e.run_id = r.id AND e.test_case_id = $2

@@ -1,0 +1,177 @@
+//! Committing results in batches, then acking, then announcing.
+//!
+//! Finished jobs queue up here; a batch is committed when it holds `worker.batch_size` results
+//! or `worker.batch_max_wait_ms` after its first one, whichever comes first, in one statement
+//! ([`Store::record_results`]). Only then is each delivery acked (an ack is never sent for a
+//! result that is not committed), and only then are the case events published. A commit that
+//! keeps failing (the database is away for longer than the retries) requeues the batch's
+//! deliveries, so nothing is lost and nothing waits unacked forever.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::Acker;
+use skilleval::executor::JobResult;
+use skilleval_infra::messages::CaseFinished;
+use skilleval_infra::store::Store;
+use skilleval_infra::topology::Lane;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::metrics::WorkerMetrics;
+use crate::PublisherSlot;
+
+/// Commits tried for one batch before its deliveries are requeued.
+const COMMIT_ATTEMPTS: u32 = 6;
+
+/// A job with its final result, waiting for the commit before its ack.
+#[derive(Debug)]
+pub struct Finished {
+    pub result: JobResult,
+    /// `None` in tests that drive the pipeline without a broker.
+    pub acker: Option<Acker>,
+    pub lane: Lane,
+}
+
+/// What the batcher needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Batcher {
+    pub store: Store,
+    pub metrics: Arc<WorkerMetrics>,
+    pub publisher: PublisherSlot,
+    pub batch_size: usize,
+    pub max_wait: Duration,
+}
+
+impl Batcher {
+    /// Runs until every sender is dropped, flushing what is left.
+    pub async fn run(self, mut rx: mpsc::Receiver<Finished>) {
+        while let Some(first) = rx.recv().await {
+            let deadline = Instant::now() + self.max_wait;
+            let mut batch = vec![first];
+            while batch.len() < self.batch_size {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(next)) => batch.push(next),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            self.flush(batch).await;
+        }
+    }
+
+    /// Commits one batch, acks its deliveries, publishes the events.
+    #[tracing::instrument(skip_all, fields(batch = batch.len()))]
+    pub async fn flush(&self, batch: Vec<Finished>) {
+        let mut results = Vec::with_capacity(batch.len());
+        let mut settles = Vec::with_capacity(batch.len());
+        let mut lanes: HashMap<(Uuid, String), Lane> = HashMap::with_capacity(batch.len());
+        for f in batch {
+            lanes.insert((f.result.run_id, f.result.test_case_id.clone()), f.lane);
+            results.push(f.result);
+            settles.push(f.acker);
+        }
+        let mut attempt = 0;
+        let changed = loop {
+            attempt += 1;
+            match self.store.record_results(&results).await {
+                Ok(changed) => break Some(changed),
+                Err(e) if attempt < COMMIT_ATTEMPTS => {
+                    let wait = Duration::from_millis(100u64 << attempt.min(5));
+                    tracing::warn!(error = %e, attempt, ?wait, "committing results failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, attempt, "committing results failed; requeueing the batch");
+                    break None;
+                }
+            }
+        };
+        let Some(changed) = changed else {
+            self.metrics.batch_failures.inc();
+            for acker in settles.iter().flatten() {
+                nack_requeue(acker, &self.metrics).await;
+            }
+            return;
+        };
+        #[allow(clippy::cast_precision_loss)]
+        self.metrics.batch_size.observe(results.len() as f64);
+        for c in &changed {
+            let lane = lanes
+                .get(&(c.run_id, c.test_case_id.clone()))
+                .map_or("ci", |l| l.as_str());
+            self.metrics.processed(c.status.as_str(), lane);
+        }
+        for acker in settles.iter().flatten() {
+            ack(acker, &self.metrics).await;
+        }
+        let events: Vec<CaseFinished> = changed
+            .into_iter()
+            .map(|c| CaseFinished {
+                run_id: c.run_id,
+                test_case_id: c.test_case_id,
+                status: c.status,
+            })
+            .collect();
+        publish_events(&self.publisher, &events).await;
+    }
+}
+
+/// Announces finished cases; a failure is logged only (the coordinator's sweep catches up).
+pub(crate) async fn publish_events(publisher: &PublisherSlot, events: &[CaseFinished]) {
+    if events.is_empty() {
+        return;
+    }
+    let Some(publisher) = crate::current_publisher(publisher) else {
+        tracing::warn!(
+            events = events.len(),
+            "no broker session: case events not published"
+        );
+        return;
+    };
+    let failed = publisher
+        .publish_events(events)
+        .await
+        .into_iter()
+        .filter_map(Result::err)
+        .collect::<Vec<_>>();
+    if let Some(first) = failed.first() {
+        tracing::warn!(failed = failed.len(), error = %first, "publishing case events failed");
+    }
+}
+
+/// Acks a delivery and checks that the ack really went out.
+pub(crate) async fn ack(acker: &Acker, metrics: &WorkerMetrics) -> bool {
+    match acker.ack(BasicAckOptions::default()).await {
+        Ok(true) => true,
+        Ok(false) => {
+            metrics.ack_failures.inc();
+            tracing::warn!("ack not sent: the channel is closed; the message will be redelivered");
+            false
+        }
+        Err(e) => {
+            metrics.ack_failures.inc();
+            tracing::warn!(error = %e, "ack failed; the message will be redelivered");
+            false
+        }
+    }
+}
+
+/// Returns a delivery to its queue for another worker (or this one) to take.
+pub(crate) async fn nack_requeue(acker: &Acker, metrics: &WorkerMetrics) {
+    let sent = acker
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..BasicNackOptions::default()
+        })
+        .await;
+    if !matches!(sent, Ok(true)) {
+        metrics.ack_failures.inc();
+        tracing::warn!(
+            ?sent,
+            "nack not sent; the message returns when the channel closes"
+        );
+    }
+}

@@ -1,0 +1,92 @@
+//! `/healthz`, `/readyz` and `/metrics` for supervisors and Prometheus.
+//!
+//! `/healthz` answers while the process runs. `/readyz` answers 200 only while a broker session
+//! is consuming and the database answers a query: a worker that lost either is alive (it is
+//! reconnecting) but not doing work.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use skilleval_infra::store::Store;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::WorkerMetrics;
+
+#[derive(Debug, Clone)]
+pub struct HttpState {
+    pub metrics: Arc<WorkerMetrics>,
+    /// Set while a broker session is consuming.
+    pub consuming: Arc<AtomicBool>,
+    pub store: Store,
+}
+
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    if !state.consuming.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not consuming: no broker session".to_string(),
+        );
+    }
+    match state.store.ping().await {
+        Ok(()) => (StatusCode::OK, "ready".to_string()),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness: database unreachable");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database unreachable".to_string(),
+            )
+        }
+    }
+}
+
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    match state.metrics.encode() {
+        Ok(body) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "encoding metrics");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
+
+/// Binds `0.0.0.0:port` (0: any free port) and serves until `shutdown`.
+pub async fn serve(
+    port: u16,
+    state: HttpState,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await?;
+    let addr = listener.local_addr()?;
+    let app = router(state);
+    let handle = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "health/metrics server stopped");
+        }
+    });
+    Ok((addr, handle))
+}

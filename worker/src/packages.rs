@@ -1,0 +1,159 @@
+//! Packages on local disk, fetched once per content hash.
+//!
+//! A job names its package by content hash. The first job of a hash reads the ZIP from
+//! `skill_versions.package_bytes`, extracts it (with the same hardened extraction as uploads)
+//! into a temporary folder beside the cache and renames it to `<cache>/<hash>`: the rename is
+//! atomic, so another worker process sharing the folder sees either nothing or a whole package.
+//! Within this process, concurrent first jobs of the same hash wait on a per-hash async mutex
+//! and only one of them fetches.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use skilleval::grade::Fault;
+use skilleval::package::{Package, PackageLimits};
+use skilleval_infra::store::Store;
+
+/// Folders of packages being extracted start with this; leftovers of a crash are removed at
+/// start.
+const TMP_PREFIX: &str = ".tmp-";
+
+#[derive(Debug)]
+pub struct PackageCache {
+    dir: PathBuf,
+    limits: PackageLimits,
+    store: Store,
+    /// Per hash: the package root once known. The async mutex is what serialises first fetches.
+    entries: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<PathBuf>>>>>,
+}
+
+impl PackageCache {
+    pub fn new(dir: PathBuf, limits: PackageLimits, store: Store) -> PackageCache {
+        PackageCache {
+            dir,
+            limits,
+            store,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Creates the cache folder and removes half-extracted leftovers.
+    pub fn prepare(&self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        for entry in std::fs::read_dir(&self.dir)?.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        Ok(())
+    }
+
+    /// The package's root folder, fetched and extracted on first use. A database blip is a
+    /// transient fault; a missing or broken package is permanent.
+    pub async fn root(&self, hash: &str) -> Result<PathBuf, Fault> {
+        if hash.is_empty() || hash.len() > 128 || !hash.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(Fault::permanent(format!("invalid package hash `{hash}`")));
+        }
+        let slot = {
+            let mut entries = self
+                .entries
+                .lock()
+                .map_err(|_| Fault::transient("package cache lock poisoned"))?;
+            entries.entry(hash.to_string()).or_default().clone()
+        };
+        let mut slot = slot.lock().await;
+        if let Some(root) = slot.as_ref() {
+            return Ok(root.clone());
+        }
+        let root = self.load(hash).await?;
+        *slot = Some(root.clone());
+        Ok(root)
+    }
+
+    async fn load(&self, hash: &str) -> Result<PathBuf, Fault> {
+        let final_dir = self.dir.join(hash);
+        if final_dir.is_dir() {
+            let limits = self.limits.clone();
+            let dir = final_dir.clone();
+            return blocking(move || {
+                Package::open_dir(&dir, &limits).map(|p| p.root().to_path_buf())
+            })
+            .await
+            .map_err(|e| Fault::permanent(format!("cached package {hash} does not open: {e}")));
+        }
+        let bytes = self
+            .store
+            .package_bytes(hash)
+            .await
+            .map_err(|e| {
+                if e.is_transient() {
+                    Fault::transient(format!("fetching package {hash}: {e}"))
+                } else {
+                    Fault::permanent(format!("fetching package {hash}: {e}"))
+                }
+            })?
+            .ok_or_else(|| Fault::permanent(format!("package {hash} is not stored")))?;
+        std::fs::create_dir_all(&self.dir).map_err(|e| {
+            Fault::transient(format!(
+                "creating the package cache {}: {e}",
+                self.dir.display()
+            ))
+        })?;
+        let tmp = self.dir.join(format!(
+            "{TMP_PREFIX}{hash}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let limits = self.limits.clone();
+        let tmp_for_extract = tmp.clone();
+        let extracted = blocking(move || {
+            Package::from_zip_bytes(&bytes, &limits, Some(&tmp_for_extract))
+                .map(|p| (p.root().to_path_buf(), p.content_hash.clone()))
+        })
+        .await;
+        let (root, content_hash) = match extracted {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(Fault::permanent(format!(
+                    "package {hash} does not extract: {e}"
+                )));
+            }
+        };
+        if content_hash != hash {
+            tracing::warn!(
+                package_hash = hash,
+                content_hash,
+                "stored package's content hash differs from its key"
+            );
+        }
+        let relative = root
+            .strip_prefix(&tmp)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        if let Err(e) = std::fs::rename(&tmp, &final_dir) {
+            // Another process renamed the same package first: use theirs.
+            let _ = std::fs::remove_dir_all(&tmp);
+            if !final_dir.is_dir() {
+                return Err(Fault::transient(format!(
+                    "moving package {hash} into {}: {e}",
+                    final_dir.display()
+                )));
+            }
+        }
+        tracing::info!(package_hash = hash, dir = %final_dir.display(), "package cached");
+        Ok(final_dir.join(relative))
+    }
+}
+
+async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, String>
+where
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("extraction task failed: {e}")),
+    }
+}

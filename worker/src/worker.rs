@@ -1,0 +1,655 @@
+//! The consume loop: broker sessions, one task per delivery, reconnects and shutdown.
+//!
+//! A session is one connection with three channels: a confirm-mode publisher (retries, parked
+//! messages, events) and one consumer channel per lane, each with its own prefetch. Every
+//! delivery becomes a task that decides what the job needs ([`Worker::handle`]): a final
+//! result goes to the [`Batcher`](crate::batch) and is acked after its commit; a retry, a parked
+//! message or an already settled redelivery is acked at once (a retry only after its publish
+//! was confirmed).
+//!
+//! A consumer stream that ends or errors ends the session: the worker reconnects with backoff,
+//! and exits with an error after `worker.max_reconnect_attempts` failures in a row so its
+//! supervisor restarts it. Jobs still running from the lost session finish and are committed;
+//! their acks fail and the broker redelivers them, which the next delivery recognises as
+//! settled. On shutdown the worker cancels its consumers, lets in-flight jobs finish within the
+//! grace period, flushes the last batch and closes the connection; anything unfinished is
+//! still unacked and is redelivered to another worker.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Connection, Consumer};
+use skilleval::executor::{CaseStatus, Executor, JobResult};
+use skilleval::grade::Fault;
+use skilleval::plan::Job;
+use skilleval::runner::RunnerRegistry;
+use skilleval::sandbox::Sandbox;
+use skilleval::strategy::StrategyRegistry;
+use skilleval_infra::config::Settings;
+use skilleval_infra::messages::{self, CaseFinished};
+use skilleval_infra::store::Store;
+use skilleval_infra::topology::{self, BrokerError, Lane, Publisher, Topology, TRACEPARENT_HEADER};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::batch::{self, Batcher, Finished};
+use crate::cancel::CancelCache;
+use crate::http::{self, HttpState};
+use crate::metrics::WorkerMetrics;
+use crate::packages::PackageCache;
+use crate::{retry, PublisherSlot};
+
+/// After cancelling a consumer, how long to wait for deliveries already sent to it.
+const CANCEL_DRAIN: Duration = Duration::from_millis(300);
+
+/// Header quorum queues set on a redelivered message.
+const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("the broker stayed unreachable after {attempts} attempts: {last}")]
+    BrokerUnavailable { attempts: u32, last: String },
+    #[error("preparing the package cache {dir}: {source}")]
+    Cache {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("starting the health/metrics server: {0}")]
+    Http(#[source] std::io::Error),
+}
+
+/// What a delivery needs once [`Worker::handle`] looked at it.
+#[derive(Debug)]
+pub enum Disposition {
+    /// A final result: commit it, then ack.
+    Record(Box<JobResult>),
+    /// Re-published to a delay queue (confirmed): ack.
+    Retried { attempt: u32, tier_ms: u64 },
+    /// Unparseable, moved to the parking queue (confirmed): ack.
+    Parked(String),
+    /// A redelivery of a case already settled: ack without running it; re-announce the
+    /// case in case the first announcement was lost.
+    Settled(Option<CaseFinished>),
+}
+
+/// Why a delivery could not be dealt with now; it is requeued.
+#[derive(Debug, thiserror::Error)]
+pub enum HandleError {
+    #[error("no broker session to publish with")]
+    NoPublisher,
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
+
+/// What is known about one delivery, apart from its body.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryInfo {
+    pub redelivered: bool,
+    /// Deliveries before this one (quorum queues count them).
+    pub delivery_count: u32,
+    pub traceparent: Option<String>,
+}
+
+impl DeliveryInfo {
+    pub fn from_headers(redelivered: bool, headers: Option<&FieldTable>) -> DeliveryInfo {
+        let get = |key: &str| headers.and_then(|h| h.inner().get(key));
+        let delivery_count = get(DELIVERY_COUNT_HEADER).and_then(integer).unwrap_or(0);
+        let traceparent = get(TRACEPARENT_HEADER).and_then(|v| match v {
+            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+            AMQPValue::ShortString(s) => Some(s.to_string()),
+            _ => None,
+        });
+        DeliveryInfo {
+            redelivered,
+            delivery_count: u32::try_from(delivery_count).unwrap_or(u32::MAX),
+            traceparent,
+        }
+    }
+}
+
+fn integer(v: &AMQPValue) -> Option<i64> {
+    match v {
+        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongLongInt(n) => Some(*n),
+        _ => None,
+    }
+}
+
+/// How a session ended.
+enum SessionEnd {
+    /// Shutdown was asked for. The connection and the consumer channels are still open: the
+    /// acks of in-flight jobs go out on them (lapin closes a channel when its last handle is
+    /// dropped, so they are kept until the last batch is flushed).
+    Shutdown(Box<(Connection, Vec<lapin::Channel>)>),
+    /// The broker went away (or a consumer ended); reconnect.
+    Lost(String),
+}
+
+/// A worker process's state. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct Worker {
+    settings: Settings,
+    store: Store,
+    executor: Arc<Executor>,
+    packages: PackageCache,
+    metrics: Arc<WorkerMetrics>,
+    cancelled: CancelCache,
+    topology: Topology,
+    publisher: PublisherSlot,
+    consuming: Arc<AtomicBool>,
+    name: String,
+}
+
+impl Worker {
+    /// A worker with the built-in strategies and runners, sandboxed as configured.
+    pub fn new(settings: Settings, store: Store) -> Worker {
+        let sandbox = Sandbox::detect(settings.sandbox.clone());
+        let executor = Executor::new(
+            StrategyRegistry::builtin().build(),
+            RunnerRegistry::builtin(),
+            Arc::new(sandbox),
+        );
+        Worker::with_executor(settings, store, executor)
+    }
+
+    /// A worker that executes with `executor` (tests register their own runners).
+    pub fn with_executor(settings: Settings, store: Store, executor: Executor) -> Worker {
+        let topology = Topology::from_settings(&settings);
+        let packages = PackageCache::new(
+            settings.worker.package_cache_dir.clone(),
+            settings.limits.clone(),
+            store.clone(),
+        );
+        let name = settings
+            .amqp
+            .connection_name
+            .clone()
+            .unwrap_or_else(|| format!("skilleval-worker-{}", std::process::id()));
+        let cancelled =
+            CancelCache::new(Duration::from_millis(settings.worker.cancel_cache_ttl_ms));
+        Worker {
+            store,
+            executor: Arc::new(executor),
+            packages,
+            metrics: Arc::new(WorkerMetrics::new()),
+            cancelled,
+            topology,
+            publisher: PublisherSlot::default(),
+            consuming: Arc::new(AtomicBool::new(false)),
+            name,
+            settings,
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<WorkerMetrics> {
+        &self.metrics
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Serves `/healthz`, `/readyz`, `/metrics` on `worker.http_port` until `shutdown`.
+    pub async fn serve_http(
+        &self,
+        shutdown: CancellationToken,
+    ) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>), WorkerError> {
+        let state = HttpState {
+            metrics: self.metrics.clone(),
+            consuming: self.consuming.clone(),
+            store: self.store.clone(),
+        };
+        http::serve(self.settings.worker.http_port, state, shutdown)
+            .await
+            .map_err(WorkerError::Http)
+    }
+
+    /// Decides what one delivery needs: parses it, skips settled or cancelled cases, runs the
+    /// job, and re-publishes it for a later attempt after a transient fault. Publishing (retry,
+    /// parking) uses `publisher` and is confirmed before this returns.
+    pub async fn handle(
+        &self,
+        body: &[u8],
+        headers: Option<&FieldTable>,
+        info: &DeliveryInfo,
+        lane: Lane,
+        publisher: Option<&Publisher>,
+    ) -> Result<Disposition, HandleError> {
+        let job = match messages::decode_job(body) {
+            Ok(job) => job,
+            Err(e) => {
+                let reason = e.to_string();
+                let publisher = publisher.ok_or(HandleError::NoPublisher)?;
+                publisher
+                    .publish_parked(body, &reason, &self.topology.queue(lane), headers)
+                    .await?;
+                self.metrics.parked.inc();
+                tracing::warn!(%reason, bytes = body.len(), "unparseable message parked");
+                return Ok(Disposition::Parked(reason));
+            }
+        };
+        let span = tracing::info_span!(
+            "job",
+            run_id = %job.run_id,
+            test_case_id = %job.case.id,
+            attempt = job.attempt,
+            lane = lane.as_str(),
+            trace_id = info.traceparent.as_deref().and_then(messages::trace_id).unwrap_or(""),
+        );
+        self.handle_job(job, info, lane, publisher)
+            .instrument(span)
+            .await
+    }
+
+    async fn handle_job(
+        &self,
+        mut job: Job,
+        info: &DeliveryInfo,
+        lane: Lane,
+        publisher: Option<&Publisher>,
+    ) -> Result<Disposition, HandleError> {
+        if info.redelivered || info.delivery_count > 0 {
+            match self.store.case_state(job.run_id, &job.case.id).await {
+                Ok(Some(state)) if state.is_settled() => {
+                    self.metrics.settled_redeliveries.inc();
+                    let event =
+                        state
+                            .case_status
+                            .filter(|s| s.is_final())
+                            .map(|status| CaseFinished {
+                                run_id: job.run_id,
+                                test_case_id: job.case.id.clone(),
+                                status,
+                            });
+                    return Ok(Disposition::Settled(event));
+                }
+                Ok(None) => return Ok(Disposition::Settled(None)),
+                Ok(Some(_)) => {}
+                // Run it anyway: recording is idempotent.
+                Err(e) => tracing::warn!(error = %e, "could not read the case's state"),
+            }
+        }
+        if info.delivery_count >= self.settings.worker.max_redeliveries {
+            let fault = Fault::permanent(format!(
+                "the job was delivered {} times without finishing (a worker stopped while running it each time)",
+                info.delivery_count + 1
+            ));
+            tracing::error!(
+                delivery_count = info.delivery_count,
+                "poison job stored as errored"
+            );
+            return Ok(Disposition::Record(Box::new(JobResult::errored(
+                &job, fault,
+            ))));
+        }
+        if self.cancelled.is_cancelled(&self.store, job.run_id).await {
+            let skipped = JobResult::skipped(&job, "the run was cancelled");
+            return Ok(Disposition::Record(Box::new(skipped)));
+        }
+        let mut result = match self.packages.root(&job.package_hash).await {
+            Ok(root) => self.executor.execute(&job, &root).await,
+            Err(fault) => JobResult::errored(&job, fault),
+        };
+        let transient = result.status == CaseStatus::Errored
+            && result.error.as_ref().is_some_and(Fault::is_transient);
+        if transient && job.attempt < self.settings.worker.max_attempts {
+            let fault = result
+                .error
+                .clone()
+                .unwrap_or_else(|| Fault::transient("unknown"));
+            let tier_ms = retry::tier(&self.topology, job.attempt, &fault);
+            let publisher = publisher.ok_or(HandleError::NoPublisher)?;
+            job.attempt += 1;
+            publisher.publish_retry(&job, lane, tier_ms).await?;
+            self.metrics.retries.inc();
+            tracing::info!(error = %fault, next_attempt = job.attempt, tier_ms, "transient fault; retry scheduled");
+            return Ok(Disposition::Retried {
+                attempt: job.attempt,
+                tier_ms,
+            });
+        }
+        if transient {
+            let attempts = job.attempt;
+            if let Some(attempt) = result.attempts.last_mut() {
+                attempt.number = attempts;
+            }
+            if let serde_json::Value::Object(details) = &mut result.details {
+                details.insert("gave_up_after_attempts".into(), attempts.into());
+            }
+            tracing::warn!(
+                attempts,
+                "transient fault on the last attempt; stored as errored"
+            );
+        }
+        Ok(Disposition::Record(Box::new(result)))
+    }
+
+    /// Consumes until `shutdown`, reconnecting when the broker goes away. Returns an error when
+    /// the broker stays unreachable (the process should exit non-zero).
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        self.packages
+            .prepare()
+            .map_err(|source| WorkerError::Cache {
+                dir: self.settings.worker.package_cache_dir.display().to_string(),
+                source,
+            })?;
+        let capacity =
+            usize::from(self.settings.worker.concurrency) * 2 + self.settings.worker.batch_size;
+        let (tx, rx) = mpsc::channel::<Finished>(capacity);
+        let batcher = tokio::spawn(
+            Batcher {
+                store: self.store.clone(),
+                metrics: self.metrics.clone(),
+                publisher: self.publisher.clone(),
+                batch_size: self.settings.worker.batch_size,
+                max_wait: self.settings.worker.batch_max_wait(),
+            }
+            .run(rx),
+        );
+        let tracker = TaskTracker::new();
+        // Cancelled after the grace period: jobs still running are abandoned (left unacked).
+        let abandon = CancellationToken::new();
+        let mut failures = 0u32;
+        let mut sessions = 0u32;
+        let outcome = loop {
+            if shutdown.is_cancelled() {
+                break Ok(None);
+            }
+            if sessions > 0 {
+                self.metrics.reconnects.inc();
+            }
+            sessions += 1;
+            let end = self
+                .session(&shutdown, &tracker, &abandon, &tx, &mut failures)
+                .await;
+            self.consuming.store(false, Ordering::SeqCst);
+            if !matches!(end, Ok(SessionEnd::Shutdown(..))) {
+                crate::set_publisher(&self.publisher, None);
+            }
+            match end {
+                Ok(SessionEnd::Shutdown(held)) => break Ok(Some(*held)),
+                Ok(SessionEnd::Lost(reason)) => {
+                    failures += 1;
+                    tracing::warn!(%reason, failures, "broker session lost");
+                    if failures > self.settings.worker.max_reconnect_attempts {
+                        break Err(WorkerError::BrokerUnavailable {
+                            attempts: failures,
+                            last: reason,
+                        });
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(error = %e, failures, "broker session could not start");
+                    if failures > self.settings.worker.max_reconnect_attempts {
+                        break Err(WorkerError::BrokerUnavailable {
+                            attempts: failures,
+                            last: e.to_string(),
+                        });
+                    }
+                }
+            }
+            let wait = Duration::from_millis(200u64 << failures.min(6))
+                .mul_f64(0.5 + rand::random::<f64>() * 0.5);
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        };
+
+        // Let in-flight jobs finish (their results are committed either way), then flush.
+        tracker.close();
+        let grace = self.settings.worker.shutdown_grace();
+        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+            tracing::warn!(
+                unfinished = tracker.len(),
+                "grace period over; unfinished jobs are left unacked for redelivery"
+            );
+            abandon.cancel();
+            tracker.wait().await;
+        }
+        drop(tx);
+        if let Err(e) = batcher.await {
+            tracing::error!(error = %e, "the batcher task failed");
+        }
+        crate::set_publisher(&self.publisher, None);
+        match outcome {
+            Ok(held) => {
+                if let Some((conn, channels)) = held {
+                    drop(channels);
+                    if let Err(e) = conn
+                        .close(200, ShortString::from("worker shutting down"))
+                        .await
+                    {
+                        tracing::debug!(error = %e, "closing the broker connection");
+                    }
+                }
+                tracing::info!("worker stopped");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One broker session: connect, declare, consume until shutdown or a fault.
+    async fn session(
+        self: &Arc<Self>,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+        abandon: &CancellationToken,
+        tx: &mpsc::Sender<Finished>,
+        failures: &mut u32,
+    ) -> Result<SessionEnd, BrokerError> {
+        let conn = topology::connect(&self.settings, &self.name).await?;
+        let setup = conn
+            .create_channel()
+            .await
+            .map_err(|source| BrokerError::Amqp {
+                context: "opening a channel".into(),
+                source,
+            })?;
+        self.topology.declare(&setup).await?;
+        let _ = setup.close(200, ShortString::from("declared")).await;
+        let publisher = Publisher::open(&conn, self.topology.clone()).await?;
+        crate::set_publisher(&self.publisher, Some(publisher));
+        let mut ci = self
+            .consume(&conn, Lane::Ci, self.settings.worker.concurrency)
+            .await?;
+        let mut samples = self
+            .consume(
+                &conn,
+                Lane::Samples,
+                self.settings.worker.samples_prefetch(),
+            )
+            .await?;
+        self.consuming.store(true, Ordering::SeqCst);
+        *failures = 0;
+        tracing::info!(
+            connection = %self.name,
+            concurrency = self.settings.worker.concurrency,
+            samples = self.settings.worker.samples_prefetch(),
+            "consuming"
+        );
+        loop {
+            let event = tokio::select! {
+                () = shutdown.cancelled() => None,
+                next = ci.consumer.next() => Some((Lane::Ci, next)),
+                next = samples.consumer.next() => Some((Lane::Samples, next)),
+            };
+            match event {
+                None => {
+                    for consumer in [&mut ci, &mut samples] {
+                        consumer.stop(self, tracker, abandon, tx).await;
+                    }
+                    tracing::info!("shutdown: stopped consuming");
+                    let held = (conn, vec![ci.channel, samples.channel]);
+                    return Ok(SessionEnd::Shutdown(Box::new(held)));
+                }
+                Some((lane, Some(Ok(delivery)))) => {
+                    self.spawn_delivery(tracker, abandon, tx, delivery, lane);
+                }
+                Some((lane, Some(Err(e)))) => {
+                    return Ok(SessionEnd::Lost(format!("{} consumer: {e}", lane.as_str())));
+                }
+                Some((lane, None)) => {
+                    return Ok(SessionEnd::Lost(format!(
+                        "the {} consumer ended",
+                        lane.as_str()
+                    )));
+                }
+            }
+        }
+    }
+
+    async fn consume(
+        &self,
+        conn: &Connection,
+        lane: Lane,
+        prefetch: u16,
+    ) -> Result<LaneConsumer, BrokerError> {
+        let amqp = |context: &str| {
+            let context = format!("{context} ({} lane)", lane.as_str());
+            move |source| BrokerError::Amqp { context, source }
+        };
+        let channel = conn
+            .create_channel()
+            .await
+            .map_err(amqp("opening a consumer channel"))?;
+        channel
+            .basic_qos(prefetch, BasicQosOptions::default())
+            .await
+            .map_err(amqp("setting the prefetch"))?;
+        let tag = ShortString::from(format!("{}-{}", self.name, lane.as_str()));
+        let consumer = channel
+            .basic_consume(
+                ShortString::from(self.topology.queue(lane)),
+                tag.clone(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(amqp("starting the consumer"))?;
+        Ok(LaneConsumer {
+            channel,
+            consumer,
+            tag,
+            lane,
+        })
+    }
+
+    fn spawn_delivery(
+        self: &Arc<Self>,
+        tracker: &TaskTracker,
+        abandon: &CancellationToken,
+        tx: &mpsc::Sender<Finished>,
+        delivery: Delivery,
+        lane: Lane,
+    ) {
+        let worker = self.clone();
+        let abandon = abandon.clone();
+        let tx = tx.clone();
+        tracker.spawn(async move {
+            tokio::select! {
+                () = abandon.cancelled() => {}
+                () = worker.process(delivery, lane, tx) => {}
+            }
+        });
+    }
+
+    async fn process(&self, delivery: Delivery, lane: Lane, tx: mpsc::Sender<Finished>) {
+        let in_flight = self.metrics.in_flight(lane.as_str());
+        in_flight.inc();
+        let info = DeliveryInfo::from_headers(
+            delivery.redelivered,
+            delivery.properties.headers().as_ref(),
+        );
+        if info.redelivered {
+            self.metrics.redeliveries.inc();
+        }
+        let publisher = crate::current_publisher(&self.publisher);
+        let outcome = self
+            .handle(
+                &delivery.data,
+                delivery.properties.headers().as_ref(),
+                &info,
+                lane,
+                publisher.as_ref(),
+            )
+            .await;
+        in_flight.dec();
+        match outcome {
+            Ok(Disposition::Record(result)) => {
+                let finished = Finished {
+                    result: *result,
+                    acker: Some(delivery.acker),
+                    lane,
+                };
+                if tx.send(finished).await.is_err() {
+                    tracing::error!("the batcher is gone; the delivery is left for redelivery");
+                }
+            }
+            Ok(Disposition::Settled(event)) => {
+                batch::ack(&delivery.acker, &self.metrics).await;
+                if let Some(event) = event {
+                    batch::publish_events(&self.publisher, &[event]).await;
+                }
+            }
+            Ok(Disposition::Retried { .. } | Disposition::Parked(_)) => {
+                batch::ack(&delivery.acker, &self.metrics).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "delivery could not be handled; requeued");
+                batch::nack_requeue(&delivery.acker, &self.metrics).await;
+            }
+        }
+    }
+}
+
+struct LaneConsumer {
+    channel: lapin::Channel,
+    consumer: Consumer,
+    tag: ShortString,
+    lane: Lane,
+}
+
+impl LaneConsumer {
+    /// Cancels the consumer, then runs the deliveries that were already on their way: they are
+    /// this worker's in-flight jobs as much as the running ones.
+    async fn stop(
+        &mut self,
+        worker: &Arc<Worker>,
+        tracker: &TaskTracker,
+        abandon: &CancellationToken,
+        tx: &mpsc::Sender<Finished>,
+    ) {
+        if let Err(e) = self
+            .channel
+            .basic_cancel(self.tag.clone(), BasicCancelOptions::default())
+            .await
+        {
+            tracing::debug!(error = %e, lane = self.lane.as_str(), "cancelling the consumer");
+        }
+        while let Ok(Some(Ok(delivery))) =
+            tokio::time::timeout(CANCEL_DRAIN, self.consumer.next()).await
+        {
+            worker.spawn_delivery(tracker, abandon, tx, delivery, self.lane);
+        }
+    }
+}

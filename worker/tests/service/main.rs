@@ -1,0 +1,8 @@
+//! Service tests of the worker against the real PostgreSQL and RabbitMQ of this machine.
+//! Each test has its own database and queue prefix (see [`helpers`]).
+
+mod helpers;
+
+mod faults;
+mod pipeline;
+mod processes;

@@ -1,0 +1,164 @@
+//! The happy path at scale, and the store's guarantees on their own.
+
+use std::time::Duration;
+
+use skilleval::executor::{CaseStatus, JobResult};
+use skilleval_infra::store::Store;
+
+use crate::helpers::{Produce, TestEnv};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_share_a_thousand_case_run() {
+    let env = TestEnv::new().await;
+    let seeded = env
+        .seed_run(1_000, &Produce::Given { fail_every: 10 })
+        .await;
+    let a = env.start_worker(env.settings("a")).await;
+    let b = env.start_worker(env.settings("b")).await;
+    env.publish(&seeded.jobs).await;
+
+    let c = env
+        .wait_for_run(seeded.run_id, Duration::from_secs(50))
+        .await;
+    let c2 = env.assert_run_consistent(&seeded).await;
+    assert_eq!(c, c2);
+    assert_eq!((c.passed, c.failed, c.errored), (900, 100, 0), "{c:?}");
+    let (pa, pb) = (a.processed(), b.processed());
+    assert_eq!(
+        pa + pb,
+        1_000,
+        "every committed result counted once: a={pa} b={pb}"
+    );
+    assert!(pa > 0 && pb > 0, "both workers took jobs: a={pa} b={pb}");
+
+    // Stored results are whole: the summary input parses back.
+    let (result,): (serde_json::Value,) = sqlx::query_as(
+        "SELECT result FROM eval_results WHERE run_id = $1 AND test_case_id = 'tc-0009'",
+    )
+    .bind(seeded.run_id)
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+    let parsed: JobResult = serde_json::from_value(result).unwrap();
+    assert_eq!(parsed.status, CaseStatus::Failed);
+    assert_eq!(parsed.output.as_deref(), Some("wrong"));
+
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_changes_its_row_once_and_counters_by_exactly_that() {
+    let env = TestEnv::new().await;
+    let seeded = env.seed_run(4, &Produce::Given { fail_every: 0 }).await;
+    let j = &seeded.jobs;
+    let mut passed = JobResult::skipped(&j[0], "x");
+    passed.status = CaseStatus::Passed;
+    passed.score = Some(1.0);
+    let mut failed = JobResult::skipped(&j[1], "x");
+    failed.status = CaseStatus::Failed;
+    failed.score = Some(0.0);
+    let errored = JobResult::errored(&j[2], skilleval::grade::Fault::transient("boom"));
+
+    // A duplicate inside one batch counts once.
+    let changed = env
+        .store
+        .record_results(&[passed.clone(), passed.clone(), failed.clone()])
+        .await
+        .unwrap();
+    assert_eq!(changed.len(), 2);
+    let c = env.counters(seeded.run_id).await;
+    assert_eq!((c.completed, c.passed, c.failed), (2, 1, 1));
+
+    // A redelivery of a recorded case changes nothing, even with another outcome.
+    let mut flipped = passed.clone();
+    flipped.status = CaseStatus::Failed;
+    let changed = env
+        .store
+        .record_results(&[flipped, errored.clone()])
+        .await
+        .unwrap();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].test_case_id, j[2].case.id);
+    assert_eq!(changed[0].status, CaseStatus::Errored);
+    let c = env.counters(seeded.run_id).await;
+    assert_eq!((c.completed, c.passed, c.failed, c.errored), (3, 1, 1, 1));
+
+    // Queued results and unknown rows are ignored.
+    let mut queued = JobResult::skipped(&j[3], "x");
+    queued.status = CaseStatus::Queued;
+    let mut unknown = JobResult::skipped(&j[3], "x");
+    unknown.test_case_id = "no-such-case".into();
+    assert!(env
+        .store
+        .record_results(&[queued, unknown])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(env.counters(seeded.run_id).await.completed, 3);
+
+    // Concurrent writers of the same rows: each row changes once in total.
+    let skipped = JobResult::skipped(&j[3], "cancelled");
+    let (x, y) = tokio::join!(
+        env.store.record_results(std::slice::from_ref(&skipped)),
+        env.store.record_results(std::slice::from_ref(&skipped)),
+    );
+    assert_eq!(x.unwrap().len() + y.unwrap().len(), 1);
+    let c = env.counters(seeded.run_id).await;
+    assert_eq!((c.completed, c.skipped), (4, 1));
+
+    // Columns are filled from the result.
+    let (status, errors, tags): (String, serde_json::Value, Vec<String>) = sqlx::query_as(
+        "SELECT status, error, tags FROM eval_results WHERE run_id = $1 AND test_case_id = $2",
+    )
+    .bind(seeded.run_id)
+    .bind(&j[2].case.id)
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(status, "errored");
+    assert_eq!(errors["kind"], "transient");
+    assert_eq!(tags, vec!["svc".to_string()]);
+    env.assert_run_consistent(&seeded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_both_succeed() {
+    let env = TestEnv::new().await;
+    // `TestEnv` migrated already; a fresh schema in the same server shows two starts at once.
+    let fresh = format!("{}_m", env.db_name);
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&format!(
+        "{}/postgres",
+        crate::helpers::pg_admin_base()
+    ))
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{fresh}\"")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("{}/{fresh}", crate::helpers::pg_admin_base());
+    let (s1, s2) = (
+        Store::connect_url(&url, 2).await.unwrap(),
+        Store::connect_url(&url, 2).await.unwrap(),
+    );
+    let (r1, r2) = tokio::join!(s1.migrate(), s2.migrate());
+    r1.unwrap();
+    r2.unwrap();
+    let (applied,): (i64,) = sqlx::query_as("SELECT count(*) FROM _sqlx_migrations WHERE success")
+        .fetch_one(s1.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        applied,
+        i64::try_from(skilleval_infra::store::MIGRATOR.iter().count()).unwrap()
+    );
+    s1.pool().close().await;
+    s2.pool().close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE \"{fresh}\" WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+}
