@@ -91,6 +91,7 @@ pub async fn create(
 }
 
 /// `GET /v1/runs/{id}`.
+#[tracing::instrument(skip_all, fields(run_id = %id))]
 pub async fn get_run(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -114,6 +115,7 @@ pub struct ResultsQuery {
 }
 
 /// `GET /v1/runs/{id}/results`: keyset pagination on the case order; `next_cursor` is opaque.
+#[tracing::instrument(skip_all, fields(run_id = %id))]
 pub async fn results(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -184,6 +186,7 @@ pub struct ReportQuery {
 }
 
 /// `GET /v1/runs/{id}/report?format=markdown|json`.
+#[tracing::instrument(skip_all, fields(run_id = %id))]
 pub async fn report(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -234,6 +237,7 @@ pub async fn report(
 }
 
 /// `POST /v1/runs/{id}/cancel`: queued cases become `skipped`; workers skip the run's jobs.
+#[tracing::instrument(skip_all, fields(run_id = %id))]
 pub async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,

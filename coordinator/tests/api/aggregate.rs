@@ -47,9 +47,20 @@ async fn finalisation_happens_exactly_once_when_aggregators_race() {
         a.on_case_finished(&events[2]),
         b.sweep()
     );
+    // The event handler finalises too but does not say whether it won: count every win
+    // through the finalisation counter all four share.
     let wins = [ra.unwrap(), rb.unwrap()].iter().filter(|w| **w).count() + rd.unwrap();
     rc.unwrap();
-    assert_eq!(wins, 1, "exactly one finaliser wins");
+    assert!(wins <= 1, "{wins} finalisers won");
+    let finalised = app
+        .state
+        .metrics
+        .runs_finalised
+        .get_or_create(&skilleval_coordinator::metrics::OutcomeLabels {
+            outcome: "pass".into(),
+        })
+        .get();
+    assert_eq!(finalised, 1, "exactly one finaliser wins");
     assert!(
         !a.finalise(run_id).await.unwrap(),
         "and later calls do nothing"
