@@ -210,23 +210,40 @@ fn error_message(body: &Value) -> String {
         .map_or_else(|| body.to_string(), str::to_string)
 }
 
-/// One problem as `severity: file#pointer: message`.
+/// One problem as `severity: file#pointer: message`, on one line (multi-line messages, such as
+/// a regex parser's, are joined).
 fn problem_line(p: &Value) -> String {
+    let message = p["message"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
     format!(
         "{}: {}#{}: {}",
         p["severity"].as_str().unwrap_or("error"),
         p["file"].as_str().unwrap_or_default(),
         p["pointer"].as_str().unwrap_or_default(),
-        p["message"].as_str().unwrap_or_default()
+        message
     )
 }
 
 fn print_problems(path: &Path, body: &Value) {
-    eprintln!("{}: {}", path.display(), error_message(body));
     let problems = body["error"]["details"]["problems"]
         .as_array()
         .cloned()
         .unwrap_or_default();
+    if problems.is_empty() {
+        eprintln!("{}: {}", path.display(), error_message(body));
+        return;
+    }
+    let what = match body["error"]["code"].as_str() {
+        Some("package_refused") => "refused",
+        _ => "invalid",
+    };
+    eprintln!("{}: the server found the package {what}:", path.display());
     for p in &problems {
         eprintln!("{}", problem_line(p));
     }
@@ -335,6 +352,15 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, vec!["SKILL.md", "eval/tests.json"]);
+    }
+
+    #[test]
+    fn multi_line_messages_print_on_one_line() {
+        let p = serde_json::json!({"file": "t.json", "pointer": "/a", "message": "bad regex:\n    ([\n     ^\nunclosed", "severity": "error"});
+        assert_eq!(
+            problem_line(&p),
+            "error: t.json#/a: bad regex: ([ ^ unclosed"
+        );
     }
 
     #[test]
