@@ -414,6 +414,15 @@ impl Settings {
                 "must be non-empty, positive and strictly increasing",
             );
         }
+        if self.worker.max_redeliveries >= crate::topology::DELIVERY_LIMIT {
+            return invalid(
+                "worker.max_redeliveries",
+                &format!(
+                    "must be below the jobs queue's delivery limit ({})",
+                    crate::topology::DELIVERY_LIMIT
+                ),
+            );
+        }
         if self.worker.batch_size == 0 {
             return invalid("worker.batch_size", "must be at least 1");
         }

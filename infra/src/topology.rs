@@ -25,8 +25,12 @@
 //!
 //! **Poison guard.** The jobs queue has `x-delivery-limit`: a message redelivered that often
 //! (workers dying on it) is dead-lettered to the parking queue instead of looping forever.
-//! Workers store such a job `errored` a little before that limit (see `worker.max_redeliveries`)
-//! so its run still completes; the broker's limit is the backstop.
+//! Workers store such a job `errored` before that limit (`worker.max_redeliveries`, below
+//! [`DELIVERY_LIMIT`]) so its run still completes; the broker's limit is the backstop.
+//!
+//! Queue arguments that depend on configuration are the retry tiers (the delay queues'
+//! names and TTLs): the coordinator and the workers must share `worker.retry_tiers_ms`, as they
+//! do when they load the same configuration.
 //!
 //! Declaring is idempotent: both binaries call [`Topology::declare`] at start. Declaring a name
 //! that already exists with different arguments fails with `PRECONDITION_FAILED`; change
@@ -59,6 +63,11 @@ pub const PARKED_REASON_HEADER: &str = "x-skilleval-parked-reason";
 pub const PARKED_FROM_HEADER: &str = "x-skilleval-parked-from";
 /// W3C trace context header.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// `x-delivery-limit` of the jobs queue. A constant, not a setting: both binaries declare the
+/// queue, and a declaration with different arguments than the existing queue's fails, so the
+/// arguments must not depend on configuration that could differ between them.
+/// `worker.max_redeliveries` must stay below it.
+pub const DELIVERY_LIMIT: u32 = 20;
 /// Messages the coordinator's events queue keeps while nobody consumes it (oldest dropped).
 const EVENTS_QUEUE_MAX_LENGTH: i64 = 1_000_000;
 
@@ -168,12 +177,10 @@ impl Topology {
     }
 
     pub fn from_settings(settings: &Settings) -> Topology {
-        // The broker's limit sits above the workers' own guard, as a backstop.
-        let limit = settings.worker.max_redeliveries.saturating_add(5);
         Topology::new(
             settings.amqp.prefix.clone(),
             settings.worker.retry_tiers_ms.clone(),
-            limit,
+            DELIVERY_LIMIT,
         )
     }
 

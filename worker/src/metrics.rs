@@ -115,6 +115,17 @@ impl WorkerMetrics {
             "Broker sessions restarted",
             reconnects.clone(),
         );
+        // Every label set exists from the start (at zero), so dashboards and `rate()` see the
+        // series before the first job of a kind.
+        for lane in ["ci", "samples"] {
+            for status in ["passed", "failed", "errored", "skipped"] {
+                let _ = jobs_processed.get_or_create(&JobLabels {
+                    status: status.into(),
+                    lane: lane.into(),
+                });
+            }
+            let _ = in_flight.get_or_create(&LaneLabels { lane: lane.into() });
+        }
         WorkerMetrics {
             registry,
             jobs_processed,

@@ -433,7 +433,11 @@ impl Worker {
         match outcome {
             Ok(held) => {
                 if let Some((conn, channels)) = held {
-                    drop(channels);
+                    for channel in channels {
+                        let _ = channel
+                            .close(200, ShortString::from("worker shutting down"))
+                            .await;
+                    }
                     if let Err(e) = conn
                         .close(200, ShortString::from("worker shutting down"))
                         .await

@@ -197,10 +197,21 @@ pub struct TestEnv {
 
 impl TestEnv {
     pub async fn new() -> TestEnv {
+        // `SKILLEVAL_TEST_LOG=debug cargo test ...` shows the in-process workers' logs.
+        if let Ok(filter) = std::env::var("SKILLEVAL_TEST_LOG") {
+            let _ = skilleval_infra::telemetry::init(&skilleval_infra::config::LogSettings {
+                filter,
+                format: skilleval_infra::config::LogFormat::Text,
+            });
+        }
         let id = Uuid::new_v4().simple().to_string();
         let db_name = format!("skilleval_test_{}", &id[..16]);
         let prefix = format!("t{}", &id[..12]);
-        let topology = Topology::new(prefix.clone(), vec![300, 600, 1_200], 15);
+        let topology = Topology::new(
+            prefix.clone(),
+            vec![300, 600, 1_200],
+            topology::DELIVERY_LIMIT,
+        );
         let cleanup = Cleanup {
             db_name: db_name.clone(),
             topology: topology.clone(),

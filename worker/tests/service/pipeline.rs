@@ -162,3 +162,39 @@ async fn concurrent_migrations_both_succeed() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_metrics_are_served() {
+    let env = TestEnv::new().await;
+    let w = env.start_worker(env.settings("http")).await;
+    let stop_http = tokio_util::sync::CancellationToken::new();
+    let (addr, server) = w.worker.serve_http(stop_http.clone()).await.unwrap();
+    let port = addr.port();
+    assert_eq!(
+        crate::helpers::http_get(port, "/healthz").await.as_deref(),
+        Some("ok")
+    );
+    crate::helpers::eventually(Duration::from_secs(10), "ready once consuming", || async {
+        crate::helpers::http_get(port, "/readyz").await.as_deref() == Some("ready")
+    })
+    .await;
+    let metrics = crate::helpers::http_get(port, "/metrics").await.unwrap();
+    for name in [
+        "skilleval_worker_jobs_processed",
+        "skilleval_worker_retries",
+        "skilleval_worker_parked",
+        "skilleval_worker_batch_size",
+        "skilleval_worker_in_flight",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
+    }
+    w.stop().await.unwrap();
+    // Not consuming any more: alive, but not ready.
+    assert_eq!(crate::helpers::http_get(port, "/readyz").await, None);
+    assert_eq!(
+        crate::helpers::http_get(port, "/healthz").await.as_deref(),
+        Some("ok")
+    );
+    stop_http.cancel();
+    server.await.unwrap();
+}
