@@ -19,6 +19,7 @@
 pub mod artifacts;
 pub mod executor;
 pub mod grade;
+pub mod llm;
 pub mod model;
 pub mod package;
 pub mod plan;

@@ -1,0 +1,480 @@
+//! The A/B comparator: two outputs for the same task, judged side by side, in the JSON-shapes
+//! seed's `comparison.json` shape (criteria scores 1–5 with justifications, totals, winner,
+//! key differentiators, summary).
+//!
+//! Judges favour whichever answer they read first (or second). So the pair is judged **in both
+//! orders** — A shown as "Response 1", then B shown as "Response 1" — and each criterion's score
+//! is the mean of its two positions. A judge that only rewards position gives each output the
+//! same combined score: a tie, as it should be. `position_consistent` says whether both orders
+//! picked the same winner.
+
+use std::fmt::Write;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::ask::ask_json;
+use super::client::{ChatRequest, LlmClient, Message, OutputSchema};
+use super::llm_judge::JUDGE_SYSTEM;
+use crate::grade::{Fault, Usage};
+use crate::strategy::rubric::default_creative_rubric;
+
+/// A criterion the two outputs are compared on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComparisonCriterion {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// The creative rubric's criteria (completeness, coherence, professionalism, accuracy).
+pub fn default_criteria() -> Vec<ComparisonCriterion> {
+    default_creative_rubric()
+        .criteria
+        .into_iter()
+        .map(|c| ComparisonCriterion {
+            name: c.name,
+            description: c.description,
+        })
+        .collect()
+}
+
+/// What is compared.
+#[derive(Debug, Clone)]
+pub struct CompareInput<'a> {
+    pub comparison_id: String,
+    pub test_case_id: &'a str,
+    pub prompt: &'a str,
+    pub context: Option<&'a Value>,
+    pub output_a: &'a str,
+    pub output_b: &'a str,
+    /// Description versions (or any label) of A and B.
+    pub version_a: Value,
+    pub version_b: Value,
+    pub criteria: &'a [ComparisonCriterion],
+}
+
+/// Which shown position won one judgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Position {
+    First,
+    Second,
+    Tie,
+}
+
+/// One criterion in one order: scores of the first and second shown response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PositionalScore {
+    pub criterion: String,
+    pub first: f64,
+    pub second: f64,
+    pub justification_first: String,
+    pub justification_second: String,
+}
+
+/// One judgement, in the order shown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PositionalJudgement {
+    pub scores: Vec<PositionalScore>,
+    pub winner: Position,
+    pub key_differentiators: Vec<String>,
+    pub summary: String,
+}
+
+/// `comparison.json`'s per-criterion entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CriterionComparison {
+    pub criterion: String,
+    pub score_a: f64,
+    pub score_b: f64,
+    pub justification_a: String,
+    pub justification_b: String,
+}
+
+/// `comparison.json`, plus how the two orders agreed and what judging cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub comparison_id: String,
+    pub timestamp: String,
+    pub version_a: Value,
+    pub version_b: Value,
+    pub test_case_id: String,
+    pub criteria_scores: Vec<CriterionComparison>,
+    pub total_score_a: f64,
+    pub total_score_b: f64,
+    /// `A`, `B` or `tie`.
+    pub winner: String,
+    pub key_differentiators: Vec<String>,
+    pub summary: String,
+    /// Both orders picked the same winner.
+    pub position_consistent: bool,
+    /// The winner of each order: `[A shown first, B shown first]`, as `A`/`B`/`tie`.
+    pub order_winners: [String; 2],
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+pub fn answer_schema(criteria: &[ComparisonCriterion]) -> Value {
+    let names: Vec<&str> = criteria.iter().map(|c| c.name.as_str()).collect();
+    json!({
+        "type": "object",
+        "properties": {
+            "criteria": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "criterion": {"type": "string", "enum": names},
+                        "score_1": {"type": "number", "minimum": 1, "maximum": 5},
+                        "score_2": {"type": "number", "minimum": 1, "maximum": 5},
+                        "justification_1": {"type": "string"},
+                        "justification_2": {"type": "string"}
+                    },
+                    "required": ["criterion", "score_1", "score_2", "justification_1", "justification_2"]
+                }
+            },
+            "winner": {"type": "string", "enum": ["1", "2", "tie"]},
+            "key_differentiators": {"type": "array", "items": {"type": "string"}},
+            "summary": {"type": "string"}
+        },
+        "required": ["criteria", "winner", "key_differentiators", "summary"]
+    })
+}
+
+/// The comparison prompt with `first` shown as Response 1.
+pub fn compare_prompt(input: &CompareInput<'_>, first: &str, second: &str) -> String {
+    let mut s = format!("## Task\n\n{}\n\n", input.prompt.trim());
+    if let Some(ctx) = input.context.filter(|c| !c.is_null()) {
+        let _ = writeln!(
+            s,
+            "## Context\n\n```json\n{}\n```\n",
+            serde_json::to_string_pretty(ctx).unwrap_or_default()
+        );
+    }
+    let _ = writeln!(s, "## Response 1\n\n<response_1>\n{first}\n</response_1>\n\n## Response 2\n\n<response_2>\n{second}\n</response_2>\n");
+    let _ = writeln!(
+        s,
+        "## Criteria (score each response from 1 = very poor to 5 = excellent)\n"
+    );
+    for c in input.criteria {
+        let _ = writeln!(s, "- **{}**: {}", c.name, c.description.trim());
+    }
+    s.push_str(
+        "\nCompare the two responses blind: judge only their content, not their order or length. Answer with one JSON object and nothing else:\n\
+{\"criteria\": [{\"criterion\": \"<name>\", \"score_1\": 1-5, \"score_2\": 1-5, \"justification_1\": \"...\", \"justification_2\": \"...\"}, ...], \
+\"winner\": \"1\"|\"2\"|\"tie\", \"key_differentiators\": [\"...\"], \"summary\": \"...\"}\n",
+    );
+    s
+}
+
+fn score(v: Option<&Value>) -> Option<f64> {
+    match v? {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .filter(|f: &f64| f.is_finite())
+    .map(|f| f.clamp(1.0, 5.0))
+}
+
+/// Reads one judgement; every criterion must be scored for both responses.
+pub fn interpret(
+    value: &Value,
+    criteria: &[ComparisonCriterion],
+) -> Result<PositionalJudgement, String> {
+    let items = value
+        .get("criteria")
+        .or_else(|| value.get("criteria_scores"))
+        .and_then(Value::as_array)
+        .ok_or("the answer has no `criteria` list")?;
+    let mut scores = Vec::with_capacity(criteria.len());
+    for c in criteria {
+        let want = c.name.trim().to_lowercase();
+        let item = items
+            .iter()
+            .find(|i| {
+                i.get("criterion")
+                    .or_else(|| i.get("name"))
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n.trim().to_lowercase() == want)
+            })
+            .ok_or(format!("no scores for criterion `{}`", c.name))?;
+        let (Some(first), Some(second)) = (score(item.get("score_1")), score(item.get("score_2")))
+        else {
+            return Err(format!(
+                "criterion `{}` needs numeric `score_1` and `score_2`",
+                c.name
+            ));
+        };
+        let text = |k: &str| {
+            item.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        scores.push(PositionalScore {
+            criterion: c.name.clone(),
+            first,
+            second,
+            justification_first: text("justification_1"),
+            justification_second: text("justification_2"),
+        });
+    }
+    let winner = match value.get("winner").map(|w| match w {
+        Value::String(s) => s.trim().to_ascii_lowercase(),
+        other => other.to_string(),
+    }) {
+        Some(w) if w == "1" || w == "response 1" => Position::First,
+        Some(w) if w == "2" || w == "response 2" => Position::Second,
+        _ => Position::Tie,
+    };
+    let key_differentiators = value
+        .get("key_differentiators")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(PositionalJudgement {
+        scores,
+        winner,
+        key_differentiators,
+        summary: value
+            .get("summary")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+    })
+}
+
+/// Rewrites "Response 1/2" into A/B for one order.
+fn relabel(text: &str, a_first: bool) -> String {
+    let (one, two) = if a_first { ("A", "B") } else { ("B", "A") };
+    text.replace("Response 1", "\u{0}1")
+        .replace("Response 2", "\u{0}2")
+        .replace("response 1", "\u{0}1")
+        .replace("response 2", "\u{0}2")
+        .replace("\u{0}1", &format!("Response {one}"))
+        .replace("\u{0}2", &format!("Response {two}"))
+}
+
+fn label(p: Position, a_first: bool) -> &'static str {
+    match (p, a_first) {
+        (Position::Tie, _) => "tie",
+        (Position::First, true) | (Position::Second, false) => "A",
+        _ => "B",
+    }
+}
+
+fn join_two(a: &str, b: &str) -> String {
+    match (a.trim(), b.trim()) {
+        ("", b) => b.to_string(),
+        (a, "") => a.to_string(),
+        (a, b) if a == b => a.to_string(),
+        (a, b) => format!("{a} / {b}"),
+    }
+}
+
+/// Combines the judgement with A first (`ab`) and with B first (`ba`): each criterion's score
+/// is the mean of its two positions; the winner follows the totals.
+pub fn combine(
+    input: &CompareInput<'_>,
+    ab: &PositionalJudgement,
+    ba: &PositionalJudgement,
+    usage: Usage,
+) -> Comparison {
+    let criteria_scores: Vec<CriterionComparison> = ab
+        .scores
+        .iter()
+        .zip(&ba.scores)
+        .map(|(x, y)| CriterionComparison {
+            criterion: x.criterion.clone(),
+            score_a: (x.first + y.second) / 2.0,
+            score_b: (x.second + y.first) / 2.0,
+            justification_a: join_two(&x.justification_first, &y.justification_second),
+            justification_b: join_two(&x.justification_second, &y.justification_first),
+        })
+        .collect();
+    let total_a: f64 = criteria_scores.iter().map(|c| c.score_a).sum();
+    let total_b: f64 = criteria_scores.iter().map(|c| c.score_b).sum();
+    let winner = if (total_a - total_b).abs() < 1e-9 {
+        "tie"
+    } else if total_a > total_b {
+        "A"
+    } else {
+        "B"
+    };
+    let order_winners = [
+        label(ab.winner, true).to_string(),
+        label(ba.winner, false).to_string(),
+    ];
+    let position_consistent = order_winners[0] == order_winners[1];
+    let mut key_differentiators: Vec<String> = Vec::new();
+    for d in ab
+        .key_differentiators
+        .iter()
+        .map(|d| relabel(d, true))
+        .chain(ba.key_differentiators.iter().map(|d| relabel(d, false)))
+    {
+        if !key_differentiators.contains(&d) {
+            key_differentiators.push(d);
+        }
+    }
+    let consistency = if position_consistent {
+        "both orders agree".to_string()
+    } else {
+        format!(
+            "the orders disagree (A first: {}, B first: {}), a sign of position bias",
+            order_winners[0], order_winners[1]
+        )
+    };
+    let summary = format!(
+        "Over both presentation orders A totals {total_a:.2} and B {total_b:.2}: {}; {consistency}. {}",
+        match winner {
+            "tie" => "a tie".to_string(),
+            w => format!("{w} wins"),
+        },
+        relabel(&ab.summary, true)
+    )
+    .trim()
+    .to_string();
+    Comparison {
+        comparison_id: input.comparison_id.clone(),
+        timestamp: chrono::Utc::now().to_rfc3339(),
+        version_a: input.version_a.clone(),
+        version_b: input.version_b.clone(),
+        test_case_id: input.test_case_id.to_string(),
+        criteria_scores,
+        total_score_a: total_a,
+        total_score_b: total_b,
+        winner: winner.to_string(),
+        key_differentiators,
+        summary,
+        position_consistent,
+        order_winners,
+        usage,
+    }
+}
+
+/// Judges A against B in both orders and combines the two judgements.
+#[tracing::instrument(skip_all, fields(test_case_id = input.test_case_id))]
+pub async fn compare(client: &LlmClient, input: &CompareInput<'_>) -> Result<Comparison, Fault> {
+    let request = |first: &str, second: &str| ChatRequest {
+        system: Some(JUDGE_SYSTEM.to_string()),
+        messages: vec![Message::user(compare_prompt(input, first, second))],
+        temperature: Some(0.0),
+        schema: Some(OutputSchema::new(
+            "record_comparison",
+            answer_schema(input.criteria),
+        )),
+        ..ChatRequest::default()
+    };
+    let ab_req = request(input.output_a, input.output_b);
+    let ba_req = request(input.output_b, input.output_a);
+    let criteria = input.criteria;
+    let (ab, ba) = futures::join!(
+        ask_json(client, &ab_req, |v| interpret(v, criteria)),
+        ask_json(client, &ba_req, |v| interpret(v, criteria)),
+    );
+    let (ab, ba) = (ab?, ba?);
+    let mut usage = ab.usage;
+    usage.add(&ba.usage);
+    Ok(combine(input, &ab.value, &ba.value, usage))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn input(criteria: &[ComparisonCriterion]) -> CompareInput<'_> {
+        CompareInput {
+            comparison_id: "c1".into(),
+            test_case_id: "t1",
+            prompt: "p",
+            context: None,
+            output_a: "a",
+            output_b: "b",
+            version_a: json!(1),
+            version_b: json!(2),
+            criteria,
+        }
+    }
+
+    fn judgement(first: f64, second: f64, winner: Position) -> PositionalJudgement {
+        PositionalJudgement {
+            scores: vec![PositionalScore {
+                criterion: "accuracy".into(),
+                first,
+                second,
+                justification_first: "j1".into(),
+                justification_second: "j2".into(),
+            }],
+            winner,
+            key_differentiators: vec!["Response 1 is shorter".into()],
+            summary: "Response 1 is better.".into(),
+        }
+    }
+
+    #[test]
+    fn pure_position_bias_cancels_out() {
+        let criteria = vec![ComparisonCriterion {
+            name: "accuracy".into(),
+            description: String::new(),
+        }];
+        let ab = judgement(5.0, 3.0, Position::First);
+        let ba = judgement(5.0, 3.0, Position::First);
+        let c = combine(&input(&criteria), &ab, &ba, Usage::default());
+        assert_eq!(
+            (c.criteria_scores[0].score_a, c.criteria_scores[0].score_b),
+            (4.0, 4.0)
+        );
+        assert_eq!(c.winner, "tie");
+        assert!(!c.position_consistent);
+        assert_eq!(c.order_winners, ["A".to_string(), "B".to_string()]);
+        assert_eq!(
+            c.key_differentiators,
+            vec!["Response A is shorter", "Response B is shorter"]
+        );
+    }
+
+    #[test]
+    fn a_real_preference_survives_the_swap() {
+        let criteria = vec![ComparisonCriterion {
+            name: "accuracy".into(),
+            description: String::new(),
+        }];
+        let ab = judgement(5.0, 2.0, Position::First);
+        let ba = judgement(3.0, 4.0, Position::Second);
+        let c = combine(&input(&criteria), &ab, &ba, Usage::default());
+        assert_eq!((c.total_score_a, c.total_score_b), (4.5, 2.5));
+        assert_eq!(c.winner, "A");
+        assert!(c.position_consistent);
+        let v = serde_json::to_value(&c).unwrap();
+        for key in [
+            "comparison_id",
+            "timestamp",
+            "version_a",
+            "version_b",
+            "test_case_id",
+            "criteria_scores",
+            "total_score_a",
+            "total_score_b",
+            "winner",
+            "key_differentiators",
+            "summary",
+        ] {
+            assert!(v.get(key).is_some(), "comparison.json needs {key}");
+        }
+    }
+
+    #[test]
+    fn interpret_needs_every_criterion() {
+        let criteria = default_criteria();
+        let err = interpret(&json!({"criteria": [], "winner": "1"}), &criteria).unwrap_err();
+        assert_eq!(err, "no scores for criterion `completeness`");
+    }
+}
