@@ -198,3 +198,48 @@ async fn health_readiness_and_metrics_are_served() {
     stop_http.cancel();
     server.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_samples_does_not_hold_up_ci_jobs() {
+    let env = TestEnv::new().await;
+    let samples = env.seed_run(12, &Produce::Sleep { secs: 1.0 }).await;
+    let ci = env.seed_run(8, &Produce::Sleep { secs: 1.1 }).await;
+    let publish = |jobs: Vec<skilleval::plan::Job>, lane| {
+        let publisher = env.publisher.clone();
+        async move {
+            for r in publisher.publish_jobs(&jobs, lane).await {
+                r.unwrap();
+            }
+        }
+    };
+    // The samples arrive first and would fill every slot of a single shared queue.
+    publish(
+        samples.jobs.clone(),
+        skilleval_infra::topology::Lane::Samples,
+    )
+    .await;
+    let mut settings = env.settings("lanes");
+    settings.worker.concurrency = 4;
+    settings.worker.samples_concurrency = Some(1);
+    let w = env.start_worker(settings).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    publish(ci.jobs.clone(), skilleval_infra::topology::Lane::Ci).await;
+
+    let c = env.wait_for_run(ci.run_id, Duration::from_secs(30)).await;
+    assert_eq!(c.passed, 8, "{c:?}");
+    let s = env.counters(samples.run_id).await;
+    assert!(
+        s.completed < 8,
+        "CI finished while most samples still wait: {s:?}"
+    );
+    let metrics = w.worker.metrics().encode().unwrap();
+    assert!(metrics
+        .contains(r#"skilleval_worker_jobs_processed_total{status="passed",lane="samples"}"#));
+    let sample_done = env
+        .wait_for_run(samples.run_id, Duration::from_secs(40))
+        .await;
+    assert_eq!(sample_done.passed, 12);
+    env.assert_run_consistent(&samples).await;
+    env.assert_run_consistent(&ci).await;
+    w.stop().await.unwrap();
+}
