@@ -243,3 +243,72 @@ async fn a_flood_of_samples_does_not_hold_up_ci_jobs() {
     env.assert_run_consistent(&ci).await;
     w.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_step_decides_what_each_delivery_needs() {
+    use skilleval_infra::messages::encode_job;
+    use skilleval_infra::topology::Lane;
+    use skilleval_worker::{DeliveryInfo, Disposition, Worker};
+
+    let env = TestEnv::new().await;
+    let seeded = env.seed_run(3, &Produce::Given { fail_every: 0 }).await;
+    let settings = env.settings("step");
+    let store = Store::connect(&settings.database).await.unwrap();
+    let worker = Worker::new(settings, store);
+    let fresh = DeliveryInfo::default();
+    let publisher = Some(&env.publisher);
+
+    let parked = worker
+        .handle(b"\xff\xfe", None, &fresh, Lane::Ci, publisher)
+        .await
+        .unwrap();
+    assert!(matches!(parked, Disposition::Parked(_)), "{parked:?}");
+
+    let body = encode_job(&seeded.jobs[0]).unwrap();
+    let Disposition::Record(result) = worker
+        .handle(&body, None, &fresh, Lane::Ci, publisher)
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh job is run and recorded");
+    };
+    assert_eq!(result.status, CaseStatus::Passed);
+    assert_eq!(env.store.record_results(&[*result]).await.unwrap().len(), 1);
+
+    let redelivered = DeliveryInfo {
+        redelivered: true,
+        ..DeliveryInfo::default()
+    };
+    match worker
+        .handle(&body, None, &redelivered, Lane::Ci, publisher)
+        .await
+        .unwrap()
+    {
+        Disposition::Settled(Some(event)) => {
+            assert_eq!(event.test_case_id, seeded.jobs[0].case.id);
+            assert_eq!(event.status, CaseStatus::Passed);
+        }
+        other => panic!("a recorded case is settled, not run again: {other:?}"),
+    }
+
+    let poison = DeliveryInfo {
+        redelivered: true,
+        delivery_count: 10,
+        traceparent: None,
+    };
+    let body = encode_job(&seeded.jobs[1]).unwrap();
+    let Disposition::Record(result) = worker
+        .handle(&body, None, &poison, Lane::Ci, publisher)
+        .await
+        .unwrap()
+    else {
+        panic!("a poison job is recorded as errored");
+    };
+    assert_eq!(result.status, CaseStatus::Errored);
+    assert!(result
+        .error
+        .unwrap()
+        .to_string()
+        .contains("delivered 11 times"));
+    assert_eq!(env.drain_parking().await.len(), 1);
+}
