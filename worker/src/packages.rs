@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use skilleval::grade::Fault;
@@ -26,6 +27,8 @@ pub struct PackageCache {
     store: Store,
     /// Per hash: the package root once known. The async mutex is what serialises first fetches.
     entries: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<PathBuf>>>>>,
+    /// Packages read from the database by this cache.
+    fetches: AtomicU64,
 }
 
 impl PackageCache {
@@ -35,7 +38,13 @@ impl PackageCache {
             limits,
             store,
             entries: Mutex::new(HashMap::new()),
+            fetches: AtomicU64::new(0),
         }
+    }
+
+    /// How many packages this cache read from the database.
+    pub fn fetches(&self) -> u64 {
+        self.fetches.load(Ordering::Relaxed)
     }
 
     /// Creates the cache folder and removes half-extracted leftovers.
@@ -82,6 +91,7 @@ impl PackageCache {
             .await
             .map_err(|e| Fault::permanent(format!("cached package {hash} does not open: {e}")));
         }
+        self.fetches.fetch_add(1, Ordering::Relaxed);
         let bytes = self
             .store
             .package_bytes(hash)

@@ -312,3 +312,50 @@ async fn one_step_decides_what_each_delivery_needs() {
         .contains("delivered 11 times"));
     assert_eq!(env.drain_parking().await.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_uses_of_a_package_fetch_it_once() {
+    use skilleval_worker::packages::PackageCache;
+
+    let env = TestEnv::new().await;
+    let seeded = env.seed_run(2, &Produce::Given { fail_every: 0 }).await;
+    let hash = seeded.jobs[0].package_hash.clone();
+    let cache = std::sync::Arc::new(PackageCache::new(
+        env.cache_dir.path().to_path_buf(),
+        skilleval::package::PackageLimits::default(),
+        env.store.clone(),
+    ));
+    cache.prepare().unwrap();
+    let roots = futures::future::join_all((0..16).map(|_| {
+        let cache = cache.clone();
+        let hash = hash.clone();
+        async move { cache.root(&hash).await.unwrap() }
+    }))
+    .await;
+    assert!(roots.iter().all(|r| r == &roots[0]), "{roots:?}");
+    assert_eq!(cache.fetches(), 1, "sixteen first uses, one fetch");
+    assert!(roots[0].join("SKILL.md").is_file(), "{:?}", roots[0]);
+    let entries: Vec<String> = std::fs::read_dir(env.cache_dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        entries,
+        vec![hash.clone()],
+        "one folder per hash, no leftovers"
+    );
+
+    // Another cache (another process) over the same folder reuses it without fetching.
+    sqlx::query("UPDATE skill_versions SET package_bytes = ''::bytea")
+        .execute(env.store.pool())
+        .await
+        .unwrap();
+    let other = PackageCache::new(
+        env.cache_dir.path().to_path_buf(),
+        skilleval::package::PackageLimits::default(),
+        env.store.clone(),
+    );
+    assert_eq!(other.root(&hash).await.unwrap(), roots[0]);
+    assert_eq!(other.fetches(), 0);
+    assert!(other.root("../etc").await.is_err(), "hashes are not paths");
+}

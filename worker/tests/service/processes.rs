@@ -90,3 +90,23 @@ async fn sigterm_lets_in_flight_jobs_finish_and_exits_zero() {
         "worker b got jobs of a back:\n{m}\nworker a said:\n{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_cannot_reach_the_broker_exits_non_zero() {
+    let env = TestEnv::new().await;
+    let closed_port = free_port();
+    let mut w = env.spawn_worker_process(
+        "nobroker",
+        free_port(),
+        &[
+            (
+                "AMQP_URL",
+                format!("amqp://guest:guest@127.0.0.1:{closed_port}/%2f"),
+            ),
+            ("SKILLEVAL__WORKER__MAX_RECONNECT_ATTEMPTS", "2".to_string()),
+        ],
+    );
+    let (status, stderr) = w.wait(Duration::from_secs(30)).await;
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("broker stayed unreachable"), "{stderr}");
+}
