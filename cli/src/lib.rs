@@ -11,10 +11,12 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod providers;
 pub mod run;
 pub mod submit;
 pub mod table;
 pub mod validate;
+pub mod variants;
 
 /// The verdict is `pass` (or `validate` found no error).
 pub const EXIT_PASS: u8 = 0;
@@ -86,6 +88,31 @@ pub struct RunArgs {
     /// Hide the progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Model providers file (TOML; default: skilleval.toml in the skill folder, else in the
+    /// working directory). SKILLEVAL_PROVIDER_* variables add one (see docs/providers.md).
+    #[arg(long, value_name = "FILE")]
+    pub providers: Option<PathBuf>,
+    /// Send every model request; neither read nor write the response cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Response cache folder (default: ~/.cache/skilleval/llm).
+    #[arg(long, value_name = "DIR", env = "SKILLEVAL_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Also run every case without the skill (the bare model) and report the uplift.
+    #[arg(long)]
+    pub baseline: bool,
+    /// Attempts per case; reports pass@k and the spread of scores.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub repeats: u32,
+    /// Stop starting cases once the run has spent this much (USD, producing + grading).
+    #[arg(long, value_name = "USD")]
+    pub max_cost: Option<f64>,
+    /// Stop starting cases once the run has used this many tokens (producing + grading).
+    #[arg(long, value_name = "N")]
+    pub max_tokens: Option<u64>,
+    /// Runs per trigger query (0: skip the trigger evals).
+    #[arg(long, default_value_t = skilleval::llm::triggers::DEFAULT_RUNS_PER_QUERY, value_name = "N")]
+    pub trigger_runs: u32,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -1,7 +1,11 @@
 //! `skilleval run`: evaluate a skill in-process.
 //!
 //! Cases that need a model provider when none is configured are not run: they are listed by
-//! id before the run starts, so the author knows exactly what was left out and why.
+//! id before the run starts, so the author knows exactly what was left out and why. With a
+//! provider ([`crate::providers`]), the `llm` runner and the model-backed strategies are
+//! registered; `--baseline` and `--repeats` add attempts ([`crate::variants`]), trigger evals
+//! run when the package has trigger queries, and `--max-cost` / `--max-tokens` stop the run
+//! (the rest recorded as skipped, the verdict `fail` with the reason).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +15,9 @@ use chrono::Utc;
 use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use skilleval::executor::{CaseStatus, Executor, JobResult, RetryPolicy};
+use skilleval::llm::benchmark::Configuration;
+use skilleval::llm::budget::{self, Budget, BudgetLimits};
+use skilleval::llm::{self, triggers};
 use skilleval::model::RunnerConfig;
 use skilleval::package::{validate, Package, PackageError, PackageLimits};
 use skilleval::plan::{plan, CaseFilter, Job};
@@ -22,7 +29,8 @@ use skilleval::summary::{summarize, Verdict};
 use skilleval::{artifacts, problem::Problem};
 use uuid::Uuid;
 
-use crate::{table, RunArgs, EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
+use crate::providers::{self, LlmSetup};
+use crate::{table, variants, RunArgs, EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
 
 /// Default cases in flight when neither the flag nor the file says.
 const DEFAULT_CONCURRENCY: usize = 4;
@@ -60,7 +68,38 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
     let limits = PackageLimits::default();
     let package =
         Package::open(&args.path, &limits).map_err(|e| report_package_error(&args.path, &e))?;
-    let registry = StrategyRegistry::builtin().build();
+    let out_dir = artifact_base(args, &package);
+    let llm = providers::load(args, package.root(), &out_dir).map_err(|e| {
+        eprintln!("error: {e}");
+        EXIT_BAD_INPUT
+    })?;
+    check_model_flags(args, llm.as_ref())?;
+    let (registry, runners) = match &llm {
+        Some(setup) => {
+            let names: Vec<&String> = setup.clients.providers().providers.keys().collect();
+            let cache = setup
+                .cache_dir
+                .as_ref()
+                .map_or("off".to_string(), |d| d.display().to_string());
+            eprintln!(
+                "model providers: {} (from {}); response cache: {cache}",
+                names
+                    .iter()
+                    .map(|n| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                setup.source
+            );
+            (
+                llm::register_strategies(StrategyRegistry::builtin(), &setup.clients).build(),
+                llm::register_runner(RunnerRegistry::builtin(), &setup.clients),
+            )
+        }
+        None => (
+            StrategyRegistry::builtin().build(),
+            RunnerRegistry::builtin(),
+        ),
+    };
     let validation = validate(&package, &registry);
     if !validation.is_ok() {
         print_problems(&args.path, &validation.problems);
@@ -74,7 +113,7 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
         allow_unsandboxed: args.allow_unsandboxed,
         ..SandboxPolicy::default()
     });
-    let executor = Executor::new(registry, RunnerRegistry::builtin(), Arc::new(sandbox));
+    let executor = Executor::new(registry, runners, Arc::new(sandbox));
     executor.prime(&package.content_hash, validation.graders);
 
     let run_id = Uuid::now_v7();
@@ -136,10 +175,18 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
         .unwrap_or(DEFAULT_CONCURRENCY)
         .max(1);
 
+    let (labels, jobs, no_baseline) = variants::expand(&runnable, args.repeats, args.baseline);
+    if no_baseline > 0 {
+        eprintln!("note: --baseline skips {no_baseline} case(s) whose runner is not `llm` (there is no skill-less way to run a script)");
+    }
+    let budget = Budget::new(BudgetLimits {
+        max_cost_usd: args.max_cost,
+        max_tokens: args.max_tokens,
+    });
     let started = Utc::now();
-    let results = execute_all(
+    let all_results = execute_all(
         &executor,
-        runnable,
+        jobs,
         package.root(),
         concurrency,
         package.config.settings.fail_fast,
@@ -148,9 +195,59 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
             ..RetryPolicy::default()
         },
         args.quiet,
+        Some(&budget),
     )
     .await;
-    let summary = summarize(&results, &package.config.settings);
+    // The run is the with-skill attempts; the baseline is only compared against.
+    let results: Vec<JobResult> = labels
+        .iter()
+        .zip(&all_results)
+        .filter(|(v, _)| v.configuration == Configuration::WithSkill)
+        .map(|(_, r)| r.clone())
+        .collect();
+    let mut summary = summarize(&results, &package.config.settings);
+    let by_budget =
+        |r: &&JobResult| skip_reason(r).is_some_and(|s| s.starts_with(budget::BUDGET_EXCEEDED));
+    let stopped = all_results.iter().filter(by_budget).count();
+    // Only cutting the run's own cases fails it; a cut baseline is a note in benchmark.json.
+    let stopped_in_run = results.iter().filter(by_budget).count();
+    if stopped_in_run > 0 {
+        let reason = results
+            .iter()
+            .find_map(|r| skip_reason(r).filter(|s| s.starts_with(budget::BUDGET_EXCEEDED)))
+            .unwrap_or(budget::BUDGET_EXCEEDED)
+            .to_string();
+        budget::mark_stopped(&mut summary, &reason, stopped_in_run as u64);
+    } else if stopped > 0 {
+        eprintln!(
+            "note: the budget ran out during the baseline: {stopped} baseline attempt(s) not run"
+        );
+    }
+
+    let mut extras = ReportExtras::default();
+    if args.baseline || args.repeats > 1 {
+        let built = variants::Extras::build(&labels, &all_results, args.repeats);
+        extras.markdown.push_str(&built.markdown());
+        let mut notes = Vec::new();
+        if no_baseline > 0 {
+            notes.push(format!(
+                "{no_baseline} case(s) have no baseline: their runner is not `llm`"
+            ));
+        }
+        if stopped > 0 {
+            notes.push(format!(
+                "the run was stopped by its budget: {stopped} attempt(s) not run"
+            ));
+        }
+        extras.benchmark =
+            Some(built.benchmark_json(&package.manifest.name, &started.to_rfc3339(), &notes));
+    }
+    if let Some(setup) = &llm {
+        if let Some(report) = run_triggers(args, &package, setup, &budget).await {
+            extras.markdown.push_str(&triggers::markdown(&report));
+            extras.triggers = serde_json::to_value(&report).ok();
+        }
+    }
 
     let ctx = ReportContext {
         run_id,
@@ -164,10 +261,33 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
         summary: &summary,
     };
     eprint!("{}", table::summary_table(&ctx));
+    let (produce, grade) = (summary.produce_usage, summary.grade_usage);
+    if produce.total_tokens() + grade.total_tokens() > 0 {
+        eprintln!(
+            "tokens: {} producing, {} grading · cost ${:.4}{}",
+            produce.total_tokens(),
+            grade.total_tokens(),
+            produce.cost_usd + grade.cost_usd,
+            if all_results.len() > results.len() {
+                format!(
+                    " (run); ${:.4} with the baseline and trigger evals",
+                    budget.spent().cost_usd
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    if !extras.markdown.is_empty() {
+        eprint!("\n{}", extras.markdown);
+    }
 
     if !args.no_write {
-        let base = artifact_base(args, &package);
-        match write_run_files(&base, &ctx) {
+        let written = write_run_files(&out_dir, &ctx, &extras).and_then(|run_dir| {
+            variants::write_other_grading(&run_dir, &labels, &all_results)?;
+            Ok(run_dir)
+        });
+        match written {
             Ok(run_dir) => eprintln!("run files: {}", run_dir.display()),
             Err(e) => {
                 eprintln!("error: {e}");
@@ -176,12 +296,106 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
         }
     }
     if let Some(format) = args.format {
-        println!("{}", render(&ctx, format));
+        println!("{}", render_with(&ctx, format, &extras));
     }
     Ok(match summary.verdict {
         Verdict::Pass => EXIT_PASS,
         Verdict::Fail => EXIT_FAIL,
     })
+}
+
+/// Refuses model-only flags that cannot work, before anything runs.
+fn check_model_flags(args: &RunArgs, llm: Option<&LlmSetup>) -> Result<(), u8> {
+    let bad = |msg: &str| {
+        eprintln!("error: {msg}");
+        EXIT_BAD_INPUT
+    };
+    if args.baseline && llm.is_none() {
+        return Err(bad("--baseline runs every case without the skill on a model: configure a provider (see docs/providers.md)"));
+    }
+    if args.repeats == 0 {
+        return Err(bad("--repeats must be at least 1"));
+    }
+    if let Some(c) = args.max_cost {
+        if !(c.is_finite() && c > 0.0) {
+            return Err(bad("--max-cost must be a positive amount of USD"));
+        }
+    }
+    if args.max_tokens == Some(0) {
+        return Err(bad("--max-tokens must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Why a result was skipped, when it was.
+fn skip_reason(r: &JobResult) -> Option<&str> {
+    (r.status == CaseStatus::Skipped)
+        .then(|| r.details.get("skipped").and_then(serde_json::Value::as_str))
+        .flatten()
+}
+
+/// Trigger evals, when the package has trigger queries and the budget allows.
+async fn run_triggers(
+    args: &RunArgs,
+    package: &Package,
+    setup: &LlmSetup,
+    budget: &Budget,
+) -> Option<triggers::TriggerReport> {
+    if package.triggers.is_empty() || args.trigger_runs == 0 {
+        return None;
+    }
+    if let Some(reason) = budget.exceeded() {
+        eprintln!("note: trigger evals not run: {reason}");
+        return None;
+    }
+    let client = match setup.clients.pick(None, llm::Purpose::Produce) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("note: trigger evals not run: {e}");
+            return None;
+        }
+    };
+    let skill = triggers::SkillCard::new(&package.manifest.name, &package.manifest.description);
+    let opts = triggers::TriggerOptions {
+        runs_per_query: args.trigger_runs,
+        ..triggers::TriggerOptions::default()
+    };
+    let report = triggers::evaluate_triggers(&client, &skill, &package.triggers, &opts).await;
+    budget.record(&report.usage);
+    Some(report)
+}
+
+/// What a baseline, repeats and trigger evals add to the report.
+#[derive(Default)]
+struct ReportExtras {
+    markdown: String,
+    /// skill-creator's `benchmark.json` of this run.
+    benchmark: Option<serde_json::Value>,
+    triggers: Option<serde_json::Value>,
+}
+
+/// The report with the extra sections (Markdown) or keys (JSON: `benchmark`, `triggers`).
+fn render_with(ctx: &ReportContext<'_>, format: ReportFormat, extras: &ReportExtras) -> String {
+    let base = render(ctx, format);
+    match format {
+        ReportFormat::Markdown => format!("{base}{}", extras.markdown),
+        ReportFormat::Json if extras.benchmark.is_some() || extras.triggers.is_some() => {
+            let Ok(mut doc) = serde_json::from_str::<serde_json::Value>(&base) else {
+                return base;
+            };
+            if let Some(content) = doc.get("content").and_then(|c| c.as_str()) {
+                doc["content"] = serde_json::Value::String(format!("{content}{}", extras.markdown));
+            }
+            if let Some(b) = &extras.benchmark {
+                doc["benchmark"] = b.clone();
+            }
+            if let Some(t) = &extras.triggers {
+                doc["triggers"] = t.clone();
+            }
+            serde_json::to_string_pretty(&doc).unwrap_or(base)
+        }
+        ReportFormat::Json => base,
+    }
 }
 
 fn split_model_cases(executor: &Executor, jobs: Vec<Job>) -> (Vec<Job>, Vec<(Job, String)>) {
@@ -210,16 +424,32 @@ fn artifact_base(args: &RunArgs, package: &Package) -> PathBuf {
 fn write_run_files(
     base: &Path,
     ctx: &ReportContext<'_>,
+    extras: &ReportExtras,
 ) -> Result<PathBuf, artifacts::ArtifactError> {
     let run_dir = base.join("runs").join(ctx.run_id.to_string());
     artifacts::write_grading(&run_dir, ctx.results)?;
-    for (name, format) in [
-        ("report.md", ReportFormat::Markdown),
-        ("report.json", ReportFormat::Json),
-    ] {
+    let write = |name: &str, text: String| {
         let path = run_dir.join(name);
-        std::fs::write(&path, render(ctx, format))
-            .map_err(|source| artifacts::ArtifactError::Write { path, source })?;
+        std::fs::write(&path, text)
+            .map_err(|source| artifacts::ArtifactError::Write { path, source })
+    };
+    write(
+        "report.md",
+        render_with(ctx, ReportFormat::Markdown, extras),
+    )?;
+    write("report.json", render_with(ctx, ReportFormat::Json, extras))?;
+    // skill-creator's per-iteration benchmark.json (runs, run_summary with the uplift).
+    if let Some(doc) = &extras.benchmark {
+        write(
+            "benchmark.json",
+            serde_json::to_string_pretty(doc).unwrap_or_default() + "\n",
+        )?;
+    }
+    if let Some(doc) = &extras.triggers {
+        write(
+            "triggers.json",
+            serde_json::to_string_pretty(doc).unwrap_or_default() + "\n",
+        )?;
     }
     artifacts::append_benchmark(
         &base.join("benchmark.json"),
@@ -233,9 +463,11 @@ fn write_run_files(
     Ok(run_dir)
 }
 
-/// Executes jobs `concurrency` at a time, retrying transient faults locally with backoff.
-/// With `fail_fast`, the first case that does not pass stops new cases from starting; those
-/// are recorded as skipped.
+/// Executes jobs `concurrency` at a time, retrying transient faults locally with backoff;
+/// results come back in the order of `jobs`. With `fail_fast`, the first case that does not
+/// pass stops new cases from starting; with a `budget`, so does reaching it. Cases not started
+/// are recorded as skipped, with the reason.
+#[allow(clippy::too_many_arguments)]
 pub async fn execute_all(
     executor: &Executor,
     jobs: Vec<Job>,
@@ -244,19 +476,31 @@ pub async fn execute_all(
     fail_fast: bool,
     retry: RetryPolicy,
     quiet: bool,
+    budget: Option<&Budget>,
 ) -> Vec<JobResult> {
     let bar = progress_bar(jobs.len() as u64, quiet);
     let stop = AtomicBool::new(false);
-    let results: Vec<JobResult> = stream::iter(jobs)
-        .map(|job| {
+    let mut results: Vec<(usize, JobResult)> = stream::iter(jobs.into_iter().enumerate())
+        .map(|(index, job)| {
             let bar = &bar;
             let stop = &stop;
             async move {
                 if stop.load(Ordering::SeqCst) {
                     bar.inc(1);
-                    return JobResult::skipped(&job, "failFast: an earlier case did not pass");
+                    return (
+                        index,
+                        JobResult::skipped(&job, "failFast: an earlier case did not pass"),
+                    );
+                }
+                if let Some(reason) = budget.and_then(Budget::exceeded) {
+                    bar.inc(1);
+                    return (index, JobResult::skipped(&job, &reason));
                 }
                 let result = execute_with_retry(executor, job, package_root, retry).await;
+                if let Some(b) = budget {
+                    b.record(&result.produce_usage);
+                    b.record(&result.grade_usage);
+                }
                 if fail_fast && result.status != CaseStatus::Passed {
                     stop.store(true, Ordering::SeqCst);
                 }
@@ -266,16 +510,15 @@ pub async fn execute_all(
                     result.status.as_str()
                 ));
                 bar.inc(1);
-                result
+                (index, result)
             }
         })
         .buffer_unordered(concurrency)
         .collect()
         .await;
     bar.finish_and_clear();
-    let mut results = results;
-    results.sort_by_key(|r| r.case_index);
-    results
+    results.sort_by_key(|(index, _)| *index);
+    results.into_iter().map(|(_, r)| r).collect()
 }
 
 async fn execute_with_retry(

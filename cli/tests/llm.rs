@@ -1,0 +1,536 @@
+//! `skilleval run` with a model provider: a real HTTP server on 127.0.0.1:0 speaks the OpenAI
+//! chat-completions protocol, and the binary is pointed at it through the
+//! `SKILLEVAL_PROVIDER_*` variables.
+
+#![allow(clippy::unwrap_used, clippy::needless_pass_by_value)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::Router;
+use serde_json::{json, Value};
+
+type Respond = Arc<dyn Fn(usize, &Value) -> Value + Send + Sync>;
+
+#[derive(Clone)]
+struct MockState {
+    log: Arc<Mutex<Vec<Value>>>,
+    respond: Respond,
+}
+
+/// A chat-completions server in a thread of its own (the binary under test is synchronous).
+struct Mock {
+    addr: SocketAddr,
+    log: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Mock {
+    fn start(respond: impl Fn(usize, &Value) -> Value + Send + Sync + 'static) -> Mock {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let state = MockState {
+            log: log.clone(),
+            respond: Arc::new(respond),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                let app = Router::new().fallback(handle).with_state(state);
+                let _ = axum::serve(listener, app).await;
+            });
+        });
+        Mock {
+            addr: rx.recv().unwrap(),
+            log,
+        }
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn count(&self, pred: impl Fn(&Value) -> bool) -> usize {
+        self.requests().iter().filter(|r| pred(r)).count()
+    }
+
+    /// The binary, pointed at this server, with prices of $2 / $10 per million tokens.
+    fn skilleval(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_skilleval"));
+        for var in [
+            "SKILLEVAL_PROVIDER_KIND",
+            "SKILLEVAL_PROVIDER_API_KEY_ENV",
+            "SKILLEVAL_CACHE_DIR",
+            "OPENAI_API_KEY",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.env("SKILLEVAL_PROVIDER_MODEL", "mock-model")
+            .env(
+                "SKILLEVAL_PROVIDER_BASE_URL",
+                format!("http://{}/v1", self.addr),
+            )
+            .env("SKILLEVAL_PROVIDER_PRICE_INPUT", "2")
+            .env("SKILLEVAL_PROVIDER_PRICE_OUTPUT", "10");
+        cmd
+    }
+}
+
+async fn handle(State(state): State<MockState>, body: Bytes) -> axum::Json<Value> {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let index = {
+        let mut log = state.log.lock().unwrap();
+        log.push(body.clone());
+        log.len() - 1
+    };
+    axum::Json((state.respond)(index, &body))
+}
+
+fn reply(content: &str, input_tokens: u64, output_tokens: u64) -> Value {
+    json!({
+        "model": "mock-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": input_tokens, "completion_tokens": output_tokens}
+    })
+}
+
+fn schema_name(body: &Value) -> Option<&str> {
+    body.pointer("/response_format/json_schema/name")
+        .and_then(Value::as_str)
+}
+
+fn user_text(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn has_skill(body: &Value) -> bool {
+    body["messages"][0]["role"] == "system"
+        && body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("# Meeting notes")
+}
+
+const GOOD_NOTES: &str = "## Summary\nWe launch on the 14th.\n\n## Decisions\n- Launch on the 14th\n\n## Action items\n- [ ] Fix the flaky payments test — Marco, due Wednesday\n\n## Open questions\n- Legal sign-off";
+const BARE_NOTES: &str = "The team talked about a launch and some tests.";
+
+/// Assertion verdicts for a judge request: all pass when the notes have a Decisions section.
+fn verdicts(body: &Value) -> Value {
+    let count = body
+        .pointer("/response_format/json_schema/schema/properties/assertions/minItems")
+        .and_then(Value::as_u64)
+        .unwrap();
+    let pass = user_text(body).contains("## Decisions");
+    let items: Vec<Value> = (0..count)
+        .map(|i| json!({"assertion": format!("a{i}"), "result": if pass { "pass" } else { "fail" }, "confidence": "high", "evidence": if pass { "## Decisions" } else { "no sections" }}))
+        .collect();
+    let answer = json!({"assertions": items, "factual_issues": [], "eval_critique": {"vague_assertions": [], "missing_coverage": [], "suggested_assertions": []}});
+    reply(&answer.to_string(), 500, 100)
+}
+
+/// Picks meeting-notes for queries about transcripts or decisions.
+fn trigger_choice(body: &Value) -> Value {
+    let text = user_text(body);
+    let query = text.split("<query>").nth(1).unwrap_or_default();
+    let pick = if query.contains("transcript") || query.contains("decisions") {
+        "meeting-notes"
+    } else {
+        "none"
+    };
+    reply(&json!({"skill": pick, "reason": "r"}).to_string(), 50, 5)
+}
+
+/// A provider that writes good notes with the skill and bare ones without it.
+fn skill_sensitive(_: usize, body: &Value) -> Value {
+    match schema_name(body) {
+        Some("record_assertion_verdicts") => verdicts(body),
+        Some("choose_skill") => trigger_choice(body),
+        _ if has_skill(body) => reply(GOOD_NOTES, 1_000, 200),
+        _ => reply(BARE_NOTES, 800, 50),
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            if entry.file_name() != "runs" {
+                copy_dir(&entry.path(), &target);
+            }
+        } else if entry.file_name() != "benchmark.json" {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+fn example_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join(name);
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples/skills")
+            .join(name),
+        &root,
+    );
+    (dir, root)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn run_dir(root: &Path) -> PathBuf {
+    let runs: Vec<_> = std::fs::read_dir(root.join("eval/runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs[0].clone()
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap()
+}
+
+#[test]
+fn meeting_notes_runs_its_assertions_and_trigger_evals_through_a_provider() {
+    let mock = Mock::start(skill_sensitive);
+    let (_tmp, root) = example_copy("meeting-notes");
+    let out = mock
+        .skilleval()
+        .args(["run", "--quiet", "--no-cache", "--trigger-runs", "1"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("3 cases: 3 passed"), "{err}");
+    assert!(err.contains("Precision 100.0% · recall 100.0%"), "{err}");
+
+    let produced: Vec<Value> = mock
+        .requests()
+        .into_iter()
+        .filter(|r| schema_name(r).is_none())
+        .collect();
+    assert_eq!(produced.len(), 3);
+    assert!(
+        produced.iter().all(has_skill),
+        "SKILL.md is the system prompt"
+    );
+    let standup = produced
+        .iter()
+        .find(|r| user_text(r).starts_with("Write up notes for this standup transcript."))
+        .unwrap();
+    assert!(
+        user_text(standup).contains("<file path=\"evals/files/standup.txt\">"),
+        "{}",
+        user_text(standup)
+    );
+    assert_eq!(mock.count(|r| schema_name(r) == Some("choose_skill")), 4);
+
+    let dir = run_dir(&root);
+    let grading = read_json(&dir.join("grading/1.json"));
+    assert_eq!(grading["strategy"], "assertions");
+    assert_eq!(
+        grading["expectations"][0]["text"],
+        "The notes have Summary, Decisions, Action items and Open questions sections"
+    );
+    assert_eq!(grading["expectations"][0]["passed"], true);
+    assert_eq!(grading["assertions"][1]["confidence"], "high");
+    assert_eq!(grading["summary"]["total"], 5);
+    let report = read_json(&dir.join("report.json"));
+    // Producing: 3 x (1000 x $2 + 200 x $10) / 1e6; grading: 3 x (500 x $2 + 100 x $10) / 1e6.
+    let produce = report["runSummary"]["produce_usage"]["cost_usd"]
+        .as_f64()
+        .unwrap();
+    let grade = report["runSummary"]["grade_usage"]["cost_usd"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (produce - 0.012).abs() < 1e-9 && (grade - 0.006).abs() < 1e-9,
+        "{produce} {grade}"
+    );
+    assert_eq!(report["triggers"]["metrics"]["recall"], 1.0);
+    assert!(dir.join("triggers.json").exists());
+    assert!(std::fs::read_to_string(dir.join("report.md"))
+        .unwrap()
+        .contains("## Trigger evals"));
+}
+
+#[test]
+fn a_second_run_is_served_from_the_response_cache() {
+    let mock = Mock::start(skill_sensitive);
+    let (tmp, root) = example_copy("meeting-notes");
+    let cache = tmp.path().join("cache");
+    for _ in 0..2 {
+        let out = mock
+            .skilleval()
+            .args([
+                "run",
+                "--quiet",
+                "--no-write",
+                "--trigger-runs",
+                "0",
+                "--case",
+                "1",
+                "--cache-dir",
+            ])
+            .arg(&cache)
+            .arg(&root)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    assert_eq!(
+        mock.requests().len(),
+        2,
+        "one producing and one judging request, the second run sent none"
+    );
+    let out = mock
+        .skilleval()
+        .args([
+            "run",
+            "--quiet",
+            "--no-write",
+            "--trigger-runs",
+            "0",
+            "--case",
+            "1",
+            "--no-cache",
+            "--cache-dir",
+        ])
+        .arg(&cache)
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(mock.requests().len(), 4, "--no-cache sends them again");
+}
+
+#[test]
+fn baseline_reports_the_uplift_in_benchmark_json() {
+    let mock = Mock::start(skill_sensitive);
+    let (_tmp, root) = example_copy("meeting-notes");
+    let out = mock
+        .skilleval()
+        .args([
+            "run",
+            "--quiet",
+            "--no-cache",
+            "--trigger-runs",
+            "0",
+            "--baseline",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the verdict is the with-skill run's: {err}"
+    );
+    assert!(
+        err.contains("## Baseline: with vs without the skill"),
+        "{err}"
+    );
+    assert_eq!(
+        mock.count(|r| schema_name(r).is_none() && !has_skill(r)),
+        3,
+        "three bare-model runs"
+    );
+
+    let dir = run_dir(&root);
+    let bench = read_json(&dir.join("benchmark.json"));
+    assert_eq!(bench["runs"].as_array().unwrap().len(), 6);
+    assert_eq!(bench["runs"][0]["configuration"], "with_skill");
+    assert_eq!(bench["runs"][0]["eval_id"], 1);
+    assert_eq!(bench["runs"][3]["configuration"], "without_skill");
+    assert_eq!(bench["runs"][3]["result"]["pass_rate"], 0.0);
+    let s = &bench["run_summary"];
+    assert_eq!(s["with_skill"]["pass_rate"]["mean"], 1.0);
+    assert_eq!(s["without_skill"]["pass_rate"]["mean"], 0.0);
+    assert_eq!(s["delta"]["pass_rate"], "+1.00");
+    // 1200 tokens with the skill, 850 without.
+    assert_eq!(s["delta"]["tokens"], "+350");
+    assert!(dir.join("without_skill/run-1/grading/2.json").exists());
+    assert!(dir.join("grading/2.json").exists());
+}
+
+#[test]
+fn repeats_report_pass_at_k_and_flaky_cases() {
+    // Every other producing request writes bare notes: with -j 1 the attempts alternate.
+    let mock = Mock::start(|_, body| match schema_name(body) {
+        Some("record_assertion_verdicts") => verdicts(body),
+        _ => {
+            let produced_before = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if produced_before % 2 == 0 {
+                reply(GOOD_NOTES, 10, 10)
+            } else {
+                reply(BARE_NOTES, 10, 10)
+            }
+        }
+    });
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let (_tmp, root) = example_copy("meeting-notes");
+    let out = mock
+        .skilleval()
+        .args([
+            "run",
+            "--quiet",
+            "--no-cache",
+            "--trigger-runs",
+            "0",
+            "--repeats",
+            "3",
+            "-j",
+            "1",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "some attempts fail: {err}");
+    assert!(err.contains("## Repeats: 3 attempts per case"), "{err}");
+    assert!(err.contains("9 cases: 5 passed, 4 failed"), "{err}");
+    let bench = read_json(&run_dir(&root).join("benchmark.json"));
+    let cases = bench["repeats"]["cases"].as_array().unwrap();
+    let counts: Vec<(u64, u64)> = cases
+        .iter()
+        .map(|c| (c["n"].as_u64().unwrap(), c["c"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(counts, vec![(3, 2), (3, 1), (3, 2)]);
+    let p1 = bench["repeats"]["mean_pass_at"]["pass@1"].as_f64().unwrap();
+    assert!((p1 - 5.0 / 9.0).abs() < 1e-9, "{p1}");
+    assert_eq!(bench["repeats"]["mean_pass_at"]["pass@3"], 1.0);
+    assert_eq!(bench["repeats"]["flaky_cases"], json!(["1", "2", "3"]));
+    assert_eq!(bench["metadata"]["runs_per_configuration"], 3);
+}
+
+#[test]
+fn a_budget_stops_the_run_and_the_verdict_says_so() {
+    let mock = Mock::start(skill_sensitive);
+    let (_tmp, root) = example_copy("meeting-notes");
+    let out = mock
+        .skilleval()
+        .args([
+            "run",
+            "--quiet",
+            "--no-cache",
+            "--no-write",
+            "--trigger-runs",
+            "0",
+            "-j",
+            "1",
+            "--max-tokens",
+            "1000",
+            "--format",
+            "json",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("3 cases: 1 passed, 0 failed, 0 errored, 2 skipped"),
+        "{err}"
+    );
+    assert!(err.contains("the run was stopped: budget exceeded: spent 1800 of the 1000 token limit (--max-tokens); 2 case(s) not run"), "{err}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verdict"], "fail");
+    assert_eq!(report["results"][1]["status"], "skipped");
+    assert!(report["results"][1]["details"]["skipped"]
+        .as_str()
+        .unwrap()
+        .starts_with("budget exceeded"));
+    assert_eq!(
+        mock.requests().len(),
+        2,
+        "nothing was sent after the budget ran out"
+    );
+
+    let out = mock
+        .skilleval()
+        .args([
+            "run",
+            "--quiet",
+            "--no-cache",
+            "--no-write",
+            "--trigger-runs",
+            "0",
+            "-j",
+            "1",
+            "--max-cost",
+            "0.001",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("budget exceeded: spent $0.0060 of the $0.0010 limit (--max-cost)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn model_examples_validate_and_are_listed_without_a_provider() {
+    for name in ["meeting-notes", "launch-announcement", "support-answers"] {
+        let (_tmp, root) = example_copy(name);
+        let out = Command::new(env!("CARGO_BIN_EXE_skilleval"))
+            .env_remove("SKILLEVAL_PROVIDER_MODEL")
+            .arg("validate")
+            .arg(&root)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+        let out = Command::new(env!("CARGO_BIN_EXE_skilleval"))
+            .env_remove("SKILLEVAL_PROVIDER_MODEL")
+            .args(["run", "--quiet", "--no-write"])
+            .arg(&root)
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(0), "{name}: {err}");
+        assert!(err.contains("need a model provider"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn baseline_without_a_provider_is_bad_input() {
+    let (_tmp, root) = example_copy("meeting-notes");
+    let out = Command::new(env!("CARGO_BIN_EXE_skilleval"))
+        .env_remove("SKILLEVAL_PROVIDER_MODEL")
+        .args(["run", "--quiet", "--no-write", "--baseline"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--baseline runs every case without the skill"),
+        "{}",
+        stderr(&out)
+    );
+}
