@@ -261,6 +261,14 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
         summary: &summary,
     };
     eprint!("{}", table::summary_table(&ctx));
+    if args.repeats > 1 {
+        eprintln!(
+            "(--repeats {}: every attempt counts; {} case(s) x {} attempts)",
+            args.repeats,
+            runnable.len(),
+            args.repeats
+        );
+    }
     let (produce, grade) = (summary.produce_usage, summary.grade_usage);
     if produce.total_tokens() + grade.total_tokens() > 0 {
         eprintln!(

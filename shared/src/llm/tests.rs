@@ -535,18 +535,29 @@ async fn a_429_with_retry_after_2_is_waited_out_and_succeeds() {
         }
     })
     .await;
-    let client = server.client(ProviderKind::Openai);
-    let before = client.concurrency_limit();
+    // Through the llm runner: the layer the executor (CLI and worker) calls.
+    let clients = clients_with(server.client(ProviderKind::Openai));
+    let before = clients.get("mock").unwrap().concurrency_limit();
+    let dir = tempfile::tempdir().unwrap();
+    write_package(dir.path(), json!({"testCases": []}));
+    let runner = super::runner::LlmRunner::new(clients.clone());
+    let c = case(json!({"input": {"prompt": "hi"}}));
+    let cfg = crate::model::RunnerConfig {
+        kind: "llm".into(),
+        ..Default::default()
+    };
+    let req = crate::runner::ProduceRequest {
+        case: &c,
+        runner: &cfg,
+        given: None,
+        environment: &BTreeMap::new(),
+        timeout: Duration::from_secs(10),
+    };
+    use crate::runner::OutputRunner;
     let started = Instant::now();
-    let resp = client
-        .chat(&ChatRequest {
-            messages: vec![Message::user("hi")],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let produced = runner.produce(&req, &env(dir.path())).await.unwrap();
     let elapsed = started.elapsed();
-    assert_eq!(resp.text, "done");
+    assert_eq!(produced.output, "done");
     assert_eq!(server.count(), 2, "the second request arrived");
     assert!(
         elapsed >= Duration::from_millis(1_950),
@@ -554,7 +565,7 @@ async fn a_429_with_retry_after_2_is_waited_out_and_succeeds() {
     );
     assert!(elapsed < Duration::from_secs(4), "{elapsed:?}");
     assert!(
-        client.concurrency_limit() < before,
+        clients.get("mock").unwrap().concurrency_limit() < before,
         "a 429 cuts the concurrency limit"
     );
 }
