@@ -291,7 +291,13 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
     }
 
     if !args.no_write {
-        let written = write_run_files(&out_dir, &ctx, &extras).and_then(|run_dir| {
+        let first: Vec<JobResult> = labels
+            .iter()
+            .zip(&all_results)
+            .filter(|(v, _)| v.is_primary())
+            .map(|(_, r)| r.clone())
+            .collect();
+        let written = write_run_files(&out_dir, &ctx, &extras, &first).and_then(|run_dir| {
             variants::write_other_grading(&run_dir, &labels, &all_results)?;
             Ok(run_dir)
         });
@@ -429,13 +435,17 @@ fn artifact_base(args: &RunArgs, package: &Package) -> PathBuf {
     }
 }
 
+/// Writes the run's files. `first` is attempt 1 with the skill (all of `ctx.results` unless
+/// `--repeats`): its grading files and `eval/benchmark.json` entry are one per case; the other
+/// attempts' grading files are written by [`variants::write_other_grading`].
 fn write_run_files(
     base: &Path,
     ctx: &ReportContext<'_>,
     extras: &ReportExtras,
+    first: &[JobResult],
 ) -> Result<PathBuf, artifacts::ArtifactError> {
     let run_dir = base.join("runs").join(ctx.run_id.to_string());
-    artifacts::write_grading(&run_dir, ctx.results)?;
+    artifacts::write_grading(&run_dir, first)?;
     let write = |name: &str, text: String| {
         let path = run_dir.join(name);
         std::fs::write(&path, text)
@@ -464,7 +474,7 @@ fn write_run_files(
         ctx.skill_name,
         ctx.skill_description,
         ctx.run_id,
-        ctx.results,
+        first,
         ctx.summary,
         Utc::now(),
     )?;

@@ -413,7 +413,18 @@ fn repeats_report_pass_at_k_and_flaky_cases() {
     assert_eq!(out.status.code(), Some(1), "some attempts fail: {err}");
     assert!(err.contains("## Repeats: 3 attempts per case"), "{err}");
     assert!(err.contains("9 cases: 5 passed, 4 failed"), "{err}");
-    let bench = read_json(&run_dir(&root).join("benchmark.json"));
+    let dir = run_dir(&root);
+    // Attempt 1 keeps the usual grading path; later attempts have their own folders.
+    assert_eq!(read_json(&dir.join("grading/1.json"))["status"], "passed");
+    assert_eq!(
+        read_json(&dir.join("with_skill/run-2/grading/1.json"))["status"],
+        "failed"
+    );
+    assert_eq!(
+        read_json(&dir.join("with_skill/run-3/grading/1.json"))["status"],
+        "passed"
+    );
+    let bench = read_json(&dir.join("benchmark.json"));
     let cases = bench["repeats"]["cases"].as_array().unwrap();
     let counts: Vec<(u64, u64)> = cases
         .iter()

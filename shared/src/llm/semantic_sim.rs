@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use super::client::LlmClient;
+use super::config::ProviderKind;
 use super::{case_client, ProviderClients, Purpose};
 use crate::grade::{Fault, Grade};
 use crate::model::TestCase;
@@ -44,6 +45,15 @@ impl Strategy for SemanticSim {
     ) -> Result<Arc<dyn Grader>, Vec<Problem>> {
         ModelRequired::new("semantic_sim").compile(case, ctx)?;
         let client = case_client(&self.clients, case, ctx, Purpose::Embed, "semantic_sim")?;
+        if client.config().kind == ProviderKind::Anthropic {
+            return Err(vec![ctx.problem(
+                "/evaluation/strategy",
+                format!(
+                    "semantic_sim: provider `{}` is an Anthropic provider, which has no embeddings API; set `embeddings` to an OpenAI-compatible provider with an `embedding_model`",
+                    client.name()
+                ),
+            )]);
+        }
         if client.config().embedding_model.is_none() {
             return Err(vec![ctx.problem(
                 "/evaluation/strategy",

@@ -818,6 +818,35 @@ async fn embeddings_give_the_cosine_and_the_reference_is_embedded_once() {
     );
 }
 
+#[test]
+fn semantic_sim_refuses_a_provider_that_cannot_embed() {
+    let mut anthropic = ProviderConfig::new("claude", ProviderKind::Anthropic, "m");
+    anthropic.embedding_model = Some("e".into());
+    let no_model = ProviderConfig::new("plain", ProviderKind::Openai, "m");
+    let c = case(json!({"expected": {"output": "x"}, "evaluation": {"strategy": "semantic_sim"}}));
+    for (config, needle) in [
+        (anthropic, "no embeddings API"),
+        (no_model, "has no `embedding_model`"),
+    ] {
+        let strategies = registry(&clients_with(LlmClient::new(config, None).unwrap()));
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = CompileContext {
+            registry: &strategies,
+            package_root: dir.path(),
+            file: "eval/tests.json",
+            pointer: "/testCases/0".into(),
+            profile: Profile::Flexible,
+        };
+        let problems = strategies.compile("semantic_sim", &c, &ctx).unwrap_err();
+        assert!(
+            problems[0].message.contains(needle),
+            "{}",
+            problems[0].message
+        );
+        assert_eq!(problems[0].pointer, "/testCases/0/evaluation/strategy");
+    }
+}
+
 #[tokio::test]
 async fn the_comparator_judges_both_orders_and_cancels_position_bias() {
     // A judge that always prefers whatever it reads first.
