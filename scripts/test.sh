@@ -9,20 +9,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
-
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-
-apt_updated=0
-apt_install() {
-    if [ "$apt_updated" -eq 0 ]; then
-        as_root apt-get update -qq
-        apt_updated=1
-    fi
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
-}
+# shellcheck source=../deploy/local/lib.sh
+. deploy/local/lib.sh
 
 # Tools the sandboxed runners and graders need: bubblewrap (the sandbox), python3 and node
 # (custom graders and example skills), prlimit and setpriv (util-linux, always on Debian).

@@ -8,20 +8,8 @@
 # postgres), RabbitMQ on 127.0.0.1:5672 (guest/guest) with the management plugin on :15672.
 set -euo pipefail
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
-
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-
-apt_updated=0
-apt_install() {
-    if [ "$apt_updated" -eq 0 ]; then
-        as_root apt-get update -qq
-        apt_updated=1
-    fi
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
-}
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # Waits until "$@" succeeds, for at most $timeout seconds.
 wait_for() {
