@@ -3,7 +3,8 @@
 //! Queries are checked at run time (`sqlx::query`, not the compile-time macros), so the
 //! workspace builds without a database; the integration tests run each of them against a real
 //! one. [`results`] holds the workers' writes (result upserts and run counters), [`runs`] the
-//! coordinator's (skills, versions, runs, queries, finalisation).
+//! coordinator's (skills, versions, runs, queries, finalisation), [`llm`] the model response
+//! cache and the fleet-wide provider rate limits.
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
@@ -17,6 +18,7 @@ use sqlx::PgPool;
 
 use crate::config::{redact_url, DatabaseSettings};
 
+pub mod llm;
 pub mod results;
 pub mod runs;
 

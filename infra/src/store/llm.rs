@@ -1,0 +1,255 @@
+//! The model-call state the whole fleet shares: the response cache and the provider limits.
+//!
+//! - [`PgResponseCache`] is shared's [`ResponseCache`] on the `llm_cache` table: every worker
+//!   reuses every other worker's answers. The callers (shared's call layer) only store answers
+//!   they accepted, so errors are never cached. A cache is an optimisation: a failed read is a
+//!   miss and a failed write is logged and dropped.
+//! - [`PgRateLimiter`] is shared's [`RateLimiter`] on `provider_rate_windows`: requests and
+//!   tokens per minute per provider, counted in fixed 60-second windows on the database's clock.
+//!   A request is reserved with one `INSERT ... ON CONFLICT DO UPDATE ... WHERE <under the
+//!   limits> RETURNING`; the row lock serialises concurrent reservations, so all workers
+//!   together never get more than the limit in a window. When the window is full, `acquire`
+//!   sleeps until the next one (the caller bounds the wait: its deadline drops the future).
+//!
+//! Fixed windows allow up to twice the limit across a window boundary (the end of one and the
+//! start of the next); providers count over sliding minutes, so keep the configured limits a
+//! little under the key's. The adaptive concurrency limit and the 429 handling of the call
+//! layer absorb the rest.
+//!
+//! **A database error lets the call through** (with a warning) rather than stalling: the
+//! limiter protects the provider key's quota, the provider still enforces it with 429s that the
+//! call layer waits out, while a fleet that stops calling models because Postgres blinked would
+//! fail every LLM case of every run.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use skilleval::llm::{Providers, RateLimiter, ResponseCache};
+use sqlx::PgPool;
+
+/// Length of a rate-limit window.
+pub const RATE_WINDOW_SECS: i64 = 60;
+
+/// `llm_cache` as a [`ResponseCache`].
+#[derive(Debug, Clone)]
+pub struct PgResponseCache {
+    pool: PgPool,
+    ttl: Option<Duration>,
+}
+
+impl PgResponseCache {
+    /// Entries kept until deleted.
+    pub fn new(pool: PgPool) -> Self {
+        PgResponseCache { pool, ttl: None }
+    }
+
+    /// Entries expire `ttl` after they were stored.
+    pub fn with_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.ttl = ttl;
+        self
+    }
+}
+
+#[async_trait]
+impl ResponseCache for PgResponseCache {
+    async fn get(&self, key: &str) -> Option<Value> {
+        let row: Result<Option<(Value,)>, sqlx::Error> = sqlx::query_as(
+            "SELECT response FROM llm_cache
+             WHERE key = $1 AND (expires_at IS NULL OR expires_at > now())",
+        )
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await;
+        match row {
+            Ok(row) => row.map(|(v,)| v),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the model response cache; treated as a miss");
+                None
+            }
+        }
+    }
+
+    async fn put(&self, key: &str, value: &Value) {
+        let model = value.get("model").and_then(Value::as_str);
+        let provider = value.get("provider").and_then(Value::as_str);
+        let ttl_secs = self.ttl.map(|t| t.as_secs_f64());
+        let done = sqlx::query(
+            "INSERT INTO llm_cache (key, provider, model, response, created_at, expires_at)
+             VALUES ($1, $2, $3, $4, now(), now() + make_interval(secs => $5::float8))
+             ON CONFLICT (key) DO UPDATE
+                SET provider = EXCLUDED.provider, model = EXCLUDED.model,
+                    response = EXCLUDED.response, created_at = EXCLUDED.created_at,
+                    expires_at = EXCLUDED.expires_at",
+        )
+        .bind(key)
+        .bind(provider)
+        .bind(model)
+        .bind(value)
+        .bind(ttl_secs)
+        .execute(&self.pool)
+        .await;
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "writing the model response cache; entry dropped");
+        }
+    }
+}
+
+/// Limits of one provider: (requests per minute, tokens per minute).
+type Limits = (Option<u32>, Option<u64>);
+
+/// `provider_rate_windows` as a fleet-wide [`RateLimiter`].
+#[derive(Debug, Clone)]
+pub struct PgRateLimiter {
+    pool: PgPool,
+    limits: HashMap<String, Limits>,
+}
+
+/// What one reservation attempt said.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reservation {
+    Granted,
+    /// The window is full: try again after this long (the next window).
+    Full(Duration),
+}
+
+impl PgRateLimiter {
+    /// Limits per provider name; providers without limits are not counted.
+    pub fn new(pool: PgPool, limits: HashMap<String, Limits>) -> Self {
+        let limits = limits
+            .into_iter()
+            .filter(|(_, (rpm, tpm))| rpm.is_some_and(|r| r > 0) || tpm.is_some_and(|t| t > 0))
+            .collect();
+        PgRateLimiter { pool, limits }
+    }
+
+    /// The limits the providers configure (`requests_per_minute`, `tokens_per_minute`).
+    pub fn for_providers(pool: PgPool, providers: &Providers) -> Self {
+        let limits = providers
+            .providers
+            .values()
+            .map(|p| (p.name.clone(), (p.requests_per_minute, p.tokens_per_minute)))
+            .collect();
+        PgRateLimiter::new(pool, limits)
+    }
+
+    /// Tries to reserve one request of about `tokens` in the current window. A request larger
+    /// than the whole token limit is granted in a window that has used no tokens yet.
+    pub async fn try_reserve(
+        &self,
+        provider: &str,
+        tokens: u64,
+    ) -> Result<Reservation, sqlx::Error> {
+        let Some(&(rpm, tpm)) = self.limits.get(provider) else {
+            return Ok(Reservation::Granted);
+        };
+        let rpm = rpm.filter(|r| *r > 0).map(i64::from);
+        let tpm = tpm
+            .filter(|t| *t > 0)
+            .map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+        let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+        let (granted, wait_secs): (bool, f64) = sqlx::query_as(
+            "WITH w AS (
+                SELECT to_timestamp(floor(extract(epoch FROM now()) / $5) * $5) AS start
+             ), reserved AS (
+                INSERT INTO provider_rate_windows AS r (provider, window_start, requests, tokens)
+                SELECT $1, w.start, 1, $2 FROM w
+                ON CONFLICT (provider, window_start) DO UPDATE
+                   SET requests = r.requests + 1, tokens = r.tokens + EXCLUDED.tokens
+                   WHERE ($3::bigint IS NULL OR r.requests + 1 <= $3)
+                     AND ($4::bigint IS NULL OR r.tokens + EXCLUDED.tokens <= $4 OR r.tokens = 0)
+                RETURNING 1
+             )
+             SELECT EXISTS (SELECT 1 FROM reserved),
+                    extract(epoch FROM (w.start + make_interval(secs => $5) - now()))::float8
+             FROM w",
+        )
+        .bind(provider)
+        .bind(tokens)
+        .bind(rpm)
+        .bind(tpm)
+        .bind(RATE_WINDOW_SECS as f64)
+        .fetch_one(&self.pool)
+        .await?;
+        if granted {
+            Ok(Reservation::Granted)
+        } else {
+            // A little past the boundary, so the next attempt lands in the next window.
+            let wait = Duration::from_secs_f64(wait_secs.clamp(0.0, RATE_WINDOW_SECS as f64))
+                + Duration::from_millis(20);
+            Ok(Reservation::Full(wait))
+        }
+    }
+
+    /// Deletes windows that ended more than `keep` windows ago (`provider_rate_windows` only
+    /// matters for the current minute).
+    pub async fn prune(&self, keep: u32) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(
+            "DELETE FROM provider_rate_windows
+             WHERE window_start < now() - make_interval(secs => $1::float8)",
+        )
+        .bind(f64::from(keep.max(1)) * RATE_WINDOW_SECS as f64)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[async_trait]
+impl RateLimiter for PgRateLimiter {
+    async fn acquire(&self, provider: &str, estimated_tokens: u64) {
+        if !self.limits.contains_key(provider) {
+            return;
+        }
+        loop {
+            match self.try_reserve(provider, estimated_tokens).await {
+                Ok(Reservation::Granted) => return,
+                // Waiting for the next window is the limiter's whole job; the caller's
+                // deadline bounds it by dropping this future.
+                Ok(Reservation::Full(wait)) => tokio::time::sleep(wait).await,
+                Err(e) => {
+                    tracing::warn!(
+                        provider,
+                        error = %e,
+                        "fleet rate limit unavailable (database error); allowing the call"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    fn record(&self, provider: &str, estimated_tokens: u64, actual_tokens: u64) {
+        let Some(&(_, Some(tpm))) = self.limits.get(provider) else {
+            return;
+        };
+        if tpm == 0 || estimated_tokens == actual_tokens {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let delta = i64::try_from(actual_tokens)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(i64::try_from(estimated_tokens).unwrap_or(i64::MAX));
+        let pool = self.pool.clone();
+        let provider = provider.to_string();
+        // Best effort, in the current window (the reservation's, unless it just ended).
+        handle.spawn(async move {
+            let done = sqlx::query(
+                "UPDATE provider_rate_windows SET tokens = greatest(0, tokens + $2)
+                 WHERE provider = $1
+                   AND window_start = to_timestamp(floor(extract(epoch FROM now()) / $3) * $3)",
+            )
+            .bind(&provider)
+            .bind(delta)
+            .bind(RATE_WINDOW_SECS as f64)
+            .execute(&pool)
+            .await;
+            if let Err(e) = done {
+                tracing::debug!(provider, error = %e, "correcting the fleet token count");
+            }
+        });
+    }
+}
