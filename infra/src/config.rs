@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use skilleval::llm::Providers;
 use skilleval::package::PackageLimits;
 use skilleval::sandbox::SandboxPolicy;
 
@@ -133,6 +134,52 @@ pub struct Settings {
     pub sandbox: SandboxPolicy,
     /// Limits applied to uploaded packages (and to packages a worker extracts).
     pub limits: PackageLimits,
+    /// Model providers for the `llm` runner and the model-backed strategies.
+    #[serde(default)]
+    pub llm: LlmSettings,
+}
+
+/// The model providers the workers call, with the fleet's shared cache and limits.
+///
+/// Providers are shared's [`Providers`] (the CLI's `skilleval.toml` format): either inline,
+/// `[llm.providers] default = "openai"` plus `[llm.providers.providers.openai] model = ...`,
+/// or, simpler, `llm.providers_file` naming a `skilleval.toml`, which then replaces the inline
+/// ones (read once, when the settings load). Each provider's `requests_per_minute` and
+/// `tokens_per_minute` are fleet-wide limits here, shared by every worker through PostgreSQL.
+/// API keys stay in the environment variables the providers name in `api_key_env`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LlmSettings {
+    /// A providers TOML file (`SKILLEVAL__LLM__PROVIDERS_FILE`).
+    #[serde(default)]
+    pub providers_file: Option<PathBuf>,
+    #[serde(default)]
+    pub providers: Providers,
+    /// Cached model answers expire after this long; none: kept until deleted.
+    #[serde(default)]
+    pub cache_ttl_secs: Option<u64>,
+}
+
+impl LlmSettings {
+    /// Reads `providers_file` when set; fills each inline provider's name from its key; checks
+    /// the providers.
+    fn resolve(&mut self) -> Result<(), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            key: "llm.providers",
+            message,
+        };
+        if let Some(path) = &self.providers_file {
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+                key: "llm.providers_file",
+                message: format!("cannot read {}: {e}", path.display()),
+            })?;
+            self.providers = Providers::from_toml_str(&path.display().to_string(), &text)
+                .map_err(|e| invalid(e.to_string()))?;
+        }
+        for (name, p) in &mut self.providers.providers {
+            p.name.clone_from(name);
+        }
+        self.providers.check().map_err(|e| invalid(e.to_string()))
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -370,7 +417,8 @@ impl Settings {
                 builder = builder.set_override(*key, value.as_str())?;
             }
         }
-        let settings: Settings = builder.build()?.try_deserialize()?;
+        let mut settings: Settings = builder.build()?.try_deserialize()?;
+        settings.llm.resolve()?;
         settings.validate()?;
         Ok(settings)
     }
@@ -562,6 +610,57 @@ mod tests {
             "postgres://postgres@127.0.0.1/test"
         );
         assert_eq!(redact_url("not a url"), "***");
+    }
+
+    #[test]
+    fn providers_load_inline_or_from_a_file_with_their_limits() {
+        let s = Settings::load_from(&env(&[])).unwrap();
+        assert!(s.llm.providers.is_empty(), "no providers by default");
+
+        let dir = tempfile_dir();
+        std::fs::write(
+            dir.join("default.toml"),
+            "[llm]\ncache_ttl_secs = 60\n[llm.providers]\ndefault = \"local\"\n[llm.providers.providers.local]\nbase_url = \"http://127.0.0.1:11434/v1\"\nmodel = \"llama\"\nrequests_per_minute = 30\ntokens_per_minute = 9000\n",
+        )
+        .unwrap();
+        let s =
+            Settings::load_from(&env(&[("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap())])).unwrap();
+        let p = s.llm.providers.get("local").unwrap();
+        assert_eq!(p.name, "local", "named by its key");
+        assert_eq!(p.model, "llama");
+        assert_eq!(
+            (p.requests_per_minute, p.tokens_per_minute),
+            (Some(30), Some(9000))
+        );
+        assert_eq!(s.llm.providers.default_name(), Some("local"));
+        assert_eq!(s.llm.cache_ttl_secs, Some(60));
+
+        let file = dir.join("providers.toml");
+        std::fs::write(
+            &file,
+            "[providers.judge]\nkind = \"anthropic\"\nmodel = \"claude\"\napi_key_env = \"ANTHROPIC_API_KEY\"\n",
+        )
+        .unwrap();
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap()),
+            ("SKILLEVAL__LLM__PROVIDERS_FILE", file.to_str().unwrap()),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.llm.providers.providers.keys().collect::<Vec<_>>(),
+            vec!["judge"],
+            "the file replaces the inline providers"
+        );
+
+        let err = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", "/nonexistent-skilleval-config"),
+            (
+                "SKILLEVAL__LLM__PROVIDERS_FILE",
+                "/nonexistent/providers.toml",
+            ),
+        ]))
+        .unwrap_err();
+        assert!(err.to_string().contains("llm.providers_file"), "{err}");
     }
 
     fn tempfile_dir() -> PathBuf {
