@@ -12,6 +12,8 @@
 //! - [`packages`] fetches a package once per content hash and caches it on disk.
 //! - [`retry`] computes backoff and picks the delay queue tier.
 //! - [`cancel`] caches whether a run was cancelled.
+//! - [`llm`] builds the executor, with the model providers (Postgres cache and fleet-wide
+//!   rate limits) when configured.
 //! - [`http`] serves `/healthz`, `/readyz` and `/metrics` ([`metrics`]).
 //!
 //! The guarantees, in order: a job's result is committed before its delivery is acked; a
@@ -26,6 +28,7 @@ use skilleval_infra::topology::Publisher;
 pub mod batch;
 pub mod cancel;
 pub mod http;
+pub mod llm;
 pub mod metrics;
 pub mod packages;
 pub mod retry;

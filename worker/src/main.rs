@@ -16,7 +16,7 @@ async fn main() -> anyhow::Result<()> {
     let store = Store::connect(&settings.database)
         .await
         .context("connecting to the database")?;
-    let worker = Arc::new(Worker::new(settings, store));
+    let worker = Arc::new(Worker::new(settings, store).context("building the worker")?);
 
     let shutdown = CancellationToken::new();
     tokio::spawn(signal_shutdown(shutdown.clone()));

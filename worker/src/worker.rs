@@ -27,9 +27,6 @@ use lapin::{Connection, Consumer};
 use skilleval::executor::{CaseStatus, Executor, JobResult};
 use skilleval::grade::Fault;
 use skilleval::plan::Job;
-use skilleval::runner::RunnerRegistry;
-use skilleval::sandbox::Sandbox;
-use skilleval::strategy::StrategyRegistry;
 use skilleval_infra::config::Settings;
 use skilleval_infra::messages::{self, CaseFinished};
 use skilleval_infra::store::Store;
@@ -64,6 +61,8 @@ pub enum WorkerError {
     },
     #[error("starting the health/metrics server: {0}")]
     Http(#[source] std::io::Error),
+    #[error("model providers: {0}")]
+    Providers(#[from] skilleval::llm::ConfigError),
 }
 
 /// What a delivery needs once [`Worker::handle`] looked at it.
@@ -154,15 +153,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker with the built-in strategies and runners, sandboxed as configured.
-    pub fn new(settings: Settings, store: Store) -> Worker {
-        let sandbox = Sandbox::detect(settings.sandbox.clone());
-        let executor = Executor::new(
-            StrategyRegistry::builtin().build(),
-            RunnerRegistry::builtin(),
-            Arc::new(sandbox),
-        );
-        Worker::with_executor(settings, store, executor)
+    /// A worker with the built-in strategies and runners, plus the model-backed ones when
+    /// providers are configured ([`crate::llm`]), sandboxed as configured. Fails when a
+    /// configured provider's API key variable is not set.
+    pub fn new(settings: Settings, store: Store) -> Result<Worker, WorkerError> {
+        let executor = crate::llm::build_executor(&settings, &store)?;
+        Ok(Worker::with_executor(settings, store, executor))
     }
 
     /// A worker that executes with `executor` (tests register their own runners).

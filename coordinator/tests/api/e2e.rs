@@ -21,18 +21,40 @@ use tokio_util::sync::CancellationToken;
 use crate::helpers::{spawn_app_with, AppOptions, TestApp};
 use crate::packages::given_package;
 
+/// Per case: (status, score).
+pub(crate) type CaseScores = BTreeMap<String, (String, Option<f64>)>;
+
 /// What a local run says: the summary and, per case, (status, score).
-fn local_run(
+pub(crate) fn local_run(
     zip: &[u8],
     settings: &skilleval_infra::config::Settings,
-) -> (RunSummary, BTreeMap<String, (String, Option<f64>)>) {
+) -> (RunSummary, CaseScores) {
+    local_run_with(zip, settings, None)
+}
+
+/// A local run as `skilleval run` does it; with `clients`, the model-backed strategies and the
+/// `llm` runner are registered through the same shared functions as the CLI.
+pub(crate) fn local_run_with(
+    zip: &[u8],
+    settings: &skilleval_infra::config::Settings,
+    clients: Option<&Arc<skilleval::llm::ProviderClients>>,
+) -> (RunSummary, CaseScores) {
     let package = Package::from_zip_bytes(zip, &settings.limits, None).expect("the package opens");
-    let registry = StrategyRegistry::builtin().build();
+    let (registry, runners) = match clients {
+        Some(c) => (
+            skilleval::llm::register_strategies(StrategyRegistry::builtin(), c).build(),
+            skilleval::llm::register_runner(RunnerRegistry::builtin(), c),
+        ),
+        None => (
+            StrategyRegistry::builtin().build(),
+            RunnerRegistry::builtin(),
+        ),
+    };
     let validation = validate(&package, &registry);
     assert!(validation.is_ok(), "{:?}", validation.problems);
     let executor = Executor::new(
         registry,
-        RunnerRegistry::builtin(),
+        runners,
         Arc::new(Sandbox::detect(settings.sandbox.clone())),
     );
     let jobs = plan(
@@ -72,14 +94,22 @@ async fn start_worker(
     app: &TestApp,
     cache: &Path,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let mut settings = app.settings.clone();
+    start_worker_with(app.settings.clone(), cache).await
+}
+
+/// Starts an in-process worker with `settings` (the app's, adjusted by the caller).
+pub(crate) async fn start_worker_with(
+    settings: skilleval_infra::config::Settings,
+    cache: &Path,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let mut settings = settings;
     settings.worker.package_cache_dir = cache.to_path_buf();
     settings.worker.http_port = 0;
     settings.worker.concurrency = 4;
     let store = Store::connect(&settings.database)
         .await
         .expect("worker store");
-    let worker = Arc::new(skilleval_worker::Worker::new(settings, store));
+    let worker = Arc::new(skilleval_worker::Worker::new(settings, store).expect("worker"));
     let token = CancellationToken::new();
     let stop = token.clone();
     let task = tokio::spawn(async move {
@@ -90,7 +120,7 @@ async fn start_worker(
     (token, task)
 }
 
-async fn wait_for_verdict(app: &TestApp, run_id: &str) -> Value {
+pub(crate) async fn wait_for_verdict(app: &TestApp, run_id: &str) -> Value {
     for _ in 0..600 {
         let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
         if run["verdict"].is_string() {
@@ -101,7 +131,7 @@ async fn wait_for_verdict(app: &TestApp, run_id: &str) -> Value {
     panic!("run {run_id} did not finish within 60 s");
 }
 
-async fn server_cases(app: &TestApp, run_id: &str) -> BTreeMap<String, (String, Option<f64>)> {
+pub(crate) async fn server_cases(app: &TestApp, run_id: &str) -> CaseScores {
     let (_, page) = app
         .get_json(&format!("/v1/runs/{run_id}/results?limit=1000"))
         .await;
@@ -121,7 +151,7 @@ async fn server_cases(app: &TestApp, run_id: &str) -> BTreeMap<String, (String, 
         .collect()
 }
 
-fn assert_same(server: &Value, local: &RunSummary) {
+pub(crate) fn assert_same(server: &Value, local: &RunSummary) {
     let summary = &server["summary"];
     assert_eq!(server["verdict"], local.verdict.as_str());
     assert_eq!(summary["verdict"], local.verdict.as_str());

@@ -456,7 +456,7 @@ impl TestEnv {
         let store = Store::connect(&settings.database)
             .await
             .expect("worker store");
-        let worker = Arc::new(Worker::new(settings, store));
+        let worker = Arc::new(Worker::new(settings, store).expect("worker"));
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(worker.clone().run(shutdown.clone()));
         RunningWorker {

@@ -254,7 +254,7 @@ async fn one_step_decides_what_each_delivery_needs() {
     let seeded = env.seed_run(3, &Produce::Given { fail_every: 0 }).await;
     let settings = env.settings("step");
     let store = Store::connect(&settings.database).await.unwrap();
-    let worker = Worker::new(settings, store);
+    let worker = Worker::new(settings, store).expect("worker");
     let fresh = DeliveryInfo::default();
     let publisher = Some(&env.publisher);
 
