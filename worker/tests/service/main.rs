@@ -4,5 +4,6 @@
 mod helpers;
 
 mod faults;
+mod llm;
 mod pipeline;
 mod processes;

@@ -1,0 +1,195 @@
+//! The fleet's model-call state on the real PostgreSQL: the response cache (round trip, expiry,
+//! a hit sends no request) and the rate limiter shared by several workers (two limiters on
+//! one database never grant more than the requests-per-minute limit in a window together; a
+//! database error lets the call through).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use skilleval::llm::{
+    ChatRequest, LlmClient, Message, ProviderConfig, ProviderKind, RateLimiter, ResponseCache,
+};
+use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache, Reservation};
+use skilleval_infra::store::Store;
+
+use crate::helpers::TestEnv;
+
+async fn chat(State(calls): State<Arc<AtomicUsize>>, Json(_body): Json<Value>) -> Json<Value> {
+    let n = calls.fetch_add(1, Ordering::SeqCst);
+    Json(json!({
+        "id": "c1",
+        "model": "mock-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("answer {n}")}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2}
+    }))
+}
+
+#[tokio::test]
+async fn the_postgres_cache_round_trips_and_a_hit_sends_no_request() {
+    let env = TestEnv::new().await;
+    let cache = PgResponseCache::new(env.store.pool().clone());
+    assert_eq!(cache.get("k1").await, None, "a miss");
+    let value = json!({"text": "hello", "model": "m", "usage": {}});
+    cache.put("k1", &value).await;
+    assert_eq!(cache.get("k1").await, Some(value.clone()));
+    let newer = json!({"text": "again", "model": "m"});
+    cache.put("k1", &newer).await;
+    assert_eq!(cache.get("k1").await, Some(newer), "a put replaces");
+    let (model,): (Option<String>,) =
+        sqlx::query_as("SELECT model FROM llm_cache WHERE key = 'k1'")
+            .fetch_one(env.store.pool())
+            .await
+            .expect("row");
+    assert_eq!(model.as_deref(), Some("m"));
+
+    // An expired entry is a miss.
+    let short = PgResponseCache::new(env.store.pool().clone()).with_ttl(Some(Duration::ZERO));
+    short.put("k2", &value).await;
+    assert_eq!(short.get("k2").await, None);
+
+    // Through a client: the second equal request is answered from Postgres.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .with_state(calls.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let config = ProviderConfig {
+        base_url: format!("http://{addr}/v1"),
+        ..ProviderConfig::new("mock", ProviderKind::Openai, "mock-model")
+    };
+    let shared: Arc<dyn ResponseCache> = Arc::new(PgResponseCache::new(env.store.pool().clone()));
+    // Two clients, as on two workers, sharing the one database.
+    let first = LlmClient::new(config.clone(), None)
+        .expect("client")
+        .with_cache(shared.clone());
+    let second = LlmClient::new(config, None)
+        .expect("client")
+        .with_cache(shared);
+    let req = ChatRequest {
+        messages: vec![Message::user("Say hello")],
+        ..ChatRequest::default()
+    };
+    let a = first.chat(&req).await.expect("first call");
+    assert!(!a.cached);
+    let b = second.chat(&req).await.expect("second call");
+    assert!(b.cached, "served from the Postgres cache");
+    assert_eq!(a.text, b.text);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "a hit sends no request");
+    server.abort();
+}
+
+/// Seconds left in the current 60 s window, on the database's clock.
+async fn seconds_left_in_window(store: &Store) -> f64 {
+    let (left,): (f64,) =
+        sqlx::query_as("SELECT (60 - mod(extract(epoch FROM now()), 60))::float8")
+            .fetch_one(store.pool())
+            .await
+            .expect("clock");
+    left
+}
+
+#[tokio::test]
+async fn two_limiters_on_one_database_never_grant_more_than_the_rpm_together() {
+    let env = TestEnv::new().await;
+    const RPM: u32 = 5;
+    let limits = HashMap::from([("p".to_string(), (Some(RPM), None))]);
+    // Two workers: their own pools, one database.
+    let a = Store::connect_url(&env.db_url, 3).await.expect("pool a");
+    let b = Store::connect_url(&env.db_url, 3).await.expect("pool b");
+    let limiters = [
+        Arc::new(PgRateLimiter::new(a.pool().clone(), limits.clone())),
+        Arc::new(PgRateLimiter::new(b.pool().clone(), limits)),
+    ];
+    // Stay inside one window: start early in it.
+    let left = seconds_left_in_window(&env.store).await;
+    if left < 8.0 {
+        tokio::time::sleep(Duration::from_secs_f64(left + 0.2)).await;
+    }
+
+    let granted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for limiter in &limiters {
+        for _ in 0..8 {
+            let limiter = limiter.clone();
+            let granted = granted.clone();
+            tasks.push(tokio::spawn(async move {
+                // The caller's deadline bounds the wait for the next window.
+                if tokio::time::timeout(Duration::from_secs(3), limiter.acquire("p", 100))
+                    .await
+                    .is_ok()
+                {
+                    granted.fetch_add(1, Ordering::SeqCst);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(
+        granted.load(Ordering::SeqCst),
+        RPM as usize,
+        "16 callers on two workers, {RPM} per minute: exactly {RPM} granted in the window"
+    );
+    let rows: Vec<(i32,)> =
+        sqlx::query_as("SELECT requests FROM provider_rate_windows WHERE provider = 'p'")
+            .fetch_all(env.store.pool())
+            .await
+            .expect("windows");
+    assert_eq!(rows, vec![(5,)], "one window, at the limit");
+    assert!(matches!(
+        limiters[0].try_reserve("p", 1).await.expect("reserve"),
+        Reservation::Full(wait) if wait <= Duration::from_secs(61)
+    ));
+    // A provider without limits is not counted.
+    limiters[1].acquire("other", 1_000_000).await;
+    assert_eq!(limiters[1].prune(1).await.expect("prune"), 0);
+}
+
+#[tokio::test]
+async fn the_limiter_counts_tokens_and_a_database_error_lets_the_call_through() {
+    let env = TestEnv::new().await;
+    let left = seconds_left_in_window(&env.store).await;
+    if left < 5.0 {
+        tokio::time::sleep(Duration::from_secs_f64(left + 0.2)).await;
+    }
+    let limiter = PgRateLimiter::new(
+        env.store.pool().clone(),
+        HashMap::from([("p".to_string(), (None, Some(1_000)))]),
+    );
+    assert_eq!(
+        limiter.try_reserve("p", 600).await.expect("r1"),
+        Reservation::Granted
+    );
+    assert!(matches!(
+        limiter.try_reserve("p", 600).await.expect("r2"),
+        Reservation::Full(_)
+    ));
+    assert_eq!(
+        limiter.try_reserve("p", 400).await.expect("r3"),
+        Reservation::Granted
+    );
+
+    // Postgres gone: the call goes ahead rather than stalling the fleet.
+    let pool = Store::connect_url(&env.db_url, 1).await.expect("pool");
+    let broken = PgRateLimiter::new(
+        pool.pool().clone(),
+        HashMap::from([("p".to_string(), (Some(1), None))]),
+    );
+    pool.pool().close().await;
+    tokio::time::timeout(Duration::from_secs(5), broken.acquire("p", 1))
+        .await
+        .expect("a database error does not block the caller");
+}
