@@ -8,6 +8,7 @@
 mod aggregate;
 mod deploy;
 mod e2e;
+mod e2e_llm;
 mod helpers;
 mod openapi;
 mod packages;
