@@ -45,7 +45,7 @@ log "cargo test"
 cargo test --workspace --locked -- "$@"
 
 log "every example validates and runs"
-cargo build --locked -p skilleval-cli
+cargo build --workspace --locked --bins  # same feature set as the tests: no rebuild
 bin="${CARGO_TARGET_DIR:-target}/debug/skilleval"
 for skill in examples/skills/*/; do
     "$bin" validate "$skill"
