@@ -16,6 +16,9 @@
 //! little under the key's. The adaptive concurrency limit and the 429 handling of the call
 //! layer absorb the rest.
 //!
+//! The first reservation of a window (its row inserted, not updated) deletes the windows older
+//! than [`KEEP_WINDOWS`], so the table stays a few rows per provider.
+//!
 //! **A database error lets the call through** (with a warning) rather than stalling: the
 //! limiter protects the provider key's quota, the provider still enforces it with 429s that the
 //! call layer waits out, while a fleet that stops calling models because Postgres blinked would
@@ -31,6 +34,9 @@ use sqlx::PgPool;
 
 /// Length of a rate-limit window.
 pub const RATE_WINDOW_SECS: i64 = 60;
+
+/// Windows kept behind the current one; older rows are deleted when a new window opens.
+pub const KEEP_WINDOWS: u32 = 10;
 
 /// `llm_cache` as a [`ResponseCache`].
 #[derive(Debug, Clone)]
@@ -149,7 +155,7 @@ impl PgRateLimiter {
             .filter(|t| *t > 0)
             .map(|t| i64::try_from(t).unwrap_or(i64::MAX));
         let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
-        let (granted, wait_secs): (bool, f64) = sqlx::query_as(
+        let (granted, fresh, wait_secs): (bool, bool, f64) = sqlx::query_as(
             "WITH w AS (
                 SELECT to_timestamp(floor(extract(epoch FROM now()) / $5) * $5) AS start
              ), reserved AS (
@@ -159,9 +165,10 @@ impl PgRateLimiter {
                    SET requests = r.requests + 1, tokens = r.tokens + EXCLUDED.tokens
                    WHERE ($3::bigint IS NULL OR r.requests + 1 <= $3)
                      AND ($4::bigint IS NULL OR r.tokens + EXCLUDED.tokens <= $4 OR r.tokens = 0)
-                RETURNING 1
+                RETURNING (r.xmax = 0) AS fresh
              )
              SELECT EXISTS (SELECT 1 FROM reserved),
+                    coalesce((SELECT fresh FROM reserved), false),
                     extract(epoch FROM (w.start + make_interval(secs => $5) - now()))::float8
              FROM w",
         )
@@ -172,6 +179,15 @@ impl PgRateLimiter {
         .bind(RATE_WINDOW_SECS as f64)
         .fetch_one(&self.pool)
         .await?;
+        if fresh {
+            // The first request of a window: drop the windows nobody needs any more.
+            let pruner = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = pruner.prune(KEEP_WINDOWS).await {
+                    tracing::debug!(error = %e, "pruning old rate-limit windows");
+                }
+            });
+        }
         if granted {
             Ok(Reservation::Granted)
         } else {

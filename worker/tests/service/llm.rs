@@ -169,10 +169,33 @@ async fn the_limiter_counts_tokens_and_a_database_error_lets_the_call_through() 
         env.store.pool().clone(),
         HashMap::from([("p".to_string(), (None, Some(1_000)))]),
     );
+    sqlx::query(
+        "INSERT INTO provider_rate_windows (provider, window_start, requests, tokens)
+         VALUES ('p', now() - interval '1 hour', 3, 3)",
+    )
+    .execute(env.store.pool())
+    .await
+    .expect("an old window");
     assert_eq!(
         limiter.try_reserve("p", 600).await.expect("r1"),
         Reservation::Granted
     );
+    // Opening a window prunes the old ones (in the background).
+    let mut old_windows = 1;
+    for _ in 0..50 {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM provider_rate_windows WHERE window_start < now() - interval '30 minutes'",
+        )
+        .fetch_one(env.store.pool())
+        .await
+        .expect("count");
+        old_windows = n;
+        if n == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(old_windows, 0, "old windows are pruned");
     assert!(matches!(
         limiter.try_reserve("p", 600).await.expect("r2"),
         Reservation::Full(_)
