@@ -9,6 +9,9 @@
 //! Finalising is exactly-once even with several replicas racing: the summary is computed from
 //! the stored results, then written by a conditional `UPDATE ... WHERE NOT finalised`; only the
 //! caller whose update matched sends the webhook.
+//!
+//! A run its budget stopped (`stop_reason`, set when recording results pushed it over) is
+//! finalised like any other, but its verdict is `fail` with the stop as the first reason.
 
 use std::sync::Arc;
 
@@ -16,6 +19,7 @@ use crate::db::{self as runs, CaseRow};
 use anyhow::Context as _;
 use serde_json::{json, Value};
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::llm::budget::mark_stopped;
 use skilleval::model::EvalConfig;
 use skilleval::plan::Job;
 use skilleval::summary::{summarize, RunSummary};
@@ -105,7 +109,19 @@ impl RunAggregator {
         let config: EvalConfig =
             serde_json::from_value(run.config.clone()).context("stored eval config")?;
         let results = load_results(&self.pool, run_id).await?;
-        let summary = summarize(&results, &config.settings);
+        let mut summary = summarize(&results, &config.settings);
+        if let Some(reason) = &run.stop_reason {
+            // A run its budget stopped did not run every case: it must not pass, whatever the
+            // cases it did run scored. The cases the stop skipped carry the reason itself.
+            let not_run = results
+                .iter()
+                .filter(|r| {
+                    r.status == CaseStatus::Skipped
+                        && r.details.get("skipped").and_then(Value::as_str) == Some(reason)
+                })
+                .count();
+            mark_stopped(&mut summary, reason, not_run as u64);
+        }
         let summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
         let won =
             runs::finalise(&self.pool, run_id, &summary_json, summary.verdict.as_str()).await?;

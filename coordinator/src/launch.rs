@@ -36,6 +36,10 @@ pub struct RunRequest {
     pub idempotency_key: Option<String>,
     /// `upload` or `manual`.
     pub kind: &'static str,
+    /// Budget: the run stops once its cases spent more than this (`None`: no cap). Validated
+    /// by the route (`> 0`, `>= 1`); the database's CHECKs hold the same rules.
+    pub max_cost_usd: Option<f64>,
+    pub max_tokens: Option<i64>,
 }
 
 /// Creates runs and publishes their jobs.
@@ -207,6 +211,8 @@ async fn insert_planned(
             "suite": request.filter.suite,
             "test_cases": request.filter.case_ids,
         }),
+        max_cost_usd: request.max_cost_usd,
+        max_tokens: request.max_tokens,
     };
     Ok(runs::insert_run(conn, &new_run, &jobs).await?)
 }

@@ -37,6 +37,20 @@ pub struct Counters {
     pub skipped: i32,
 }
 
+/// What a run's recorded cases spent, producing and grading together.
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageView {
+    pub tokens: i64,
+    pub cost_usd: f64,
+}
+
+/// The caps a run was created with (`None`: no cap on that measure).
+#[derive(Debug, Clone, Serialize)]
+pub struct BudgetView {
+    pub max_cost_usd: Option<f64>,
+    pub max_tokens: Option<i64>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SummaryView {
     pub mean: f64,
@@ -64,6 +78,10 @@ pub struct RunView {
     pub callback_url: Option<String>,
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    pub usage: UsageView,
+    pub budget: BudgetView,
+    /// Why the run stopped before running every case (a budget), when it did.
+    pub stop_reason: Option<String>,
 }
 
 impl RunView {
@@ -103,6 +121,15 @@ impl RunView {
             callback_url: r.callback_url.clone(),
             created_at: r.created_at,
             finished_at: r.finished_at,
+            usage: UsageView {
+                tokens: r.tokens,
+                cost_usd: r.cost_usd,
+            },
+            budget: BudgetView {
+                max_cost_usd: r.max_cost_usd,
+                max_tokens: r.max_tokens,
+            },
+            stop_reason: r.stop_reason.clone(),
         }
     }
 }

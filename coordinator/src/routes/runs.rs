@@ -39,6 +39,13 @@ pub struct CreateRunBody {
     pub callback_url: Option<String>,
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Budget: stop the run once its cases spent more than this many US dollars.
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
+    /// Budget: stop the run once its cases spent more than this many tokens. Signed so that a
+    /// negative value reaches the range check and its message, not a type error.
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
 }
 
 /// `POST /v1/runs`.
@@ -68,6 +75,7 @@ pub async fn create(
             ));
         }
     }
+    check_budget(body.max_cost_usd, body.max_tokens)?;
     let request = RunRequest {
         version_id: body.version_id,
         runner: body.runner,
@@ -79,6 +87,8 @@ pub async fn create(
         callback_url: body.callback_url,
         idempotency_key: body.idempotency_key,
         kind: "manual",
+        max_cost_usd: body.max_cost_usd,
+        max_tokens: body.max_tokens,
     };
     let inserted = state.launcher.create(&request).await?;
     Ok((
@@ -88,6 +98,28 @@ pub async fn create(
             created: matches!(inserted, RunInsert::Created(_)),
         }),
     ))
+}
+
+/// Budget caps are well-formed JSON of the right type but may break their range: that is a
+/// 422 (the request is understood, its values are not acceptable), naming field and rule like
+/// every other field error.
+fn check_budget(max_cost_usd: Option<f64>, max_tokens: Option<i64>) -> Result<(), ApiError> {
+    let invalid = |field: &str, rule: &str| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_budget",
+            format!("`{field}`: {rule}"),
+        )
+        .with_details(json!({ "field": field, "rule": rule }))
+    };
+    // NaN fails this too (JSON cannot carry one, but the rule should not depend on that).
+    if max_cost_usd.is_some_and(|max| !(max > 0.0 && max.is_finite())) {
+        return Err(invalid("/max_cost_usd", "must be a number greater than 0"));
+    }
+    if max_tokens.is_some_and(|max| max < 1) {
+        return Err(invalid("/max_tokens", "must be an integer of at least 1"));
+    }
+    Ok(())
 }
 
 /// `GET /v1/runs/{id}`.

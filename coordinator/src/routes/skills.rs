@@ -115,6 +115,8 @@ pub async fn upload(
             callback_url: query.callback_url.clone(),
             idempotency_key: None,
             kind: "upload",
+            max_cost_usd: None,
+            max_tokens: None,
         };
         Some(state.launcher.insert(&mut tx, &request).await?)
     } else {

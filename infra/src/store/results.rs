@@ -4,7 +4,13 @@
 //! exactly once. [`Store::record_results`] writes a whole batch in one statement: it updates
 //! only rows still `queued` (so a redelivered job, or the same case finished by two workers,
 //! changes nothing the second time) and, in the same statement, adds to each run's counters
-//! exactly the rows that changed, once per run. Concurrent writers of the same row serialise on
+//! exactly the rows that changed, once per run — cases and the tokens and cost they spent
+//! (producing and grading). When that pushes a run over its budget (`max_tokens`,
+//! `max_cost_usd`), the same transaction stops it: [`runs::stop_for_budget`] sets its
+//! `stop_reason` and skips its remaining queued rows, holding the run's row lock throughout.
+//! A concurrent batch of the same run that already locked some of those rows can deadlock with
+//! the stop; Postgres aborts one of the two (a transient error, as below), and a retry either
+//! finds its rows skipped or stops the run itself. Concurrent writers of the same row serialise on
 //! its row lock; the loser re-checks `status = 'queued'` after the winner commits and matches
 //! nothing. Two batches that overlap in rows can deadlock; Postgres then aborts one, which
 //! [`super::StoreError::is_transient`] reports as worth retrying.
@@ -14,9 +20,10 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::llm::budget::BUDGET_EXCEEDED;
 use uuid::Uuid;
 
-use super::{Store, StoreError};
+use super::{runs, Store, StoreError};
 
 /// A result whose row this call moved out of `queued`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,11 +95,16 @@ changed AS (
         updated_at = now()
     FROM input i
     WHERE e.run_id = i.run_id AND e.test_case_id = i.test_case_id AND e.status = 'queued'
-    RETURNING e.run_id, e.test_case_id, e.status
+    RETURNING e.run_id, e.test_case_id, e.status,
+              e.produce_input_tokens + e.produce_output_tokens
+                + e.grade_input_tokens + e.grade_output_tokens AS tokens,
+              e.produce_cost_usd + e.grade_cost_usd AS cost_usd
 ),
 counts AS (
     SELECT run_id,
            count(*)::int4 AS n,
+           sum(tokens)::int8 AS tokens,
+           sum(cost_usd)::float8 AS cost_usd,
            (count(*) FILTER (WHERE status = 'passed'))::int4 AS passed,
            (count(*) FILTER (WHERE status = 'failed'))::int4 AS failed,
            (count(*) FILTER (WHERE status = 'errored'))::int4 AS errored,
@@ -106,13 +118,61 @@ bumped AS (
         failed = r.failed + c.failed,
         errored = r.errored + c.errored,
         skipped = r.skipped + c.skipped,
+        tokens = r.tokens + c.tokens,
+        cost_usd = r.cost_usd + c.cost_usd,
         started_at = COALESCE(r.started_at, now())
     FROM counts c
     WHERE r.id = c.run_id
-    RETURNING r.id
+    -- The new totals and the caps: the caller stops a run over budget in this transaction,
+    -- while this statement's row lock on the run is still held.
+    RETURNING r.id, r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd,
+              (r.status = 'running' AND NOT r.finalised AND r.stop_reason IS NULL) AS stoppable
 )
-SELECT run_id, test_case_id, status FROM changed
+SELECT c.run_id, c.test_case_id, c.status,
+       b.tokens, b.cost_usd, b.budget_max_tokens, b.budget_max_cost_usd, b.stoppable
+FROM changed c JOIN bumped b ON b.id = c.run_id
 ";
+
+/// A changed row with its run's totals after this batch, as [`RECORD_RESULTS`] returns it.
+type RecordedRow = (
+    Uuid,
+    String,
+    String,
+    i64,
+    f64,
+    Option<i64>,
+    Option<f64>,
+    bool,
+);
+
+/// What a run spent against its caps, right after a batch was added to it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunSpend {
+    pub tokens: i64,
+    pub cost_usd: f64,
+    pub max_tokens: Option<i64>,
+    pub max_cost_usd: Option<f64>,
+}
+
+impl RunSpend {
+    /// `Some(reason)` when a cap is exceeded (strictly: spending exactly the cap is within it).
+    /// The reason is what every case the stop skips records, and the run's `stop_reason`.
+    pub fn exceeded(&self) -> Option<String> {
+        if let Some(max) = self.max_tokens.filter(|max| self.tokens > *max) {
+            return Some(format!(
+                "{BUDGET_EXCEEDED}: tokens {} > {max} (max_tokens)",
+                self.tokens
+            ));
+        }
+        if let Some(max) = self.max_cost_usd.filter(|max| self.cost_usd > *max) {
+            return Some(format!(
+                "{BUDGET_EXCEEDED}: cost_usd {:.6} > {max:.6} (max_cost_usd)",
+                self.cost_usd
+            ));
+        }
+        None
+    }
+}
 
 /// The batch as parallel arrays, one per column (what `UNNEST` takes).
 #[derive(Default)]
@@ -223,7 +283,7 @@ impl Store {
             .begin()
             .await
             .map_err(StoreError::query("starting the results transaction"))?;
-        let rows: Vec<(Uuid, String, String)> = sqlx::query_as(RECORD_RESULTS)
+        let rows: Vec<RecordedRow> = sqlx::query_as(RECORD_RESULTS)
             .bind(cols.run_id)
             .bind(cols.test_case_id)
             .bind(cols.status)
@@ -256,12 +316,36 @@ impl Store {
             .fetch_all(&mut *tx)
             .await
             .map_err(StoreError::query("recording results"))?;
+        // A run this batch pushed over its budget stops now, in the same transaction: its
+        // remaining queued rows are skipped (with their counters) before any other batch of
+        // the run can commit, so no case is recorded past the stop and the counters stay exact.
+        let mut over: Vec<(Uuid, String)> = Vec::new();
+        for (run_id, _, _, tokens, cost_usd, max_tokens, max_cost_usd, stoppable) in &rows {
+            if !*stoppable || over.iter().any(|(id, _)| id == run_id) {
+                continue;
+            }
+            let spend = RunSpend {
+                tokens: *tokens,
+                cost_usd: *cost_usd,
+                max_tokens: *max_tokens,
+                max_cost_usd: *max_cost_usd,
+            };
+            if let Some(reason) = spend.exceeded() {
+                over.push((*run_id, reason));
+            }
+        }
+        for (run_id, reason) in &over {
+            let skipped = runs::stop_for_budget(&mut tx, *run_id, reason)
+                .await
+                .map_err(StoreError::query("stopping a run over its budget"))?;
+            tracing::info!(%run_id, skipped, reason = %reason, "budget exceeded: run stopped");
+        }
         tx.commit()
             .await
             .map_err(StoreError::query("committing results"))?;
         Ok(rows
             .into_iter()
-            .filter_map(|(run_id, test_case_id, status)| {
+            .filter_map(|(run_id, test_case_id, status, ..)| {
                 CaseStatus::parse(&status).map(|status| Changed {
                     run_id,
                     test_case_id,
@@ -271,14 +355,18 @@ impl Store {
             .collect())
     }
 
-    /// Whether the run was cancelled (an unknown run is not).
+    /// Whether the run was cancelled or stopped by its budget (an unknown run is not): either
+    /// way its remaining jobs must not run. A stopped run's rows are no longer `queued`, so
+    /// whatever a worker records for them changes nothing; this only saves the execution (and
+    /// the money a budget stop is meant to save).
     pub async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, StoreError> {
-        let cancelled: Option<bool> =
-            sqlx::query_scalar("SELECT status = 'cancelled' FROM runs WHERE id = $1")
-                .bind(run_id)
-                .fetch_optional(self.pool())
-                .await
-                .map_err(StoreError::query("reading a run's status"))?;
+        let cancelled: Option<bool> = sqlx::query_scalar(
+            "SELECT status = 'cancelled' OR stop_reason IS NOT NULL FROM runs WHERE id = $1",
+        )
+        .bind(run_id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(StoreError::query("reading a run's status"))?;
         Ok(cancelled.unwrap_or(false))
     }
 
@@ -302,5 +390,41 @@ impl Store {
             run_status,
             case_status: case_status.as_deref().and_then(CaseStatus::parse),
         }))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cap_is_exceeded_only_when_spending_passes_it() {
+        let spend = |tokens, cost_usd| RunSpend {
+            tokens,
+            cost_usd,
+            max_tokens: Some(100),
+            max_cost_usd: Some(0.5),
+        };
+        assert_eq!(
+            spend(100, 0.5).exceeded(),
+            None,
+            "reaching a cap is within it"
+        );
+        assert_eq!(
+            spend(101, 0.0).exceeded().unwrap(),
+            "budget exceeded: tokens 101 > 100 (max_tokens)"
+        );
+        assert_eq!(
+            spend(0, 0.75).exceeded().unwrap(),
+            "budget exceeded: cost_usd 0.750000 > 0.500000 (max_cost_usd)"
+        );
+        let unlimited = RunSpend {
+            tokens: i64::MAX,
+            cost_usd: f64::MAX,
+            max_tokens: None,
+            max_cost_usd: None,
+        };
+        assert_eq!(unlimited.exceeded(), None);
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! - a run is created with one `queued` row per case in one transaction ([`insert_run`]);
 //! - a row leaves `queued` exactly once, by a worker's upsert or by [`skip_queued`] (cancel,
-//!   failFast), and whoever moves it bumps the run's counters in the same statement;
+//!   failFast, a budget stop), and whoever moves it bumps the run's counters in the same statement;
 //! - a run whose `completed` reached `total` is finalised once ([`finalise`]: a conditional
 //!   `UPDATE ... WHERE NOT finalised`).
 //!
@@ -204,6 +204,9 @@ pub struct NewRun<'a> {
     pub fail_fast: bool,
     /// The request that made it (filters), for the record.
     pub request: Value,
+    /// Budget: the run stops once its cases spent more than this (`None`: no cap).
+    pub max_cost_usd: Option<f64>,
+    pub max_tokens: Option<i64>,
 }
 
 /// Whether [`insert_run`] created the run or found the one with the same idempotency key.
@@ -233,8 +236,8 @@ pub async fn insert_run(
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO runs
             (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
-             max_in_flight, fail_fast, request)
-         VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, $8, $9, $10)
+             max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens)
+         VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, $8, $9, $10, $11, $12)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
     )
@@ -248,6 +251,8 @@ pub async fn insert_run(
     .bind(run.max_in_flight)
     .bind(run.fail_fast)
     .bind(&run.request)
+    .bind(run.max_cost_usd)
+    .bind(run.max_tokens)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(run_id) = inserted else {
@@ -471,6 +476,31 @@ pub async fn stop_after_failure(
     Ok(skipped)
 }
 
+/// Budget: stops a running run that went over its budget, in the caller's transaction (the one
+/// that recorded the spending): sets `stop_reason` once and skips the run's remaining queued
+/// rows through [`skip_queued`], so the counters stay exact and the run then completes and is
+/// finalised like any other. Returns how many rows it skipped (0 when the run was already
+/// stopped, cancelled or finalised).
+pub async fn stop_for_budget(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    reason: &str,
+) -> Result<i64, sqlx::Error> {
+    let stopped: Option<Uuid> = sqlx::query_scalar(
+        "UPDATE runs SET stop_reason = $2
+         WHERE id = $1 AND status = 'running' AND NOT finalised AND stop_reason IS NULL
+         RETURNING id",
+    )
+    .bind(run_id)
+    .bind(reason)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if stopped.is_none() {
+        return Ok(0);
+    }
+    skip_queued(conn, run_id, reason).await
+}
+
 /// Runs whose counters are complete but that are not finalised yet (the aggregator's sweep).
 pub async fn runs_ready_to_finalise(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
@@ -582,13 +612,21 @@ pub struct RunRow {
     pub finalised: bool,
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// What the recorded cases spent, producing and grading together.
+    pub tokens: i64,
+    pub cost_usd: f64,
+    pub max_tokens: Option<i64>,
+    pub max_cost_usd: Option<f64>,
+    /// Why the run stopped early (a budget), when it did.
+    pub stop_reason: Option<String>,
 }
 
 pub async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash, c.profile, c.config,
                 r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
-                r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at
+                r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at,
+                r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd, r.stop_reason
          FROM runs r
          JOIN skill_versions v ON v.id = r.version_id
          JOIN skills s ON s.id = v.skill_id
@@ -622,6 +660,11 @@ pub async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx
             finalised: r.try_get(19)?,
             created_at: r.try_get(20)?,
             finished_at: r.try_get(21)?,
+            tokens: r.try_get(22)?,
+            cost_usd: r.try_get(23)?,
+            max_tokens: r.try_get(24)?,
+            max_cost_usd: r.try_get(25)?,
+            stop_reason: r.try_get(26)?,
         })
     })
     .transpose()
