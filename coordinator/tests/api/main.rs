@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod aggregate;
+mod budget;
 mod deploy;
 mod e2e;
 mod e2e_llm;
