@@ -29,7 +29,10 @@ use crate::strategy::{CompileContext, GradeEnv, GradeInput, Grader, StrategyRegi
 pub const MAX_STORED_OUTPUT_BYTES: usize = 256 * 1024;
 
 /// Most compiled graders kept; past it the cache is emptied (cheap to rebuild, bounded memory).
-const GRADER_CACHE_CAPACITY: usize = 50_000;
+/// A compiled regex case weighs tens of KB (docs/performance.md measured ~65 KB per
+/// `regex_match` case), so this bounds the cache to well under 100 MB while still holding every
+/// case of the packages a worker is busy with.
+pub const GRADER_CACHE_CAPACITY: usize = 1_024;
 
 /// The state of one test case's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -296,6 +299,10 @@ impl Executor {
     {
         if let Ok(mut cache) = self.graders.lock() {
             for (case_id, grader) in graders {
+                if cache.len() >= GRADER_CACHE_CAPACITY {
+                    // The rest compile lazily, once each, when their jobs run.
+                    break;
+                }
                 cache.insert((package_hash.to_string(), case_id), grader);
             }
         }
@@ -724,6 +731,21 @@ mod tests {
         let a = ex.grader_for(&j, Path::new("/")).unwrap();
         let b = ex.grader_for(&j, Path::new("/")).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    #[test]
+    fn the_grader_cache_stays_within_its_capacity() {
+        let (ex, _) = executor(vec![]);
+        let grader = ex.grader_for(&job(0, 1_000), Path::new("/")).unwrap();
+        ex.prime(
+            "other",
+            (0..GRADER_CACHE_CAPACITY + 10).map(|i| (format!("c{i}"), grader.clone())),
+        );
+        assert!(ex.graders.lock().unwrap().len() <= GRADER_CACHE_CAPACITY);
+        let mut j = job(0, 1_000);
+        j.package_hash = "third".into();
+        ex.grader_for(&j, Path::new("/")).unwrap();
+        assert!(ex.graders.lock().unwrap().len() <= GRADER_CACHE_CAPACITY);
     }
 
     #[test]
