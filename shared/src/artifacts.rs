@@ -295,44 +295,22 @@ pub fn append_benchmark(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grade::Usage;
+    use crate::executor::test_result;
     use crate::model::Settings;
     use crate::summary::summarize;
     use uuid::Uuid;
 
     fn result(id: &str, details: Value, status: CaseStatus) -> JobResult {
-        let now = Utc::now();
+        let score = Some(if status == CaseStatus::Passed {
+            1.0
+        } else {
+            0.5
+        });
         JobResult {
-            run_id: Uuid::nil(),
-            test_case_id: id.into(),
-            name: id.into(),
-            case_index: 0,
-            status,
             strategy: "regex_match".into(),
-            score: Some(if status == CaseStatus::Passed {
-                1.0
-            } else {
-                0.5
-            }),
             details,
-            rubric_scores: None,
-            feedback: None,
-            output: None,
-            output_truncated: false,
-            expected_output: None,
-            matched_patterns: None,
-            schema_errors: None,
             duration_ms: 1500,
-            attempts: vec![],
-            error: None,
-            produce_usage: Usage::default(),
-            grade_usage: Usage::default(),
-            tags: vec![],
-            suites: vec![],
-            weight: 1.0,
-            critical: false,
-            started_at: now,
-            finished_at: now,
+            ..test_result(id, status, score)
         }
     }
 

@@ -505,6 +505,41 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A test fixture: a graded `exact_match` result with neutral defaults (nil run id, name = id,
+/// index 0, weight 1, no usage, no tags). Tests override fields with struct-update syntax.
+#[cfg(test)]
+pub(crate) fn test_result(id: &str, status: CaseStatus, score: Option<f64>) -> JobResult {
+    let now = Utc::now();
+    JobResult {
+        run_id: Uuid::nil(),
+        test_case_id: id.into(),
+        name: id.into(),
+        case_index: 0,
+        status,
+        strategy: "exact_match".into(),
+        score,
+        details: serde_json::json!({}),
+        rubric_scores: None,
+        feedback: None,
+        output: None,
+        output_truncated: false,
+        expected_output: None,
+        matched_patterns: None,
+        schema_errors: None,
+        duration_ms: 0,
+        attempts: vec![],
+        error: None,
+        produce_usage: Usage::default(),
+        grade_usage: Usage::default(),
+        tags: vec![],
+        suites: vec![],
+        weight: 1.0,
+        critical: false,
+        started_at: now,
+        finished_at: now,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

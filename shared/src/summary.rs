@@ -346,9 +346,8 @@ pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::Utc;
+    use crate::executor::test_result;
     use serde_json::json;
-    use uuid::Uuid;
 
     fn result(
         id: &str,
@@ -357,34 +356,11 @@ mod tests {
         weight: f64,
         tags: &[&str],
     ) -> JobResult {
-        let now = Utc::now();
         JobResult {
-            run_id: Uuid::nil(),
-            test_case_id: id.into(),
-            name: id.into(),
-            case_index: 0,
-            status,
-            strategy: "exact_match".into(),
-            score,
-            details: json!({}),
-            rubric_scores: None,
-            feedback: None,
-            output: None,
-            output_truncated: false,
-            expected_output: None,
-            matched_patterns: None,
-            schema_errors: None,
             duration_ms: 10,
-            attempts: vec![],
-            error: None,
-            produce_usage: Usage::default(),
-            grade_usage: Usage::default(),
             tags: tags.iter().map(|t| t.to_string()).collect(),
-            suites: vec![],
             weight,
-            critical: false,
-            started_at: now,
-            finished_at: now,
+            ..test_result(id, status, score)
         }
     }
 

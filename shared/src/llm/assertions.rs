@@ -368,34 +368,11 @@ mod tests {
         assert!(grade_answer(&answer, output, Some(0.5)).passed);
 
         // The artefacts read details.assertions into both grading.json shapes.
-        let now = chrono::Utc::now();
         let r = crate::executor::JobResult {
-            run_id: uuid::Uuid::nil(),
-            test_case_id: "1".into(),
-            name: "1".into(),
-            case_index: 0,
-            status: crate::executor::CaseStatus::Failed,
             strategy: "assertions".into(),
-            score: Some(g.score),
             details: g.details,
-            rubric_scores: None,
-            feedback: None,
-            output: None,
-            output_truncated: false,
-            expected_output: None,
-            matched_patterns: None,
-            schema_errors: None,
             duration_ms: 1,
-            attempts: vec![],
-            error: None,
-            produce_usage: Default::default(),
-            grade_usage: Default::default(),
-            tags: vec![],
-            suites: vec![],
-            weight: 1.0,
-            critical: false,
-            started_at: now,
-            finished_at: now,
+            ..crate::executor::test_result("1", crate::executor::CaseStatus::Failed, Some(g.score))
         };
         let doc = artifacts::grading_json(&r);
         assert_eq!(

@@ -515,8 +515,8 @@ pub fn markdown(summary: &BaselineSummary, repeats: Option<&RepeatsSummary>) -> 
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::executor::test_result;
     use crate::grade::Usage;
-    use chrono::Utc;
 
     pub(crate) fn result(
         id: &str,
@@ -526,38 +526,16 @@ mod tests {
         tokens: u64,
         ms: u64,
     ) -> JobResult {
-        let now = Utc::now();
         JobResult {
-            run_id: uuid::Uuid::nil(),
-            test_case_id: id.into(),
             name: format!("case {id}"),
             case_index: index,
-            status,
-            strategy: "exact_match".into(),
-            score,
-            details: json!({}),
-            rubric_scores: None,
-            feedback: None,
-            output: None,
-            output_truncated: false,
-            expected_output: None,
-            matched_patterns: None,
-            schema_errors: None,
             duration_ms: ms,
-            attempts: vec![],
-            error: None,
             produce_usage: Usage {
                 input_tokens: tokens,
                 output_tokens: 0,
                 cost_usd: 0.0,
             },
-            grade_usage: Usage::default(),
-            tags: vec![],
-            suites: vec![],
-            weight: 1.0,
-            critical: false,
-            started_at: now,
-            finished_at: now,
+            ..test_result(id, status, score)
         }
     }
 

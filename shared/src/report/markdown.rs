@@ -328,8 +328,8 @@ fn recommendations(out: &mut String, s: &RunSummary, results: &[JobResult]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::test_result;
     use crate::executor::JobResult;
-    use crate::grade::Usage;
     use crate::model::Settings;
     use crate::report::{render, ReportFormat};
     use crate::summary::summarize;
@@ -338,34 +338,15 @@ mod tests {
     use uuid::Uuid;
 
     fn result(id: &str, status: CaseStatus, score: Option<f64>) -> JobResult {
-        let now = Utc::now();
         JobResult {
-            run_id: Uuid::nil(),
-            test_case_id: id.into(),
             name: format!("case {id}"),
-            case_index: 0,
-            status,
-            strategy: "exact_match".into(),
-            score,
             details: json!({"expected": "4", "actual": "5"}),
-            rubric_scores: None,
-            feedback: None,
             output: Some("5 ``` tricky".into()),
-            output_truncated: false,
             expected_output: Some("4".into()),
-            matched_patterns: None,
-            schema_errors: None,
             duration_ms: 3,
-            attempts: vec![],
-            error: None,
-            produce_usage: Usage::default(),
-            grade_usage: Usage::default(),
             tags: vec!["math".into()],
-            suites: vec![],
-            weight: 1.0,
             critical: id == "b",
-            started_at: now,
-            finished_at: now,
+            ..test_result(id, status, score)
         }
     }
 
