@@ -82,6 +82,16 @@ impl Mock {
             .env("SKILLEVAL_PROVIDER_PRICE_OUTPUT", "10");
         cmd
     }
+
+    /// `skilleval run --quiet --trigger-runs 0 <flags> <root>` against this server.
+    fn run(&self, root: &Path, flags: &[&str]) -> Output {
+        self.skilleval()
+            .args(["run", "--quiet", "--trigger-runs", "0"])
+            .args(flags)
+            .arg(root)
+            .output()
+            .unwrap()
+    }
 }
 
 async fn handle(State(state): State<MockState>, body: Bytes) -> axum::Json<Value> {
@@ -282,23 +292,12 @@ fn a_second_run_is_served_from_the_response_cache() {
     let mock = Mock::start(skill_sensitive);
     let (tmp, root) = example_copy("meeting-notes");
     let cache = tmp.path().join("cache");
+    let cache_arg = cache.to_str().unwrap();
     for _ in 0..2 {
-        let out = mock
-            .skilleval()
-            .args([
-                "run",
-                "--quiet",
-                "--no-write",
-                "--trigger-runs",
-                "0",
-                "--case",
-                "1",
-                "--cache-dir",
-            ])
-            .arg(&cache)
-            .arg(&root)
-            .output()
-            .unwrap();
+        let out = mock.run(
+            &root,
+            &["--no-write", "--case", "1", "--cache-dir", cache_arg],
+        );
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     }
     assert_eq!(
@@ -306,23 +305,17 @@ fn a_second_run_is_served_from_the_response_cache() {
         2,
         "one producing and one judging request, the second run sent none"
     );
-    let out = mock
-        .skilleval()
-        .args([
-            "run",
-            "--quiet",
+    let out = mock.run(
+        &root,
+        &[
             "--no-write",
-            "--trigger-runs",
-            "0",
             "--case",
             "1",
             "--no-cache",
             "--cache-dir",
-        ])
-        .arg(&cache)
-        .arg(&root)
-        .output()
-        .unwrap();
+            cache_arg,
+        ],
+    );
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(mock.requests().len(), 4, "--no-cache sends them again");
 }
@@ -331,19 +324,7 @@ fn a_second_run_is_served_from_the_response_cache() {
 fn baseline_reports_the_uplift_in_benchmark_json() {
     let mock = Mock::start(skill_sensitive);
     let (_tmp, root) = example_copy("meeting-notes");
-    let out = mock
-        .skilleval()
-        .args([
-            "run",
-            "--quiet",
-            "--no-cache",
-            "--trigger-runs",
-            "0",
-            "--baseline",
-        ])
-        .arg(&root)
-        .output()
-        .unwrap();
+    let out = mock.run(&root, &["--no-cache", "--baseline"]);
     let err = stderr(&out);
     assert_eq!(
         out.status.code(),
@@ -393,22 +374,7 @@ fn repeats_report_pass_at_k_and_flaky_cases() {
     });
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let (_tmp, root) = example_copy("meeting-notes");
-    let out = mock
-        .skilleval()
-        .args([
-            "run",
-            "--quiet",
-            "--no-cache",
-            "--trigger-runs",
-            "0",
-            "--repeats",
-            "3",
-            "-j",
-            "1",
-        ])
-        .arg(&root)
-        .output()
-        .unwrap();
+    let out = mock.run(&root, &["--no-cache", "--repeats", "3", "-j", "1"]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "some attempts fail: {err}");
     assert!(err.contains("## Repeats: 3 attempts per case"), "{err}");
@@ -442,25 +408,19 @@ fn repeats_report_pass_at_k_and_flaky_cases() {
 fn a_budget_stops_the_run_and_the_verdict_says_so() {
     let mock = Mock::start(skill_sensitive);
     let (_tmp, root) = example_copy("meeting-notes");
-    let out = mock
-        .skilleval()
-        .args([
-            "run",
-            "--quiet",
+    let out = mock.run(
+        &root,
+        &[
             "--no-cache",
             "--no-write",
-            "--trigger-runs",
-            "0",
             "-j",
             "1",
             "--max-tokens",
             "1000",
             "--format",
             "json",
-        ])
-        .arg(&root)
-        .output()
-        .unwrap();
+        ],
+    );
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -481,23 +441,10 @@ fn a_budget_stops_the_run_and_the_verdict_says_so() {
         "nothing was sent after the budget ran out"
     );
 
-    let out = mock
-        .skilleval()
-        .args([
-            "run",
-            "--quiet",
-            "--no-cache",
-            "--no-write",
-            "--trigger-runs",
-            "0",
-            "-j",
-            "1",
-            "--max-cost",
-            "0.001",
-        ])
-        .arg(&root)
-        .output()
-        .unwrap();
+    let out = mock.run(
+        &root,
+        &["--no-cache", "--no-write", "-j", "1", "--max-cost", "0.001"],
+    );
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
