@@ -36,6 +36,7 @@ use super::config::{
 use super::faults::{fault_from_status, fault_from_transport, redact};
 use super::limit::{AdaptiveLimiter, RateLimiter, Unlimited};
 use super::openai::{self, StructuredMode};
+use crate::executor::RetryPolicy;
 use crate::grade::{Fault, Usage};
 
 /// Who says a message.
@@ -158,17 +159,15 @@ impl Default for CallRetry {
 
 impl CallRetry {
     /// Delay before retry `retry` (1, 2, ...): exponential with full jitter (between half and
-    /// all of it), never under what the provider asked for.
+    /// all of it), never under what the provider asked for. Retry `n` is delivery `n + 1`, so
+    /// this is [`RetryPolicy::delay`] with the same base and cap.
     pub fn delay(&self, retry: u32, fault: &Fault) -> Duration {
-        let exp = self
-            .base_delay
-            .saturating_mul(1u32 << retry.saturating_sub(1).min(16))
-            .min(self.max_delay);
-        let jittered = exp.mul_f64(0.5 + rand::random::<f64>() * 0.5);
-        match fault.retry_after() {
-            Some(asked) => jittered.max(asked),
-            None => jittered,
+        RetryPolicy {
+            max_attempts: self.max_retries.saturating_add(1),
+            base_delay: self.base_delay,
+            max_delay: self.max_delay,
         }
+        .delay(retry.saturating_add(1), fault)
     }
 }
 
