@@ -123,9 +123,11 @@ impl Grader for SimGrader {
         }
         let e = self.client.embed(&[input.output, &self.expected]).await?;
         let (Some(out), Some(exp)) = (e.vectors.first(), e.vectors.get(1)) else {
-            return Err(Fault::permanent(
-                "the embeddings answer held fewer vectors than texts sent",
-            ));
+            return Err(Fault::permanent(format!(
+                "semantic_sim: provider `{}` answered {} embedding vector(s) for 2 texts (the output and `expected.output`)",
+                self.client.name(),
+                e.vectors.len()
+            )));
         };
         let similarity = cosine(out, exp).map_err(|m| {
             Fault::permanent(format!(
