@@ -213,11 +213,13 @@ fn max_concurrency_arg() -> anyhow::Result<u32> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().position(|a| a == "--max-concurrency") {
         None => Ok(512),
-        Some(i) => args
-            .get(i + 1)
-            .context("--max-concurrency needs a number")?
-            .parse()
-            .context("--max-concurrency needs a number"),
+        Some(i) => {
+            let v = args
+                .get(i + 1)
+                .context("--max-concurrency needs a number after it")?;
+            v.parse()
+                .with_context(|| format!("--max-concurrency must be a whole number, not `{v}`"))
+        }
     }
 }
 
