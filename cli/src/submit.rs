@@ -196,7 +196,7 @@ async fn wait_for_run(
         if Instant::now() >= deadline {
             bar.abandon();
             return Err(format!(
-                "the run did not finish within {}s",
+                "the run did not finish within {}s (--timeout-secs; raise it to wait longer)",
                 args.timeout_secs
             ));
         }
