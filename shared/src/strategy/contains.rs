@@ -21,7 +21,7 @@ use serde::de::IgnoredAny;
 use serde_json::{json, Value};
 
 use super::options::{describe, option_pointer, OptionReader};
-use super::text::user_regex;
+use super::text::{has_uppercase, user_regex};
 use super::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
 use crate::grade::{Fault, Grade};
 use crate::model::TestCase;
@@ -325,7 +325,8 @@ struct ContainsGrader {
 impl Grader for ContainsGrader {
     async fn grade(&self, input: &GradeInput<'_>, _env: &GradeEnv) -> Result<Grade, Fault> {
         let output = input.output;
-        let lowered: Cow<'_, str> = if self.any_insensitive {
+        // Lower-casing text with no upper-case letters gives the same text: skip the copy.
+        let lowered: Cow<'_, str> = if self.any_insensitive && has_uppercase(output) {
             Cow::Owned(output.to_lowercase())
         } else {
             Cow::Borrowed(output)

@@ -107,7 +107,8 @@ fn needs_collapse(s: &str) -> bool {
     false
 }
 
-fn has_uppercase(s: &str) -> bool {
+/// Whether lower-casing `s` would change it.
+pub(crate) fn has_uppercase(s: &str) -> bool {
     if s.is_ascii() {
         s.bytes().any(|b| b.is_ascii_uppercase())
     } else {
