@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    deserialize_id, name_from_prompt, typed, warn_unknown_keys, CaseSource, Converted, EvalFormat,
-    Renames,
+    deserialize_id, name_from_prompt, named_case_list, typed, warn_unknown_keys, CaseSource,
+    Converted, EvalFormat, Renames,
 };
 use crate::model::{Evaluation, Expected, Input, TestCase};
 use crate::problem::Problem;
@@ -28,12 +28,6 @@ const RENAMES: Renames = &[
 
 const TOP_KEYS: &[&str] = &["skill_name", "version", "test_cases"];
 const CASE_KEYS: &[&str] = &["id", "name", "prompt", "assertions", "tags", "weight"];
-
-#[derive(Debug, Deserialize)]
-struct Top {
-    #[serde(default)]
-    skill_name: Option<String>,
-}
 
 #[derive(Debug, Deserialize)]
 struct MetaCase {
@@ -52,39 +46,15 @@ struct MetaCase {
 
 pub fn convert(value: &Value, file: &str) -> Converted {
     let mut out = Converted::empty(EvalFormat::EvalMetadata, "/test_cases");
-    let Value::Object(obj) = value else {
-        out.problems.push(Problem::error(
-            file,
-            "",
-            "eval_metadata.json must be a JSON object",
-        ));
+    let Some(items) = named_case_list(
+        value,
+        file,
+        TOP_KEYS,
+        "test_cases",
+        "eval_metadata.json must be a JSON object",
+        &mut out,
+    ) else {
         return out;
-    };
-    warn_unknown_keys(value, TOP_KEYS, file, "", "top-level", &mut out.problems);
-    let mut top = obj.clone();
-    let cases = top.remove("test_cases");
-    match typed::<Top>(&Value::Object(top), file, "") {
-        Ok(top) => out.skill_name = top.skill_name.map(|n| (n, "/skill_name".to_string())),
-        Err(problem) => out.problems.push(problem),
-    }
-    let items = match cases {
-        Some(Value::Array(items)) => items,
-        Some(_) => {
-            out.problems.push(Problem::error(
-                file,
-                "/test_cases",
-                "`test_cases` must be a list",
-            ));
-            return out;
-        }
-        None => {
-            out.problems.push(Problem::error(
-                file,
-                "/test_cases",
-                "`test_cases` is required",
-            ));
-            return out;
-        }
     };
     for (i, item) in items.iter().enumerate() {
         let at = format!("/test_cases/{i}");

@@ -253,6 +253,60 @@ pub fn typed<T: DeserializeOwned>(value: &Value, file: &str, base: &str) -> Resu
     })
 }
 
+/// The top level of the `{skill_name, <list_key>: [...]}` formats (skill-creator,
+/// eval_metadata): warns on unknown keys, records `skill_name` in `out` and returns the items
+/// under `list_key`, or `None` once a problem says why there are none.
+pub(crate) fn named_case_list<'v>(
+    value: &'v Value,
+    file: &str,
+    top_keys: &[&str],
+    list_key: &str,
+    not_object: &str,
+    out: &mut Converted,
+) -> Option<&'v Vec<Value>> {
+    #[derive(Deserialize)]
+    struct Top {
+        #[serde(default)]
+        skill_name: Option<String>,
+    }
+
+    let Value::Object(obj) = value else {
+        out.problems.push(Problem::error(file, "", not_object));
+        return None;
+    };
+    warn_unknown_keys(value, top_keys, file, "", "top-level", &mut out.problems);
+    // Everything but the cases (which are read one by one), without copying the cases.
+    let top: serde_json::Map<String, Value> = obj
+        .iter()
+        .filter(|(key, _)| key.as_str() != list_key)
+        .map(|(key, v)| (key.clone(), v.clone()))
+        .collect();
+    match typed::<Top>(&Value::Object(top), file, "") {
+        Ok(top) => out.skill_name = top.skill_name.map(|n| (n, "/skill_name".to_string())),
+        Err(problem) => out.problems.push(problem),
+    }
+    let pointer = format!("/{list_key}");
+    match obj.get(list_key) {
+        Some(Value::Array(items)) => Some(items),
+        Some(_) => {
+            out.problems.push(Problem::error(
+                file,
+                &pointer,
+                format!("`{list_key}` must be a list"),
+            ));
+            None
+        }
+        None => {
+            out.problems.push(Problem::error(
+                file,
+                &pointer,
+                format!("`{list_key}` is required"),
+            ));
+            None
+        }
+    }
+}
+
 /// A warning for each key of `value` (an object at `base`) not in `known`.
 pub fn warn_unknown_keys(
     value: &Value,

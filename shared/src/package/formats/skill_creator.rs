@@ -23,8 +23,8 @@ use serde_json::Value;
 
 use super::v1::NON_EMPTY_PATTERN;
 use super::{
-    deserialize_id, name_from_prompt, typed, warn_unknown_keys, CaseSource, Converted, EvalFormat,
-    Renames,
+    deserialize_id, name_from_prompt, named_case_list, typed, warn_unknown_keys, CaseSource,
+    Converted, EvalFormat, Renames,
 };
 use crate::model::{Evaluation, Expected, Input, TestCase};
 use crate::problem::Problem;
@@ -67,12 +67,6 @@ const CASE_KEYS: &[&str] = &[
 ];
 
 #[derive(Debug, Deserialize)]
-struct Top {
-    #[serde(default)]
-    skill_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
 struct Eval {
     #[serde(deserialize_with = "deserialize_id")]
     id: String,
@@ -91,33 +85,15 @@ struct Eval {
 
 pub fn convert(value: &Value, file: &str) -> Converted {
     let mut out = Converted::empty(EvalFormat::SkillCreator, "/evals");
-    let Value::Object(obj) = value else {
-        out.problems.push(Problem::error(
-            file,
-            "",
-            "evals.json must be a JSON object with `evals`",
-        ));
+    let Some(items) = named_case_list(
+        value,
+        file,
+        TOP_KEYS,
+        "evals",
+        "evals.json must be a JSON object with `evals`",
+        &mut out,
+    ) else {
         return out;
-    };
-    warn_unknown_keys(value, TOP_KEYS, file, "", "top-level", &mut out.problems);
-    let mut top = obj.clone();
-    let evals = top.remove("evals");
-    match typed::<Top>(&Value::Object(top), file, "") {
-        Ok(top) => out.skill_name = top.skill_name.map(|n| (n, "/skill_name".to_string())),
-        Err(problem) => out.problems.push(problem),
-    }
-    let items = match evals {
-        Some(Value::Array(items)) => items,
-        Some(_) => {
-            out.problems
-                .push(Problem::error(file, "/evals", "`evals` must be a list"));
-            return out;
-        }
-        None => {
-            out.problems
-                .push(Problem::error(file, "/evals", "`evals` is required"));
-            return out;
-        }
     };
     for (i, item) in items.iter().enumerate() {
         let at = format!("/evals/{i}");
