@@ -106,20 +106,9 @@ fn stderr(out: &SandboxOutput) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Host processes whose command line contains `marker`, polled until none are left or 3 s pass.
-fn survivors(marker: &str) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let found = survivors_now(marker);
-        if found.is_empty() || Instant::now() > deadline {
-            return found;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Like [`survivors`], without blocking the runtime (cleanup of a dropped run is a task on it).
-async fn survivors_async(marker: &str) -> Vec<String> {
+/// Host processes whose command line contains `marker`, polled until none are left or 3 s pass,
+/// without blocking the runtime (cleanup of a dropped run is a task on it).
+async fn survivors(marker: &str) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
         let found = survivors_now(marker);
@@ -372,7 +361,7 @@ async fn assert_forked_children_are_gone(sandbox: &Sandbox) {
         "took {:?}",
         start.elapsed()
     );
-    let left = survivors(&mark);
+    let left = survivors(&mark).await;
     assert!(left.is_empty(), "processes survived the run: {left:?}");
 }
 
@@ -415,7 +404,7 @@ async fn a_run_abandoned_by_its_caller_leaves_nothing_behind() {
         }
         task.abort();
         assert!(task.await.is_err_and(|e| e.is_cancelled()));
-        let left = survivors_async(&mark).await;
+        let left = survivors(&mark).await;
         assert!(
             left.is_empty(),
             "{:?}: processes survived: {left:?}",
