@@ -192,6 +192,10 @@ mod zip_package {
             Package::from_zip_bytes(&zip_of(&entries), &PackageLimits::default(), Some(&dest))
                 .expect_err("refused");
         assert_eq!(err.limit(), Some("zip_slip"));
+        assert!(
+            !dest.exists() || std::fs::read_dir(&dest).expect("dest").count() == 0,
+            "a refused zip_slip archive left files in its destination"
+        );
         let mut entries = good_entries();
         // This one fails while decompressing, after other files were written.
         let zeros = vec![0u8; 4 * 1024 * 1024];
