@@ -68,7 +68,7 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
     let limits = PackageLimits::default();
     let package =
         Package::open(&args.path, &limits).map_err(|e| report_package_error(&args.path, &e))?;
-    let out_dir = artifact_base(args, &package);
+    let out_dir = artifact_base(args);
     let llm = providers::load(args, package.root(), &out_dir).map_err(|e| {
         eprintln!("error: {e}");
         EXIT_BAD_INPUT
@@ -424,14 +424,11 @@ fn split_model_cases(executor: &Executor, jobs: Vec<Job>) -> (Vec<Job>, Vec<(Job
     (runnable, need_model)
 }
 
-fn artifact_base(args: &RunArgs, package: &Package) -> PathBuf {
+fn artifact_base(args: &RunArgs) -> PathBuf {
     match &args.out {
         Some(out) => out.clone(),
         None if args.path.is_dir() => args.path.join("eval"),
-        None => {
-            let _ = package;
-            PathBuf::from("skilleval-runs")
-        }
+        None => PathBuf::from("skilleval-runs"),
     }
 }
 
