@@ -157,7 +157,8 @@ fn finish(groups: BTreeMap<String, (GroupStats, Vec<f64>)>) -> BTreeMap<String, 
         .collect()
 }
 
-fn ratio(a: u64, b: u64) -> f64 {
+/// `a / b`, or 0 when `b` is 0 (an empty group has no rate).
+pub fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 {
         0.0
     } else {

@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 
 use crate::artifacts::{expectations, Expectation};
 use crate::executor::{CaseStatus, JobResult};
+use crate::summary::ratio;
 
 /// With or without the skill loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -107,14 +108,6 @@ pub fn benchmark_run(
         },
         expectations: exps,
     })
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        0.0
-    } else {
-        a as f64 / b as f64
-    }
 }
 
 /// Mean, sample standard deviation (n − 1; 0 for a single value), min and max.
