@@ -1,8 +1,9 @@
 //! Aggregation: turn finished cases into finished runs.
 //!
-//! Workers announce every finished case on the events exchange. For each event the aggregator
-//! applies `failFast` (a failed or errored case skips the rest of its run), releases more of the
-//! run's jobs when `maxConcurrentTests` holds some back, and tries to finalise the run. A
+//! Workers announce finished cases on the events exchange, one event per run per committed
+//! batch. For each event the aggregator reads the run's row once, then applies `failFast` (a
+//! failed or errored case skips the rest of its run), releases more of the run's jobs when
+//! `maxConcurrentTests` holds some back, and finalises the run once its counters are complete. A
 //! periodic sweep does the same for runs whose events were missed (a coordinator restart, a
 //! lost event), so a complete run is always finalised.
 //!
@@ -23,7 +24,7 @@ use skilleval::llm::budget::mark_stopped;
 use skilleval::model::EvalConfig;
 use skilleval::plan::Job;
 use skilleval::summary::{summarize, RunSummary};
-pub use skilleval_infra::messages::CaseFinished;
+pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -59,21 +60,39 @@ impl RunAggregator {
         }
     }
 
-    /// Handles one case-finished event.
-    #[tracing::instrument(skip(self), fields(run_id = %event.run_id, test_case_id = %event.test_case_id))]
+    /// Handles one case-finished event (a batch of one).
     pub async fn on_case_finished(&self, event: &CaseFinished) -> anyhow::Result<()> {
+        self.on_cases_finished(&CasesFinished::from(event.clone()))
+            .await
+    }
+
+    /// Handles one event: the cases of one run a worker committed in one batch. One read of
+    /// the run decides what else is needed: failFast when a case failed and the run asks for
+    /// it, a release when `maxConcurrentTests` holds jobs back, finalisation when the counters
+    /// are complete. A run without a cap has nothing to release here (creation published
+    /// everything; the sweeper republishes what a broker failure left behind).
+    #[tracing::instrument(skip(self), fields(run_id = %event.run_id, cases = event.cases.len()))]
+    pub async fn on_cases_finished(&self, event: &CasesFinished) -> anyhow::Result<()> {
         self.metrics.events_consumed.inc();
-        if matches!(event.status, CaseStatus::Failed | CaseStatus::Errored)
-            && runs::fail_fast_running(&self.pool, event.run_id).await?
-        {
-            let skipped =
-                runs::stop_after_failure(&self.pool, event.run_id, &event.test_case_id).await?;
-            if skipped > 0 {
-                tracing::info!(skipped, "failFast: skipped the rest of the run");
+        let Some(state) = runs::progress(&self.pool, event.run_id).await? else {
+            return Ok(());
+        };
+        let mut complete = state.complete;
+        if state.running && state.fail_fast {
+            if let Some(failure) = event.first_failure() {
+                let skipped =
+                    runs::stop_after_failure(&self.pool, event.run_id, &failure.test_case_id)
+                        .await?;
+                if skipped > 0 {
+                    tracing::info!(skipped, "failFast: skipped the rest of the run");
+                    complete = runs::is_ready_to_finalise(&self.pool, event.run_id).await?;
+                }
             }
         }
-        self.launcher.release_logged(event.run_id).await;
-        if runs::is_ready_to_finalise(&self.pool, event.run_id).await? {
+        if state.running && state.capped && !complete {
+            self.launcher.release_logged(event.run_id).await;
+        }
+        if complete {
             self.finalise(event.run_id).await?;
         }
         Ok(())

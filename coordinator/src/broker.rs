@@ -15,9 +15,8 @@ use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::Connection;
-use skilleval::plan::Job;
 use skilleval_infra::config::Settings;
-use skilleval_infra::messages::CaseFinished;
+use skilleval_infra::messages::{CasesFinished, EncodedJob};
 use skilleval_infra::topology::{self, Lane, Publisher, Topology};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -100,7 +99,7 @@ impl BrokerJobSink {
 
 #[async_trait]
 impl JobSink for BrokerJobSink {
-    async fn publish(&self, jobs: &[Job]) -> Vec<Result<(), String>> {
+    async fn publish(&self, jobs: &[EncodedJob]) -> Vec<Result<(), String>> {
         let publisher = match self.publisher().await {
             Ok(p) => p,
             Err(e) => {
@@ -109,7 +108,7 @@ impl JobSink for BrokerJobSink {
             }
         };
         publisher
-            .publish_jobs(jobs, Lane::Ci)
+            .publish_encoded(jobs, Lane::Ci)
             .await
             .into_iter()
             .map(|r| r.map_err(|e| e.to_string()))
@@ -194,8 +193,8 @@ async fn consume_once(
             Some(Err(e)) => return Err(e).context("the events consumer failed"),
             None => anyhow::bail!("the events consumer stream ended"),
         };
-        match CaseFinished::decode(&delivery.data) {
-            Ok(event) => match aggregator.on_case_finished(&event).await {
+        match CasesFinished::decode(&delivery.data) {
+            Ok(event) => match aggregator.on_cases_finished(&event).await {
                 Ok(()) => {
                     delivery
                         .ack(BasicAckOptions::default())

@@ -19,12 +19,16 @@ use anyhow::Context as _;
 use serde_json::json;
 use skilleval::model::{EvalConfig, RunnerConfig, RunnerSpec};
 use skilleval::plan::{plan, CaseFilter, PlanError};
+use skilleval_infra::messages::EncodedJob;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::error::ApiError;
 use crate::jobs::JobSink;
 use crate::metrics::Metrics;
+
+/// Rows read, published and marked at a time by a release.
+const RELEASE_PAGE: i64 = 2_000;
 
 /// What a run is asked to do.
 #[derive(Debug, Clone, Default)]
@@ -103,41 +107,77 @@ impl RunLauncher {
 
     /// Publishes the run's unpublished jobs the cap leaves room for, marking the confirmed
     /// ones published. Returns how many were confirmed.
+    ///
+    /// Page by page ([`RELEASE_PAGE`] rows in case order): each page is read (the stored job
+    /// text, not parsed), published with pipelined confirms, and its confirmed rows marked
+    /// published in one statement that commits at once, so memory stays flat whatever the
+    /// run's size and workers recording early results never wait on the release's row locks.
+    /// A page with a failed publish ends the release; the sweeper retries the rest.
     #[tracing::instrument(skip(self))]
     pub async fn release(&self, run_id: Uuid) -> anyhow::Result<usize> {
-        let mut tx = self
+        let mut conn = self
             .pool
-            .begin()
+            .acquire()
             .await
-            .context("starting the release transaction")?;
-        runs::lock_run_release(&mut tx, run_id)
+            .context("taking a connection for the release")?;
+        runs::lock_run_release(&mut conn, run_id)
             .await
             .context("locking the run for release")?;
-        let jobs = runs::jobs_to_release(&mut tx, run_id)
-            .await
-            .context("reading jobs to release")?;
-        if jobs.is_empty() {
-            return Ok(0);
+        let released = self.release_locked(&mut conn, run_id).await;
+        if let Err(e) = runs::unlock_run_release(&mut conn, run_id).await {
+            // Closing the connection is what frees a session lock for sure.
+            tracing::warn!(%run_id, error = %e, "unlocking the run failed; closing the connection");
+            drop(conn.detach());
         }
-        let outcomes = self.sink.publish(&jobs).await;
-        let mut confirmed = Vec::with_capacity(jobs.len());
-        let mut failures = Vec::new();
-        for (job, outcome) in jobs.iter().zip(outcomes) {
-            match outcome {
-                Ok(()) => confirmed.push(job.case.id.clone()),
-                Err(e) => failures.push(format!("{}: {e}", job.case.id)),
+        released
+    }
+
+    async fn release_locked(&self, conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<usize> {
+        let Some(room) = runs::release_room(conn, run_id)
+            .await
+            .context("reading what the run may publish")?
+        else {
+            return Ok(0);
+        };
+        let mut left = room.unwrap_or(i64::MAX);
+        let mut after = -1;
+        let mut confirmed_total = 0;
+        while left > 0 {
+            let page = runs::unpublished_page(conn, run_id, after, left.min(RELEASE_PAGE))
+                .await
+                .context("reading jobs to release")?;
+            let Some(last) = page.last() else { break };
+            after = last.0;
+            let full = page.len() as i64 == left.min(RELEASE_PAGE);
+            let jobs: Vec<EncodedJob> = page
+                .into_iter()
+                .map(|(_, id, text)| EncodedJob::from_stored(run_id, id, &text))
+                .collect();
+            let outcomes = self.sink.publish(&jobs).await;
+            let mut confirmed = Vec::with_capacity(jobs.len());
+            let mut failures = Vec::new();
+            for (job, outcome) in jobs.into_iter().zip(outcomes) {
+                match outcome {
+                    Ok(()) => confirmed.push(job.test_case_id),
+                    Err(e) => failures.push(format!("{}: {e}", job.test_case_id)),
+                }
+            }
+            runs::mark_published(conn, run_id, &confirmed)
+                .await
+                .context("recording publisher confirms")?;
+            self.metrics.jobs_published.inc_by(confirmed.len() as u64);
+            confirmed_total += confirmed.len();
+            left -= confirmed.len() as i64;
+            if !failures.is_empty() {
+                self.metrics.publish_failures.inc_by(failures.len() as u64);
+                tracing::warn!(%run_id, failed = failures.len(), first = %failures[0], "some jobs were not confirmed; the sweeper will retry them");
+                break;
+            }
+            if !full {
+                break;
             }
         }
-        runs::mark_published(&mut tx, run_id, &confirmed)
-            .await
-            .context("recording publisher confirms")?;
-        tx.commit().await.context("committing publisher confirms")?;
-        self.metrics.jobs_published.inc_by(confirmed.len() as u64);
-        if !failures.is_empty() {
-            self.metrics.publish_failures.inc_by(failures.len() as u64);
-            tracing::warn!(%run_id, failed = failures.len(), first = %failures[0], "some jobs were not confirmed; the sweeper will retry them");
-        }
-        Ok(confirmed.len())
+        Ok(confirmed_total)
     }
 
     /// Publishes the jobs of runs left unpublished for longer than the grace period.

@@ -51,7 +51,7 @@ use lapin::{
 use skilleval::plan::Job;
 
 use crate::config::Settings;
-use crate::messages::{self, CaseFinished, MessageError};
+use crate::messages::{self, CaseFinished, CasesFinished, EncodedJob, MessageError};
 
 /// Routing key of CI jobs on the jobs exchange.
 pub const JOB_ROUTING_KEY: &str = "job";
@@ -236,7 +236,8 @@ impl Topology {
         format!("{}.coordinator.events", self.prefix)
     }
 
-    /// Routing key of a case event (`case.passed`, ...); bind `case.#` for all.
+    /// Routing key of an event (`case.passed`, ...: the most serious status of its cases);
+    /// bind `case.#` for all.
     pub fn event_routing_key(status: skilleval::executor::CaseStatus) -> String {
         format!("case.{}", status.as_str())
     }
@@ -549,10 +550,14 @@ impl Publisher {
     }
 
     fn job_headers(job: &Job) -> FieldTable {
+        Self::run_headers(job.run_id)
+    }
+
+    fn run_headers(run_id: uuid::Uuid) -> FieldTable {
         let mut headers = FieldTable::default();
         headers.insert(
             TRACEPARENT_HEADER.into(),
-            long_string(&messages::traceparent_for_run(job.run_id)),
+            long_string(&messages::traceparent_for_run(run_id)),
         );
         headers
     }
@@ -575,31 +580,51 @@ impl Publisher {
     /// Publishes every job, then waits for all the confirms: one round trip for the batch.
     /// Returns, per job in order, whether the broker took it.
     pub async fn publish_jobs(&self, jobs: &[Job], lane: Lane) -> Vec<Result<(), BrokerError>> {
-        let exchange = self.topology.jobs_exchange();
         let mut pending = Vec::with_capacity(jobs.len());
         for job in jobs {
-            let sent = match messages::encode_job(job) {
-                Ok(body) => {
-                    self.send(
-                        &exchange,
-                        lane.routing_key(),
-                        &body,
-                        Self::job_headers(job),
-                        true,
-                    )
-                    .await
-                }
+            pending.push(match EncodedJob::from_job(job) {
+                Ok(encoded) => self.send_job(&encoded, lane).await,
                 Err(e) => Err(e.into()),
-            };
-            pending.push(sent);
+            });
         }
-        let waits = pending.into_iter().map(|sent| async move {
+        Self::confirms(pending).await
+    }
+
+    /// [`Publisher::publish_jobs`] for jobs already encoded (a run's stored rows).
+    pub async fn publish_encoded(
+        &self,
+        jobs: &[EncodedJob],
+        lane: Lane,
+    ) -> Vec<Result<(), BrokerError>> {
+        let mut pending = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            pending.push(self.send_job(job, lane).await);
+        }
+        Self::confirms(pending).await
+    }
+
+    /// Sends a job to its lane (mandatory, persistent); the confirm is awaited later.
+    async fn send_job(&self, job: &EncodedJob, lane: Lane) -> Result<PendingConfirm, BrokerError> {
+        self.send(
+            &self.topology.jobs_exchange(),
+            lane.routing_key(),
+            &job.body,
+            Self::run_headers(job.run_id),
+            true,
+        )
+        .await
+    }
+
+    async fn confirms(
+        pending: Vec<Result<PendingConfirm, BrokerError>>,
+    ) -> Vec<Result<(), BrokerError>> {
+        futures::future::join_all(pending.into_iter().map(|sent| async move {
             match sent {
                 Ok(p) => p.wait().await,
                 Err(e) => Err(e),
             }
-        });
-        futures::future::join_all(waits).await
+        }))
+        .await
     }
 
     /// Publishes a job for a later attempt into the delay queue of `tier_ms` (which dead-letters
@@ -636,29 +661,24 @@ impl Publisher {
             .await
     }
 
-    /// Announces finished cases (pipelined). Not `mandatory`: an events exchange nobody
-    /// listens to is not an error (the coordinator's sweep catches up).
-    pub async fn publish_events(&self, events: &[CaseFinished]) -> Vec<Result<(), BrokerError>> {
+    /// Announces finished cases, one message per run (pipelined; see [`CasesFinished`]).
+    /// Not `mandatory`: an events exchange nobody listens to is not an error (the
+    /// coordinator's sweep catches up). One outcome per message sent.
+    pub async fn publish_events(&self, cases: &[CaseFinished]) -> Vec<Result<(), BrokerError>> {
         let exchange = self.topology.events_exchange();
+        let events = CasesFinished::group(cases.iter().cloned());
         let mut pending = Vec::with_capacity(events.len());
-        for event in events {
-            let key = Topology::event_routing_key(event.status);
-            let sent = match event.encode() {
+        for event in &events {
+            let key = Topology::event_routing_key(event.worst_status());
+            pending.push(match event.encode() {
                 Ok(body) => {
                     self.send(&exchange, &key, &body, FieldTable::default(), false)
                         .await
                 }
                 Err(e) => Err(e.into()),
-            };
-            pending.push(sent);
+            });
         }
-        futures::future::join_all(pending.into_iter().map(|sent| async move {
-            match sent {
-                Ok(p) => p.wait().await,
-                Err(e) => Err(e),
-            }
-        }))
-        .await
+        Self::confirms(pending).await
     }
 }
 

@@ -6,6 +6,10 @@
 //! result that is not committed), and only then are the case events published. A commit that
 //! keeps failing (the database is away for longer than the retries) requeues the batch's
 //! deliveries, so nothing is lost and nothing waits unacked forever.
+//!
+//! Up to [`FLUSHES_IN_FLIGHT`] batches commit at once: while one waits on its commit the next
+//! fills, so a worker's throughput is not one batch per database round trip. Order between
+//! batches does not matter (each row leaves `queued` once, whichever batch holds it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +22,7 @@ use skilleval_infra::messages::CaseFinished;
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::Lane;
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -26,6 +31,9 @@ use crate::PublisherSlot;
 
 /// Commits tried for one batch before its deliveries are requeued.
 const COMMIT_ATTEMPTS: u32 = 6;
+
+/// Batches committing (then acking and announcing) at the same time.
+pub const FLUSHES_IN_FLIGHT: usize = 4;
 
 /// A job with its final result, waiting for the commit before its ack.
 #[derive(Debug)]
@@ -47,8 +55,10 @@ pub(crate) struct Batcher {
 }
 
 impl Batcher {
-    /// Runs until every sender is dropped, flushing what is left.
+    /// Runs until every sender is dropped, flushing what is left; returns once every batch
+    /// is committed and acked (or requeued).
     pub async fn run(self, mut rx: mpsc::Receiver<Finished>) {
+        let mut flushing = JoinSet::new();
         while let Some(first) = rx.recv().await {
             let deadline = Instant::now() + self.max_wait;
             let mut batch = vec![first];
@@ -58,7 +68,14 @@ impl Batcher {
                     Ok(None) | Err(_) => break,
                 }
             }
-            self.flush(batch).await;
+            while flushing.len() >= FLUSHES_IN_FLIGHT {
+                join_flush(flushing.join_next().await);
+            }
+            let me = self.clone();
+            flushing.spawn(async move { me.flush(batch).await });
+        }
+        while let Some(done) = flushing.join_next().await {
+            join_flush(Some(done));
         }
     }
 
@@ -91,9 +108,13 @@ impl Batcher {
         };
         let Some(changed) = changed else {
             self.metrics.batch_failures.inc();
-            for acker in settles.iter().flatten() {
-                nack_requeue(acker, &self.metrics).await;
-            }
+            futures::future::join_all(
+                settles
+                    .iter()
+                    .flatten()
+                    .map(|a| nack_requeue(a, &self.metrics)),
+            )
+            .await;
             return;
         };
         #[allow(clippy::cast_precision_loss)]
@@ -104,9 +125,7 @@ impl Batcher {
                 .map_or("ci", |l| l.as_str());
             self.metrics.processed(c.status.as_str(), lane);
         }
-        for acker in settles.iter().flatten() {
-            ack(acker, &self.metrics).await;
-        }
+        futures::future::join_all(settles.iter().flatten().map(|a| ack(a, &self.metrics))).await;
         let events: Vec<CaseFinished> = changed
             .into_iter()
             .map(|c| CaseFinished {
@@ -116,6 +135,14 @@ impl Batcher {
             })
             .collect();
         publish_events(&self.publisher, &events).await;
+    }
+}
+
+/// A flush task that panicked lost no data (its deliveries stay unacked and come back when
+/// the channel closes), but it must be seen.
+fn join_flush(done: Option<Result<(), tokio::task::JoinError>>) {
+    if let Some(Err(e)) = done {
+        tracing::error!(error = %e, "a batch flush task failed; its deliveries will be redelivered");
     }
 }
 

@@ -17,6 +17,9 @@ use uuid::Uuid;
 
 use skilleval::plan::Job;
 
+/// Rows per `INSERT` when creating a run.
+const INSERT_CHUNK: usize = 5_000;
+
 /// A version to store, from a validated package.
 #[derive(Debug)]
 pub struct NewVersion<'a> {
@@ -262,74 +265,112 @@ pub async fn insert_run(
             .await?;
         return Ok(RunInsert::Existing(existing));
     };
-    let mut ids = Vec::with_capacity(jobs.len());
-    let mut names = Vec::with_capacity(jobs.len());
-    let mut indexes = Vec::with_capacity(jobs.len());
-    let mut strategies = Vec::with_capacity(jobs.len());
-    let mut weights = Vec::with_capacity(jobs.len());
-    let mut payloads = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        ids.push(job.case.id.clone());
-        names.push(job.case.name.clone());
-        indexes.push(i32::try_from(job.case_index).unwrap_or(i32::MAX));
-        strategies.push(job.strategy().to_string());
-        weights.push(job.case.weight);
-        payloads.push(serde_json::to_value(job).map_err(|e| sqlx::Error::Encode(Box::new(e)))?);
+    // In chunks, so the encoded rows of a large run are never all in memory at once (the
+    // chunks share the caller's transaction: the run appears whole or not at all).
+    for chunk in jobs.chunks(INSERT_CHUNK) {
+        let mut ids = Vec::with_capacity(chunk.len());
+        let mut names = Vec::with_capacity(chunk.len());
+        let mut indexes = Vec::with_capacity(chunk.len());
+        let mut strategies = Vec::with_capacity(chunk.len());
+        let mut weights = Vec::with_capacity(chunk.len());
+        let mut payloads = Vec::with_capacity(chunk.len());
+        for job in chunk {
+            ids.push(job.case.id.as_str());
+            names.push(job.case.name.as_str());
+            indexes.push(i32::try_from(job.case_index).unwrap_or(i32::MAX));
+            strategies.push(job.strategy());
+            weights.push(job.case.weight);
+            payloads
+                .push(serde_json::to_string(job).map_err(|e| sqlx::Error::Encode(Box::new(e)))?);
+        }
+        sqlx::query(
+            "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight, status, job)
+             SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job::jsonb
+             FROM UNNEST($2::text[], $3::text[], $4::int4[], $5::text[], $6::float8[], $7::text[])
+                  AS t(id, name, idx, strategy, weight, job)",
+        )
+        .bind(run_id)
+        .bind(&ids)
+        .bind(&names)
+        .bind(&indexes)
+        .bind(&strategies)
+        .bind(&weights)
+        .bind(&payloads)
+        .execute(&mut *conn)
+        .await?;
     }
-    sqlx::query(
-        "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight, status, job)
-         SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job
-         FROM UNNEST($2::text[], $3::text[], $4::int4[], $5::text[], $6::float8[], $7::jsonb[])
-              AS t(id, name, idx, strategy, weight, job)",
-    )
-    .bind(run_id)
-    .bind(&ids)
-    .bind(&names)
-    .bind(&indexes)
-    .bind(&strategies)
-    .bind(&weights)
-    .bind(&payloads)
-    .execute(&mut *conn)
-    .await?;
     Ok(RunInsert::Created(run_id))
 }
 
-/// Serialises releasers of one run (creation, events, the sweeper, other replicas) for the
-/// rest of the caller's transaction, so `maxConcurrentTests` is never overshot by a race.
+/// Serialises releasers of one run (creation, events, the sweeper, other replicas) on this
+/// connection's session until [`unlock_run_release`], so `maxConcurrentTests` is never
+/// overshot by a race and two releasers never publish the same rows. A session lock (not a
+/// transaction's) because a release commits page by page: rows a worker must update are not
+/// held locked for the whole release. The lock goes with the connection if the process dies.
 pub async fn lock_run_release(conn: &mut PgConnection, run_id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 7))")
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended($1::text, 7))")
         .bind(run_id)
         .execute(&mut *conn)
         .await?;
     Ok(())
 }
 
-/// The jobs of a running run to publish now: unpublished `queued` rows in case order, as many
-/// as `max_in_flight` leaves room for (all when unset). Call under [`lock_run_release`].
-pub async fn jobs_to_release(
+/// Releases [`lock_run_release`]'s lock.
+pub async fn unlock_run_release(conn: &mut PgConnection, run_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1::text, 7))")
+        .bind(run_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// How many more of a run's jobs may be published now: `None` when the run is not running
+/// (nothing to publish), `Some(None)` when no cap holds jobs back, `Some(Some(n))` under
+/// `max_in_flight` (what the cap leaves after the published, still queued rows). Call under
+/// [`lock_run_release`].
+pub async fn release_room(
     conn: &mut PgConnection,
     run_id: Uuid,
-) -> Result<Vec<Job>, sqlx::Error> {
-    let rows: Vec<Value> = sqlx::query_scalar(
-        "WITH r AS (
-             SELECT id, max_in_flight FROM runs WHERE id = $1 AND status = 'running' AND NOT finalised
-         ), in_flight AS (
-             SELECT count(*) AS n FROM eval_results
-             WHERE run_id = $1 AND status = 'queued' AND published_at IS NOT NULL
-         )
-         SELECT e.job FROM eval_results e, r, in_flight
-         WHERE e.run_id = r.id AND e.status = 'queued' AND e.published_at IS NULL
-         ORDER BY e.case_index
-         LIMIT (SELECT CASE WHEN r.max_in_flight IS NULL THEN NULL
-                            ELSE GREATEST(r.max_in_flight - in_flight.n, 0) END
-                FROM r, in_flight)",
+) -> Result<Option<Option<i64>>, sqlx::Error> {
+    let cap: Option<Option<i32>> = sqlx::query_scalar(
+        "SELECT max_in_flight FROM runs WHERE id = $1 AND status = 'running' AND NOT finalised",
     )
     .bind(run_id)
-    .fetch_all(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
-    rows.into_iter()
-        .map(|v| serde_json::from_value(v).map_err(|e| sqlx::Error::Decode(Box::new(e))))
-        .collect()
+    let Some(cap) = cap else { return Ok(None) };
+    let Some(cap) = cap else {
+        return Ok(Some(None));
+    };
+    let in_flight: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM eval_results
+         WHERE run_id = $1 AND status = 'queued' AND published_at IS NOT NULL",
+    )
+    .bind(run_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Some(Some((i64::from(cap) - in_flight).max(0))))
+}
+
+/// A page of a run's unpublished `queued` rows after `after_index`, in case order: index,
+/// case id and the stored job as JSON text (published as it is, see
+/// [`EncodedJob::from_stored`](crate::messages::EncodedJob::from_stored)).
+pub async fn unpublished_page(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    after_index: i32,
+    limit: i64,
+) -> Result<Vec<(i32, String, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT case_index, test_case_id, job::text FROM eval_results
+         WHERE run_id = $1 AND case_index > $2 AND status = 'queued' AND published_at IS NULL
+         ORDER BY case_index LIMIT $3",
+    )
+    .bind(run_id)
+    .bind(after_index)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await
 }
 
 /// Records the broker's confirms for these cases (one statement).
@@ -438,15 +479,36 @@ pub async fn cancel_run(pool: &PgPool, run_id: Uuid) -> Result<CancelOutcome, sq
     Ok(outcome)
 }
 
-/// Whether the run stops at its first failure, and is still going.
-pub async fn fail_fast_running(pool: &PgPool, run_id: Uuid) -> Result<bool, sqlx::Error> {
-    let v: Option<bool> = sqlx::query_scalar(
-        "SELECT fail_fast FROM runs WHERE id = $1 AND status = 'running' AND NOT finalised",
+/// What an event needs to know about its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunProgress {
+    /// `running` and not finalised.
+    pub running: bool,
+    pub fail_fast: bool,
+    /// `maxConcurrentTests` holds jobs back (`max_in_flight` set).
+    pub capped: bool,
+    /// The counters are complete and the run awaits finalisation.
+    pub complete: bool,
+}
+
+/// The run's state for an event, in one read of its row (`None`: no such run).
+pub async fn progress(pool: &PgPool, run_id: Uuid) -> Result<Option<RunProgress>, sqlx::Error> {
+    let row: Option<(bool, bool, bool, bool)> = sqlx::query_as(
+        "SELECT status = 'running' AND NOT finalised, fail_fast, max_in_flight IS NOT NULL,
+                completed >= total AND NOT finalised
+         FROM runs WHERE id = $1",
     )
     .bind(run_id)
     .fetch_optional(pool)
     .await?;
-    Ok(v.unwrap_or(false))
+    Ok(
+        row.map(|(running, fail_fast, capped, complete)| RunProgress {
+            running,
+            fail_fast,
+            capped,
+            complete,
+        }),
+    )
 }
 
 /// failFast: skips the rest of a running run after a failure (the run then completes).
