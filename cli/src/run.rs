@@ -114,7 +114,12 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
         ..SandboxPolicy::default()
     });
     let executor = Executor::new(registry, runners, Arc::new(sandbox));
-    executor.prime(&package.content_hash, validation.graders);
+    executor.prime(
+        &package.content_hash,
+        package.config.profile,
+        &package.config.test_cases,
+        validation.graders,
+    );
 
     let run_id = Uuid::now_v7();
     let filter = CaseFilter {

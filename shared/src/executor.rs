@@ -6,10 +6,11 @@
 //! CLI with [`RetryPolicy`], the worker through its delay queues. What the executor does repeat
 //! is a *failing* case with `retryCount` (flaky cases), keeping every attempt.
 //!
-//! Graders are compiled once per (package hash, case id) and cached, so a regex or schema
-//! validator is built once per test-case definition, never per output.
+//! Graders are compiled once per definition ([`DefinitionKey`]: package, strategy, `expected`,
+//! grading options) and cached, so a regex or schema validator is built once per distinct
+//! definition — shared by every case that repeats it — never per output.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,10 +21,13 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::grade::{Fault, Grade, SchemaError, Usage};
+use crate::model::{Profile, TestCase};
 use crate::plan::Job;
 use crate::runner::{ProduceRequest, Produced, RunnerRegistry};
 use crate::sandbox::Sandbox;
-use crate::strategy::{CompileContext, GradeEnv, GradeInput, Grader, StrategyRegistry};
+use crate::strategy::{
+    CompileContext, DefinitionKey, GradeEnv, GradeInput, Grader, StrategyRegistry,
+};
 
 /// Outputs longer than this are cut in stored results (the grade saw the whole output).
 pub const MAX_STORED_OUTPUT_BYTES: usize = 256 * 1024;
@@ -242,7 +246,8 @@ pub struct Executor {
     strategies: StrategyRegistry,
     runners: RunnerRegistry,
     sandbox: Arc<Sandbox>,
-    graders: Mutex<HashMap<(String, String), Arc<dyn Grader>>>,
+    /// Compiled graders by definition (not by case: cases with the same definition share one).
+    graders: Mutex<HashMap<DefinitionKey, Arc<dyn Grader>>>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -292,25 +297,33 @@ impl Executor {
             .map(|name| format!("strategy `{name}` (no model provider configured)"))
     }
 
-    /// Seeds the grader cache with graders compiled at validation time.
-    pub fn prime<I>(&self, package_hash: &str, graders: I)
-    where
-        I: IntoIterator<Item = (String, Arc<dyn Grader>)>,
-    {
+    /// Seeds the grader cache with graders compiled at validation time (case id -> grader,
+    /// as [`Validation::graders`](crate::package::Validation) holds them).
+    pub fn prime(
+        &self,
+        package_hash: &str,
+        profile: Profile,
+        cases: &[TestCase],
+        mut graders: BTreeMap<String, Arc<dyn Grader>>,
+    ) {
         if let Ok(mut cache) = self.graders.lock() {
-            for (case_id, grader) in graders {
+            for case in cases {
                 if cache.len() >= GRADER_CACHE_CAPACITY {
-                    // The rest compile lazily, once each, when their jobs run.
+                    // The rest compile lazily, once per definition, when their jobs run.
                     break;
                 }
-                cache.insert((package_hash.to_string(), case_id), grader);
+                if let Some(grader) = graders.remove(&case.id) {
+                    cache
+                        .entry(DefinitionKey::of(package_hash, profile, case))
+                        .or_insert(grader);
+                }
             }
         }
     }
 
-    /// The compiled grader of a job's case, built once per (package hash, case id).
+    /// The compiled grader of a job's case, built once per definition ([`DefinitionKey`]).
     pub fn grader_for(&self, job: &Job, package_root: &Path) -> Result<Arc<dyn Grader>, Fault> {
-        let key = (job.package_hash.clone(), job.case.id.clone());
+        let key = DefinitionKey::of(&job.package_hash, job.profile, &job.case);
         if let Some(g) = self.graders.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return Ok(g);
         }
@@ -766,21 +779,89 @@ mod tests {
         let a = ex.grader_for(&j, Path::new("/")).unwrap();
         let b = ex.grader_for(&j, Path::new("/")).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
+        // Another case with the same definition (id, name, input differ) shares it.
+        let mut other = job(0, 1_000);
+        other.case.id = "tc-2".into();
+        other.case.name = "two".into();
+        other.case.input.prompt = "something else".into();
+        assert!(Arc::ptr_eq(
+            &a,
+            &ex.grader_for(&other, Path::new("/")).unwrap()
+        ));
+        // A different expectation, option or package is another definition.
+        let mut expected = job(0, 1_000);
+        expected.case.expected.output = Some("different".into());
+        assert!(!Arc::ptr_eq(
+            &a,
+            &ex.grader_for(&expected, Path::new("/")).unwrap()
+        ));
+        let mut option = job(0, 1_000);
+        option
+            .case
+            .evaluation
+            .options
+            .insert("caseSensitive".into(), serde_json::json!(false));
+        assert!(!Arc::ptr_eq(
+            &a,
+            &ex.grader_for(&option, Path::new("/")).unwrap()
+        ));
+        let mut package = job(0, 1_000);
+        package.package_hash = "another".into();
+        assert!(!Arc::ptr_eq(
+            &a,
+            &ex.grader_for(&package, Path::new("/")).unwrap()
+        ));
+        assert_eq!(ex.graders.lock().unwrap().len(), 4);
     }
 
     #[test]
     fn the_grader_cache_stays_within_its_capacity() {
         let (ex, _) = executor(vec![]);
         let grader = ex.grader_for(&job(0, 1_000), Path::new("/")).unwrap();
+        let cases: Vec<TestCase> = (0..GRADER_CACHE_CAPACITY + 10)
+            .map(|i| {
+                let mut c = job(0, 1_000).case;
+                c.id = format!("c{i}");
+                c.expected.output = Some(format!("out {i}"));
+                c
+            })
+            .collect();
+        let graders = cases
+            .iter()
+            .map(|c| (c.id.clone(), grader.clone()))
+            .collect();
         ex.prime(
             "other",
-            (0..GRADER_CACHE_CAPACITY + 10).map(|i| (format!("c{i}"), grader.clone())),
+            crate::model::Profile::Deterministic,
+            &cases,
+            graders,
         );
         assert!(ex.graders.lock().unwrap().len() <= GRADER_CACHE_CAPACITY);
         let mut j = job(0, 1_000);
         j.package_hash = "third".into();
         ex.grader_for(&j, Path::new("/")).unwrap();
         assert!(ex.graders.lock().unwrap().len() <= GRADER_CACHE_CAPACITY);
+    }
+
+    #[test]
+    fn primed_graders_serve_the_jobs_of_their_cases() {
+        let (ex, _) = executor(vec![]);
+        let (other, _) = executor(vec![]);
+        let j = job(0, 1_000);
+        let grader = other.grader_for(&j, Path::new("/")).unwrap();
+        let mut case = j.case.clone();
+        // Validation sees the case before planning resolves its strategy name.
+        case.evaluation.strategy = "equals_ok".into();
+        ex.prime(
+            &j.package_hash,
+            j.profile,
+            std::slice::from_ref(&case),
+            [(case.id.clone(), grader.clone())].into(),
+        );
+        assert!(Arc::ptr_eq(
+            &grader,
+            &ex.grader_for(&j, Path::new("/")).unwrap()
+        ));
     }
 
     #[test]

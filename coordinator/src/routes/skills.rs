@@ -16,7 +16,7 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
-use skilleval::package::{validate, Package, PackageError, PackageLimits};
+use skilleval::package::{check, Package, PackageError, PackageLimits};
 use skilleval::plan::CaseFilter;
 use skilleval::problem::Problem;
 use skilleval::strategy::StrategyRegistry;
@@ -273,7 +273,7 @@ async fn open_package(
     let opened =
         tokio::task::spawn_blocking(move || -> Result<(Package, Vec<Problem>), PackageError> {
             let package = Package::from_zip_bytes(&zip, &limits, None)?;
-            let validation = validate(&package, &strategies);
+            let validation = check(&package, &strategies);
             if validation.is_ok() {
                 let warnings = validation.problems;
                 Ok((package, warnings))

@@ -41,7 +41,7 @@ pub use formats::{EvalFormat, TriggerCase, EVAL_FILES, TRIGGER_FILES};
 pub use limits::PackageLimits;
 pub use skill_md::SkillManifest;
 pub use tree::PackageFile;
-pub use validate::{validate, Validation};
+pub use validate::{check, validate, Validation};
 
 use formats::{source_suffix, Renames};
 use skill_md::SKILL_MD;

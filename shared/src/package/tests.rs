@@ -451,6 +451,70 @@ fn validation_reports_every_problem_at_once() {
     assert_eq!(v.graders.keys().collect::<Vec<_>>(), ["a"]);
 }
 
+/// Counts compiles, to see which cases share one.
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl Strategy for Counting {
+    fn name(&self) -> &'static str {
+        "regex_match"
+    }
+
+    fn compile(
+        &self,
+        case: &TestCase,
+        ctx: &CompileContext<'_>,
+    ) -> Result<Arc<dyn Grader>, Vec<Problem>> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Stub("regex_match").compile(case, ctx)
+    }
+}
+
+#[test]
+fn each_distinct_definition_compiles_once_and_check_keeps_no_grader() {
+    // Four cases, two definitions (ids, names and prompts differ), and one bad definition
+    // used twice: each bad case still gets its own problem at its own pointer.
+    let tests = json!({
+        "version": "2.0",
+        "profile": "deterministic",
+        "testCases": [
+            {"id": "a", "name": "A", "input": {"prompt": "one"}, "expected": {"patterns": ["x+"]}, "evaluation": {"strategy": "regex_match"}},
+            {"id": "b", "name": "B", "input": {"prompt": "two"}, "expected": {"patterns": ["x+"]}, "evaluation": {"strategy": "regex_match"}},
+            {"id": "c", "expected": {"patterns": ["y"]}, "evaluation": {"strategy": "regex_match"}},
+            {"id": "d", "expected": {"patterns": ["x+"]}, "evaluation": {"strategy": "regex_match"}},
+            {"id": "e", "expected": {"patterns": ["("]}, "evaluation": {"strategy": "regex_match"}},
+            {"id": "f", "expected": {"patterns": ["("]}, "evaluation": {"strategy": "regex_match"}}
+        ]
+    });
+    let dir = package(&[
+        ("SKILL.md", "---\nname: shared\ndescription: ok\n---\n"),
+        ("eval/tests.json", &tests.to_string()),
+    ]);
+    let pkg = open(dir.path());
+    let counting = Arc::new(Counting(0.into()));
+    let registry = StrategyRegistry::builder()
+        .register(counting.clone())
+        .build();
+    let compiles = || counting.0.load(std::sync::atomic::Ordering::SeqCst);
+
+    let v = validate(&pkg, &registry);
+    // x+ once, y once, ( twice (a failed compile is not shared: each case reports its own).
+    assert_eq!(compiles(), 4);
+    assert_eq!(v.graders.keys().collect::<Vec<_>>(), ["a", "b", "c", "d"]);
+    assert!(Arc::ptr_eq(&v.graders["a"], &v.graders["b"]));
+    assert!(Arc::ptr_eq(&v.graders["a"], &v.graders["d"]));
+    assert!(!Arc::ptr_eq(&v.graders["a"], &v.graders["c"]));
+    let bad = [
+        ("eval/tests.json", "/testCases/4/expected/patterns/0", true),
+        ("eval/tests.json", "/testCases/5/expected/patterns/0", true),
+    ];
+    assert_eq!(pointers(&v.problems), bad);
+
+    let checked = check(&pkg, &registry);
+    assert_eq!(compiles(), 8, "check compiles each definition once too");
+    assert!(checked.graders.is_empty(), "check keeps no grader");
+    assert_eq!(checked.problems, v.problems);
+}
+
 #[test]
 fn v1_problems_point_at_the_fields_the_author_wrote() {
     let v1 = json!({"tests": [

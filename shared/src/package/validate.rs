@@ -16,7 +16,7 @@
 //! Problems found in a converted format (v1, eval_metadata, skill-creator) point at the field
 //! the author wrote, not at the converted v2 field.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -25,7 +25,7 @@ use super::paths;
 use super::Package;
 use crate::model::{RunnerSpec, TestCase};
 use crate::problem::{escape_token, Problem};
-use crate::strategy::{CompileContext, Grader, StrategyRegistry, MODEL_STRATEGIES};
+use crate::strategy::{CompileContext, DefinitionKey, Grader, StrategyRegistry, MODEL_STRATEGIES};
 
 /// Runner names `settings.runner` accepts.
 pub const RUNNERS: &[&str] = &["command", "given", "llm"];
@@ -38,7 +38,8 @@ pub const RUBRIC_WEIGHT_TOLERANCE: f64 = 0.001;
 pub struct Validation {
     /// Errors and warnings, in the order found (loading first, then per case).
     pub problems: Vec<crate::problem::Problem>,
-    /// Case id -> compiled grader, for every case that compiled.
+    /// Case id -> compiled grader, for every case that compiled (empty from [`check`]).
+    /// Cases with the same definition ([`DefinitionKey`]) share one grader.
     pub graders: BTreeMap<String, Arc<dyn Grader>>,
 }
 
@@ -57,13 +58,27 @@ impl Validation {
     }
 }
 
-/// Validates a package against a strategy registry.
+/// Validates a package against a strategy registry, keeping the compiled graders (to prime
+/// an executor that runs the package next).
 pub fn validate(pkg: &Package, registry: &StrategyRegistry) -> Validation {
+    validate_with(pkg, registry, true)
+}
+
+/// Validates a package without keeping its compiled graders: what a service that stores the
+/// package and runs it elsewhere needs. Each distinct definition still compiles once (that is
+/// what finds a bad regex or schema), then is dropped, so memory does not grow with the cases.
+pub fn check(pkg: &Package, registry: &StrategyRegistry) -> Validation {
+    validate_with(pkg, registry, false)
+}
+
+fn validate_with(pkg: &Package, registry: &StrategyRegistry, keep_graders: bool) -> Validation {
     let mut v = Validator {
         pkg,
         registry,
         problems: pkg.problems.clone(),
         graders: BTreeMap::new(),
+        compiled: HashMap::new(),
+        keep_graders,
     };
     if pkg.format.is_some() {
         v.cases();
@@ -87,6 +102,9 @@ struct Validator<'a> {
     registry: &'a StrategyRegistry,
     problems: Vec<Problem>,
     graders: BTreeMap<String, Arc<dyn Grader>>,
+    /// Definitions compiled without problems (with their grader when kept).
+    compiled: HashMap<DefinitionKey, Option<Arc<dyn Grader>>>,
+    keep_graders: bool,
 }
 
 impl Validator<'_> {
@@ -149,6 +167,15 @@ impl Validator<'_> {
             self.model_strategy_fields(i, case, name);
             return;
         }
+        let key = DefinitionKey::of(&pkg.content_hash, profile, case);
+        if let Some(known) = self.compiled.get(&key) {
+            if let Some(grader) = known {
+                self.graders
+                    .entry(case.id.clone())
+                    .or_insert_with(|| grader.clone());
+            }
+            return;
+        }
         let file = self.file().to_string();
         let ctx = CompileContext {
             registry: self.registry,
@@ -159,7 +186,14 @@ impl Validator<'_> {
         };
         match self.registry.compile(name, case, &ctx) {
             Ok(grader) => {
-                self.graders.entry(case.id.clone()).or_insert(grader);
+                if self.keep_graders {
+                    self.graders
+                        .entry(case.id.clone())
+                        .or_insert_with(|| grader.clone());
+                    self.compiled.insert(key, Some(grader));
+                } else {
+                    self.compiled.insert(key, None);
+                }
             }
             Err(problems) => {
                 for p in problems {

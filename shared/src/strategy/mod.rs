@@ -162,6 +162,51 @@ impl StrategyRegistry {
     }
 }
 
+/// What a compiled grader depends on, hashed: the package (custom scripts live in it), the
+/// profile, the resolved strategy name, `expected` and the grading part of `evaluation`
+/// (weights, threshold, options). Compiling reads nothing else of a case (not its id, name,
+/// input or given output), so cases with the same key share one compiled grader: a suite of
+/// 100,000 cases checking one JSON Schema compiles it once. SHA-256, so two definitions never
+/// share a grader by collision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DefinitionKey([u8; 32]);
+
+impl DefinitionKey {
+    pub fn of(
+        package_hash: &str,
+        profile: crate::model::Profile,
+        case: &TestCase,
+    ) -> DefinitionKey {
+        use sha2::{Digest, Sha256};
+        let e = &case.evaluation;
+        let grading = (&e.weights, &e.passing_threshold, &e.options);
+        let mut h = Sha256::new();
+        for part in [
+            package_hash.as_bytes(),
+            profile.as_str().as_bytes(),
+            case.strategy_name(profile).as_bytes(),
+        ] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        // Serialising these plain data types does not fail; if it did, the error text goes
+        // into the hash (a distinct key), never a panic.
+        for json in [
+            serde_json::to_vec(&case.expected),
+            serde_json::to_vec(&grading),
+        ] {
+            match json {
+                Ok(bytes) => {
+                    h.update((bytes.len() as u64).to_le_bytes());
+                    h.update(&bytes);
+                }
+                Err(e) => h.update(e.to_string().as_bytes()),
+            }
+        }
+        DefinitionKey(h.finalize().into())
+    }
+}
+
 /// Strategies known by name but not registered in this process (LLM-backed ones before a
 /// provider is configured). Validation accepts them; running them says a model is needed.
 pub const MODEL_STRATEGIES: &[&str] = &["llm_judge", "assertions", "semantic_sim"];
