@@ -23,7 +23,7 @@ use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::budget::mark_stopped;
 use skilleval::model::EvalConfig;
 use skilleval::plan::Job;
-use skilleval::summary::{summarize, RunSummary};
+use skilleval::summary::{RunSummary, Summarizer};
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -127,19 +127,26 @@ impl RunAggregator {
         }
         let config: EvalConfig =
             serde_json::from_value(run.config.clone()).context("stored eval config")?;
-        let results = load_results(&self.pool, run_id).await?;
-        let mut summary = summarize(&results, &config.settings);
-        if let Some(reason) = &run.stop_reason {
-            // A run its budget stopped did not run every case: it must not pass, whatever the
-            // cases it did run scored. The cases the stop skipped carry the reason itself.
-            let not_run = results
-                .iter()
-                .filter(|r| {
-                    r.status == CaseStatus::Skipped
-                        && r.details.get("skipped").and_then(Value::as_str) == Some(reason)
-                })
-                .count();
-            mark_stopped(&mut summary, reason, not_run as u64);
+        // Streamed a page at a time: memory does not grow with the run's size.
+        let mut summarizer = Summarizer::default();
+        let mut not_run = 0u64;
+        let stop_reason = run.stop_reason.as_deref();
+        for_each_result(&self.pool, run_id, |r| {
+            // A run its budget stopped did not run every case: the cases the stop skipped
+            // carry the reason itself.
+            if stop_reason.is_some()
+                && r.status == CaseStatus::Skipped
+                && r.details.get("skipped").and_then(Value::as_str) == stop_reason
+            {
+                not_run += 1;
+            }
+            summarizer.add(&r);
+        })
+        .await?;
+        let mut summary = summarizer.finish(&config.settings);
+        if let Some(reason) = stop_reason {
+            // It must not pass, whatever the cases it did run scored.
+            mark_stopped(&mut summary, reason, not_run);
         }
         let summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
         let won =
@@ -182,6 +189,17 @@ impl RunAggregator {
 /// or still queued) is described from its job.
 pub async fn load_results(pool: &PgPool, run_id: Uuid) -> anyhow::Result<Vec<JobResult>> {
     let mut results = Vec::new();
+    for_each_result(pool, run_id, |r| results.push(r)).await?;
+    Ok(results)
+}
+
+/// Hands every result of a run to `f` in case order, reading [`SUMMARY_PAGE`] rows at a time
+/// and holding no more than one page.
+pub async fn for_each_result(
+    pool: &PgPool,
+    run_id: Uuid,
+    mut f: impl FnMut(JobResult),
+) -> anyhow::Result<()> {
     let mut after = -1;
     loop {
         let page = runs::case_rows_page(pool, run_id, after, SUMMARY_PAGE).await?;
@@ -189,13 +207,13 @@ pub async fn load_results(pool: &PgPool, run_id: Uuid) -> anyhow::Result<Vec<Job
         after = last.case_index;
         let full = page.len() as i64 == SUMMARY_PAGE;
         for row in page {
-            results.push(job_result(row)?);
+            f(job_result(row)?);
         }
         if !full {
             break;
         }
     }
-    Ok(results)
+    Ok(())
 }
 
 fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
@@ -207,7 +225,10 @@ fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
             )
         });
     }
-    let job: Job = serde_json::from_value(row.job)
+    let job = row
+        .job
+        .with_context(|| format!("case `{}` has neither a result nor a job", row.test_case_id))?;
+    let job: Job = serde_json::from_value(job)
         .with_context(|| format!("stored job of case `{}` does not parse", row.test_case_id))?;
     let reason = row
         .details

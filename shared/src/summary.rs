@@ -133,25 +133,37 @@ pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn add_to(group: &mut GroupStats, r: &JobResult, scores: &mut Vec<f64>) {
-    group.total += 1;
-    match r.status {
-        CaseStatus::Passed => group.passed += 1,
-        CaseStatus::Failed => group.failed += 1,
-        CaseStatus::Errored => group.errored += 1,
-        _ => {}
-    }
-    if let Some(s) = r.score {
-        scores.push(s);
+/// A group's counts and the running sum of its scores (its mean is all a group reports).
+#[derive(Debug, Default)]
+struct GroupAcc {
+    stats: GroupStats,
+    score_sum: f64,
+    scored: u64,
+}
+
+impl GroupAcc {
+    fn add(&mut self, r: &JobResult) {
+        self.stats.total += 1;
+        match r.status {
+            CaseStatus::Passed => self.stats.passed += 1,
+            CaseStatus::Failed => self.stats.failed += 1,
+            CaseStatus::Errored => self.stats.errored += 1,
+            _ => {}
+        }
+        if let Some(s) = r.score {
+            self.score_sum += s;
+            self.scored += 1;
+        }
     }
 }
 
-fn finish(groups: BTreeMap<String, (GroupStats, Vec<f64>)>) -> BTreeMap<String, GroupStats> {
+fn finish(groups: BTreeMap<String, GroupAcc>) -> BTreeMap<String, GroupStats> {
     groups
         .into_iter()
-        .map(|(k, (mut g, scores))| {
+        .map(|(k, acc)| {
+            let mut g = acc.stats;
             g.pass_rate = ratio(g.passed, g.total);
-            g.mean = (!scores.is_empty()).then(|| scores.iter().sum::<f64>() / scores.len() as f64);
+            g.mean = (acc.scored > 0).then(|| acc.score_sum / acc.scored as f64);
             (k, g)
         })
         .collect()
@@ -168,53 +180,73 @@ pub fn ratio(a: u64, b: u64) -> f64 {
 
 /// Summarises a run's results against its settings.
 pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
-    let mut passed = 0;
-    let mut failed = 0;
-    let mut errored = 0;
-    let mut skipped = 0;
-    let mut scores = Vec::with_capacity(results.len());
-    let mut weighted = (0.0, 0.0);
-    let mut by_tag: BTreeMap<String, (GroupStats, Vec<f64>)> = BTreeMap::new();
-    let mut by_suite: BTreeMap<String, (GroupStats, Vec<f64>)> = BTreeMap::new();
-    let mut by_strategy: BTreeMap<String, (GroupStats, Vec<f64>)> = BTreeMap::new();
-    let mut criteria: BTreeMap<String, (f64, f64, u64)> = BTreeMap::new();
-    let mut schema = (0u64, 0u64);
-    let mut durations = Vec::with_capacity(results.len());
-    let mut produce_usage = Usage::default();
-    let mut grade_usage = Usage::default();
-    let mut reasons = Vec::new();
-    let mut first_start = None;
-    let mut last_finish = None;
-
+    let mut s = Summarizer::default();
     for r in results {
+        s.add(r);
+    }
+    s.finish(settings)
+}
+
+/// [`summarize`] one result at a time, so a caller can stream a run's results (a page from
+/// the database at a time) instead of holding them all. What it keeps per case is one score
+/// and one duration (8 bytes each, for the median and the percentiles); everything else is
+/// counters and per-group sums.
+#[derive(Debug, Default)]
+pub struct Summarizer {
+    passed: u64,
+    failed: u64,
+    errored: u64,
+    skipped: u64,
+    scores: Vec<f64>,
+    weighted: (f64, f64),
+    by_tag: BTreeMap<String, GroupAcc>,
+    by_suite: BTreeMap<String, GroupAcc>,
+    by_strategy: BTreeMap<String, GroupAcc>,
+    criteria: BTreeMap<String, (f64, f64, u64)>,
+    schema: (u64, u64),
+    durations: Vec<u64>,
+    produce_usage: Usage,
+    grade_usage: Usage,
+    reasons: Vec<String>,
+    first_start: Option<chrono::DateTime<chrono::Utc>>,
+    last_finish: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Summarizer {
+    /// Counts one result.
+    pub fn add(&mut self, r: &JobResult) {
         match r.status {
-            CaseStatus::Passed => passed += 1,
-            CaseStatus::Failed => failed += 1,
-            CaseStatus::Errored => errored += 1,
-            CaseStatus::Skipped | CaseStatus::Queued => skipped += 1,
+            CaseStatus::Passed => self.passed += 1,
+            CaseStatus::Failed => self.failed += 1,
+            CaseStatus::Errored => self.errored += 1,
+            CaseStatus::Skipped | CaseStatus::Queued => self.skipped += 1,
         }
         if let Some(s) = r.score {
-            scores.push(s);
-            weighted.0 += s * r.weight;
-            weighted.1 += r.weight;
+            self.scores.push(s);
+            self.weighted.0 += s * r.weight;
+            self.weighted.1 += r.weight;
         }
         if r.critical && r.status != CaseStatus::Passed {
-            reasons.push(format!(
+            self.reasons.push(format!(
                 "critical case `{}` did not pass ({})",
                 r.test_case_id,
                 r.status.as_str()
             ));
         }
         for tag in &r.tags {
-            let e = by_tag.entry(tag.clone()).or_default();
-            add_to(&mut e.0, r, &mut e.1);
+            self.by_tag.entry(tag.clone()).or_default().add(r);
         }
         for suite in &r.suites {
-            let e = by_suite.entry(suite.clone()).or_default();
-            add_to(&mut e.0, r, &mut e.1);
+            self.by_suite.entry(suite.clone()).or_default().add(r);
         }
-        let e = by_strategy.entry(r.strategy.clone()).or_default();
-        add_to(&mut e.0, r, &mut e.1);
+        match self.by_strategy.get_mut(&r.strategy) {
+            Some(g) => g.add(r),
+            None => self
+                .by_strategy
+                .entry(r.strategy.clone())
+                .or_default()
+                .add(r),
+        }
         if let Some(serde_json::Value::Object(map)) = &r.rubric_scores {
             for (name, c) in map {
                 let score = c
@@ -226,7 +258,7 @@ pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
                     .and_then(serde_json::Value::as_f64)
                     .unwrap_or(0.0);
                 if let Some(score) = score {
-                    let entry = criteria.entry(name.clone()).or_default();
+                    let entry = self.criteria.entry(name.clone()).or_default();
                     entry.0 += score;
                     entry.1 = weight;
                     entry.2 += 1;
@@ -238,109 +270,129 @@ pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
         if r.strategy == "json_schema"
             && matches!(r.status, CaseStatus::Passed | CaseStatus::Failed)
         {
-            schema.1 += 1;
+            self.schema.1 += 1;
             if r.schema_errors.as_ref().is_none_or(Vec::is_empty)
                 && r.score.is_some_and(|s| s >= 1.0)
             {
-                schema.0 += 1;
+                self.schema.0 += 1;
             }
         }
         if r.status != CaseStatus::Skipped && r.status != CaseStatus::Queued {
-            durations.push(r.duration_ms);
-            first_start = Some(
-                first_start.map_or(r.started_at, |s: chrono::DateTime<chrono::Utc>| {
-                    s.min(r.started_at)
-                }),
+            self.durations.push(r.duration_ms);
+            self.first_start = Some(
+                self.first_start
+                    .map_or(r.started_at, |s| s.min(r.started_at)),
             );
-            last_finish = Some(
-                last_finish.map_or(r.finished_at, |s: chrono::DateTime<chrono::Utc>| {
-                    s.max(r.finished_at)
-                }),
+            self.last_finish = Some(
+                self.last_finish
+                    .map_or(r.finished_at, |s| s.max(r.finished_at)),
             );
         }
-        produce_usage.add(&r.produce_usage);
-        grade_usage.add(&r.grade_usage);
+        self.produce_usage.add(&r.produce_usage);
+        self.grade_usage.add(&r.grade_usage);
     }
 
-    let total = results.len() as u64;
-    let (mean, median, std_dev, min, max) = describe(&scores);
-    let weighted_mean = if weighted.1 > 0.0 {
-        weighted.0 / weighted.1
-    } else {
-        0.0
-    };
-    let pass_rate = ratio(passed, total);
-    let pass_threshold = settings.pass_threshold.unwrap_or(DEFAULT_PASS_THRESHOLD);
-    if pass_rate + 1e-9 < pass_threshold {
-        reasons.push(format!(
-            "pass rate {:.1}% is under the threshold {:.1}%",
-            pass_rate * 100.0,
-            pass_threshold * 100.0
-        ));
-    }
-    if let Some(t) = settings.score_threshold {
-        if weighted_mean + 1e-9 < t {
+    /// The summary of every result added, against the run's settings.
+    pub fn finish(self, settings: &Settings) -> RunSummary {
+        let Summarizer {
+            passed,
+            failed,
+            errored,
+            skipped,
+            scores,
+            weighted,
+            by_tag,
+            by_suite,
+            by_strategy,
+            criteria,
+            schema,
+            mut durations,
+            produce_usage,
+            grade_usage,
+            mut reasons,
+            first_start,
+            last_finish,
+        } = self;
+        let total = passed + failed + errored + skipped;
+        let (mean, median, std_dev, min, max) = describe(&scores);
+        let weighted_mean = if weighted.1 > 0.0 {
+            weighted.0 / weighted.1
+        } else {
+            0.0
+        };
+        let pass_rate = ratio(passed, total);
+        let pass_threshold = settings.pass_threshold.unwrap_or(DEFAULT_PASS_THRESHOLD);
+        if pass_rate + 1e-9 < pass_threshold {
             reasons.push(format!(
-                "weighted mean score {weighted_mean:.3} is under the threshold {t:.3}"
+                "pass rate {:.1}% is under the threshold {:.1}%",
+                pass_rate * 100.0,
+                pass_threshold * 100.0
             ));
         }
-    }
-    if total == 0 {
-        reasons.push("no test case ran".into());
-    }
-    durations.sort_unstable();
-    let wall_ms = match (first_start, last_finish) {
-        (Some(a), Some(b)) => u64::try_from((b - a).num_milliseconds()).unwrap_or(0),
-        _ => 0,
-    };
-    RunSummary {
-        total,
-        passed,
-        failed,
-        errored,
-        skipped,
-        pass_rate,
-        mean,
-        median,
-        std_dev,
-        min,
-        max,
-        weighted_mean,
-        by_tag: finish(by_tag),
-        by_suite: finish(by_suite),
-        by_strategy: finish(by_strategy),
-        by_criterion: criteria
-            .into_iter()
-            .map(|(k, (sum, weight, n))| {
-                let average_score = sum / n as f64;
-                (
-                    k,
-                    CriterionStats {
-                        average_score,
-                        weight,
-                        contribution: average_score * weight,
-                        count: n,
-                    },
-                )
-            })
-            .collect(),
-        schema_compliance_rate: (schema.1 > 0).then(|| ratio(schema.0, schema.1)),
-        durations: Durations {
-            total_ms: durations.iter().sum(),
-            p50_ms: percentile(&durations, 50.0),
-            p95_ms: percentile(&durations, 95.0),
-            wall_ms,
-        },
-        produce_usage,
-        grade_usage,
-        verdict: if reasons.is_empty() {
-            Verdict::Pass
-        } else {
-            Verdict::Fail
-        },
-        verdict_reasons: reasons,
-        pass_threshold,
-        score_threshold: settings.score_threshold,
+        if let Some(t) = settings.score_threshold {
+            if weighted_mean + 1e-9 < t {
+                reasons.push(format!(
+                    "weighted mean score {weighted_mean:.3} is under the threshold {t:.3}"
+                ));
+            }
+        }
+        if total == 0 {
+            reasons.push("no test case ran".into());
+        }
+        durations.sort_unstable();
+        let wall_ms = match (first_start, last_finish) {
+            (Some(a), Some(b)) => u64::try_from((b - a).num_milliseconds()).unwrap_or(0),
+            _ => 0,
+        };
+        RunSummary {
+            total,
+            passed,
+            failed,
+            errored,
+            skipped,
+            pass_rate,
+            mean,
+            median,
+            std_dev,
+            min,
+            max,
+            weighted_mean,
+            by_tag: finish(by_tag),
+            by_suite: finish(by_suite),
+            by_strategy: finish(by_strategy),
+            by_criterion: criteria
+                .into_iter()
+                .map(|(k, (sum, weight, n))| {
+                    let average_score = sum / n as f64;
+                    (
+                        k,
+                        CriterionStats {
+                            average_score,
+                            weight,
+                            contribution: average_score * weight,
+                            count: n,
+                        },
+                    )
+                })
+                .collect(),
+            schema_compliance_rate: (schema.1 > 0).then(|| ratio(schema.0, schema.1)),
+            durations: Durations {
+                total_ms: durations.iter().sum(),
+                p50_ms: percentile(&durations, 50.0),
+                p95_ms: percentile(&durations, 95.0),
+                wall_ms,
+            },
+            produce_usage,
+            grade_usage,
+            verdict: if reasons.is_empty() {
+                Verdict::Pass
+            } else {
+                Verdict::Fail
+            },
+            verdict_reasons: reasons,
+            pass_threshold,
+            score_threshold: settings.score_threshold,
+        }
     }
 }
 

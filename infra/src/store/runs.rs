@@ -591,7 +591,8 @@ pub struct CaseRow {
     pub test_case_id: String,
     pub status: String,
     pub result: Option<Value>,
-    pub job: Value,
+    /// Only read when there is no result (the job describes a case that never ran).
+    pub job: Option<Value>,
     pub details: Option<Value>,
 }
 
@@ -603,7 +604,9 @@ pub async fn case_rows_page(
     limit: i64,
 ) -> Result<Vec<CaseRow>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT case_index, test_case_id, status, result, job, details FROM eval_results
+        "SELECT case_index, test_case_id, status, result,
+                CASE WHEN result IS NULL OR result = 'null'::jsonb THEN job END, details
+         FROM eval_results
          WHERE run_id = $1 AND case_index > $2 ORDER BY case_index LIMIT $3",
     )
     .bind(run_id)
