@@ -21,7 +21,7 @@ use anyhow::Context as _;
 use serde_json::{json, Value};
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::budget::mark_stopped;
-use skilleval::model::EvalConfig;
+use skilleval::model::Settings;
 use skilleval::plan::Job;
 use skilleval::summary::{RunSummary, Summarizer};
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
@@ -125,8 +125,11 @@ impl RunAggregator {
         if run.finalised {
             return Ok(false);
         }
-        let config: EvalConfig =
-            serde_json::from_value(run.config.clone()).context("stored eval config")?;
+        let settings: Settings = if run.settings.is_null() {
+            Settings::default()
+        } else {
+            serde_json::from_value(run.settings.clone()).context("stored eval settings")?
+        };
         // Streamed a page at a time: memory does not grow with the run's size.
         let mut summarizer = Summarizer::default();
         let mut not_run = 0u64;
@@ -143,7 +146,7 @@ impl RunAggregator {
             summarizer.add(&r);
         })
         .await?;
-        let mut summary = summarizer.finish(&config.settings);
+        let mut summary = summarizer.finish(&settings);
         if let Some(reason) = stop_reason {
             // It must not pass, whatever the cases it did run scored.
             mark_stopped(&mut summary, reason, not_run);
@@ -217,8 +220,8 @@ pub async fn for_each_result(
 }
 
 fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
-    if let Some(result) = row.result.filter(|v| !v.is_null()) {
-        return serde_json::from_value(result).with_context(|| {
+    if let Some(result) = row.result {
+        return serde_json::from_str(&result).with_context(|| {
             format!(
                 "stored result of case `{}` does not parse",
                 row.test_case_id
@@ -228,7 +231,7 @@ fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
     let job = row
         .job
         .with_context(|| format!("case `{}` has neither a result nor a job", row.test_case_id))?;
-    let job: Job = serde_json::from_value(job)
+    let job: Job = serde_json::from_str(&job)
         .with_context(|| format!("stored job of case `{}` does not parse", row.test_case_id))?;
     let reason = row
         .details

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::db::{self as runs, NewRun, RunInsert, VersionForRun};
+use crate::db::{self as runs, NewRun, RunInsert};
 use anyhow::Context as _;
 use serde_json::json;
 use skilleval::model::{EvalConfig, RunnerConfig, RunnerSpec};
@@ -28,7 +28,7 @@ use crate::jobs::JobSink;
 use crate::metrics::Metrics;
 
 /// Rows read, published and marked at a time by a release.
-const RELEASE_PAGE: i64 = 2_000;
+pub const RELEASE_PAGE: i64 = 2_000;
 
 /// What a run is asked to do.
 #[derive(Debug, Clone, Default)]
@@ -81,7 +81,29 @@ impl RunLauncher {
         let version = runs::version_for_run(conn, request.version_id)
             .await?
             .ok_or_else(|| ApiError::not_found("version", request.version_id))?;
-        insert_planned(conn, &version, request).await
+        let config: EvalConfig =
+            serde_json::from_value(version.config.clone()).with_context(|| {
+                format!(
+                    "stored eval config of version {} does not parse",
+                    version.version_id
+                )
+            })?;
+        let planned = PlannedVersion {
+            version_id: version.version_id,
+            package_hash: &version.package_hash,
+            config: &config,
+        };
+        self.insert_planned(conn, &planned, request).await
+    }
+
+    /// [`RunLauncher::insert`] with the version's definition in hand (an upload).
+    pub async fn insert_planned(
+        &self,
+        conn: &mut PgConnection,
+        version: &PlannedVersion<'_>,
+        request: &RunRequest,
+    ) -> Result<RunInsert, ApiError> {
+        insert_planned(conn, version, request).await
     }
 
     /// Creates a run (one transaction) and publishes what may be published now.
@@ -140,20 +162,26 @@ impl RunLauncher {
             return Ok(0);
         };
         let mut left = room.unwrap_or(i64::MAX);
-        let mut after = -1;
+        let mut page = runs::unpublished_page(conn, run_id, -1, left.min(RELEASE_PAGE))
+            .await
+            .context("reading jobs to release")?;
         let mut confirmed_total = 0;
-        while left > 0 {
-            let page = runs::unpublished_page(conn, run_id, after, left.min(RELEASE_PAGE))
-                .await
-                .context("reading jobs to release")?;
-            let Some(last) = page.last() else { break };
-            after = last.0;
+        while let Some(&(last_index, ..)) = page.last() {
             let full = page.len() as i64 == left.min(RELEASE_PAGE);
             let jobs: Vec<EncodedJob> = page
                 .into_iter()
                 .map(|(_, id, text)| EncodedJob::from_stored(run_id, id, &text))
                 .collect();
-            let outcomes = self.sink.publish(&jobs).await;
+            // The next page is read while this one's confirms come back.
+            let next_limit = (left - jobs.len() as i64).min(RELEASE_PAGE);
+            let read_next = async {
+                if full && next_limit > 0 {
+                    runs::unpublished_page(conn, run_id, last_index, next_limit).await
+                } else {
+                    Ok(Vec::new())
+                }
+            };
+            let (outcomes, next) = tokio::join!(self.sink.publish(&jobs), read_next);
             let mut confirmed = Vec::with_capacity(jobs.len());
             let mut failures = Vec::new();
             for (job, outcome) in jobs.into_iter().zip(outcomes) {
@@ -173,9 +201,7 @@ impl RunLauncher {
                 tracing::warn!(%run_id, failed = failures.len(), first = %failures[0], "some jobs were not confirmed; the sweeper will retry them");
                 break;
             }
-            if !full {
-                break;
-            }
+            page = next.context("reading jobs to release")?;
         }
         Ok(confirmed_total)
     }
@@ -204,26 +230,29 @@ impl RunLauncher {
     }
 }
 
+/// A version to plan a run of.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedVersion<'a> {
+    pub version_id: Uuid,
+    pub package_hash: &'a str,
+    pub config: &'a EvalConfig,
+}
+
 /// Plans the run of a stored version and inserts it with its rows.
 async fn insert_planned(
     conn: &mut PgConnection,
-    version: &VersionForRun,
+    version: &PlannedVersion<'_>,
     request: &RunRequest,
 ) -> Result<RunInsert, ApiError> {
-    let config: EvalConfig = serde_json::from_value(version.config.clone()).with_context(|| {
-        format!(
-            "stored eval config of version {} does not parse",
-            version.version_id
-        )
-    })?;
+    let config = version.config;
     let runner_override = request
         .runner
         .as_ref()
-        .map(|spec| resolve_runner(spec, &config));
+        .map(|spec| resolve_runner(spec, config));
     let run_id = Uuid::now_v7();
     let jobs = plan(
-        &config,
-        &version.package_hash,
+        config,
+        version.package_hash,
         run_id,
         &request.filter,
         runner_override.as_ref(),

@@ -23,7 +23,7 @@ use skilleval::strategy::StrategyRegistry;
 
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
-use crate::launch::RunRequest;
+use crate::launch::{PlannedVersion, RunRequest};
 use crate::state::AppState;
 use crate::views::{UploadResponse, VersionList, VersionView};
 
@@ -63,6 +63,7 @@ pub async fn upload(
             }
         })?;
     let zip = zip_from_body(&headers, body).await?;
+    let started = std::time::Instant::now();
     let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
     let (package, warnings) = match opened {
         Ok(ok) => ok,
@@ -76,13 +77,14 @@ pub async fn upload(
             return Err(e);
         }
     };
+    let validated = started.elapsed();
     let manifest = &package.manifest;
     let version_label = manifest.metadata.get("version").and_then(|v| match v {
         serde_json::Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     });
-    let config_json = serde_json::to_value(&package.config)
+    let config_json = serde_json::to_string(&package.config)
         .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
     let manifest_json =
         serde_json::to_value(manifest).map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
@@ -97,7 +99,7 @@ pub async fn upload(
         version_label,
         eval_version: &package.config.version,
         profile: package.config.profile.as_str(),
-        config: config_json,
+        config: &config_json,
         test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),
     };
 
@@ -118,16 +120,39 @@ pub async fn upload(
             max_cost_usd: None,
             max_tokens: None,
         };
-        Some(state.launcher.insert(&mut tx, &request).await?)
+        // Planned from the definition in hand (the one just stored, or the identical one of
+        // the version with the same content), not read back from the database.
+        let version = PlannedVersion {
+            version_id: stored.version_id,
+            package_hash: &package.content_hash,
+            config: &package.config,
+        };
+        Some(
+            state
+                .launcher
+                .insert_planned(&mut tx, &version, &request)
+                .await?,
+        )
     } else {
         None
     };
     tx.commit().await?;
+    let committed = started.elapsed();
     if let Some(RunInsert::Created(run_id)) = inserted {
         state.metrics.runs_created.inc();
         state.launcher.release_logged(run_id).await;
     }
-    tracing::info!(skill = %manifest.name, version = %stored.version, created = stored.created, "skill version stored");
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    tracing::info!(
+        skill = %manifest.name,
+        version = %stored.version,
+        created = stored.created,
+        test_cases,
+        validate_ms = ms(validated),
+        store_ms = ms(committed - validated),
+        publish_ms = ms(started.elapsed() - committed),
+        "skill version stored"
+    );
     Ok((
         StatusCode::CREATED,
         Json(UploadResponse {

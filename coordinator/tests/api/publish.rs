@@ -158,3 +158,37 @@ async fn max_concurrent_tests_publishes_more_as_earlier_cases_finish() {
     assert_eq!(next, vec!["case-002"]);
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
+    let app = spawn_app_with(AppOptions::default()).await;
+    let n = usize::try_from(skilleval_coordinator::launch::RELEASE_PAGE).unwrap() * 2 + 7;
+    let outputs = vec!["ok"; n];
+    let upload: Value = app
+        .upload_zip(given_package("paged", &outputs, json!({})), "")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let run_id: uuid::Uuid = upload["run_id"].as_str().unwrap().parse().unwrap();
+    // The upload answers once every page is confirmed and marked.
+    let unpublished: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM eval_results WHERE run_id = $1 AND published_at IS NULL",
+    )
+    .bind(run_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(unpublished, 0);
+    assert_eq!(app.wait_for_jobs(n as u32).await, n as u32);
+    let jobs = app.drain_jobs().await;
+    assert_eq!(jobs.len(), n);
+    let mut indexes: Vec<u32> = jobs.iter().map(|j| j.case_index).collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    assert_eq!(indexes.len(), n, "every case published exactly once");
+    assert!(jobs.iter().all(|j| j.run_id == run_id));
+    // A second release finds nothing left to publish.
+    assert_eq!(app.state.launcher.release(run_id).await.unwrap(), 0);
+    app.cleanup().await;
+}

@@ -94,7 +94,11 @@ changed AS (
         finished_at = i.finished_at,
         updated_at = now()
     FROM input i
-    WHERE e.run_id = i.run_id AND e.test_case_id = i.test_case_id AND e.status = 'queued'
+    -- `status || ''` keeps the planner off `eval_results_run_status` for this join: a new
+    -- run's rows look rare to it, so it would walk every queued row of the run for each input
+    -- row (seen: 1 s per 200-row batch at 30,000 cases) instead of the unique
+    -- (run_id, test_case_id) index, one row each.
+    WHERE e.run_id = i.run_id AND e.test_case_id = i.test_case_id AND e.status || '' = 'queued'
     RETURNING e.run_id, e.test_case_id, e.status,
               e.produce_input_tokens + e.produce_output_tokens
                 + e.grade_input_tokens + e.grade_output_tokens AS tokens,

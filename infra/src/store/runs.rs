@@ -33,8 +33,10 @@ pub struct NewVersion<'a> {
     pub version_label: Option<String>,
     pub eval_version: &'a str,
     pub profile: &'a str,
-    /// The templated definition (`EvalConfig`) the runs are planned from.
-    pub config: Value,
+    /// The templated definition (`EvalConfig`) the runs are planned from, as JSON text
+    /// (serialised straight from the model: a definition of 100,000 cases is tens of MB, and
+    /// a `Value` of it several times that).
+    pub config: &'a str,
     pub test_cases: i32,
 }
 
@@ -127,13 +129,13 @@ pub async fn upsert_version(
     }
     sqlx::query(
         "INSERT INTO eval_configs (id, version_id, version, profile, config, test_cases)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+         VALUES ($1, $2, $3, $4, $5::jsonb, $6)",
     )
     .bind(Uuid::now_v7())
     .bind(version_id)
     .bind(v.eval_version)
     .bind(v.profile)
-    .bind(&v.config)
+    .bind(v.config)
     .bind(v.test_cases)
     .execute(&mut *conn)
     .await?;
@@ -590,9 +592,11 @@ pub struct CaseRow {
     pub case_index: i32,
     pub test_case_id: String,
     pub status: String,
-    pub result: Option<Value>,
+    /// The stored result as JSON text (parsed straight into its type by the reader: no
+    /// intermediate `Value`, which cost more than the query when summarising a large run).
+    pub result: Option<String>,
     /// Only read when there is no result (the job describes a case that never ran).
-    pub job: Option<Value>,
+    pub job: Option<String>,
     pub details: Option<Value>,
 }
 
@@ -604,8 +608,8 @@ pub async fn case_rows_page(
     limit: i64,
 ) -> Result<Vec<CaseRow>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT case_index, test_case_id, status, result,
-                CASE WHEN result IS NULL OR result = 'null'::jsonb THEN job END, details
+        "SELECT case_index, test_case_id, status, NULLIF(result, 'null'::jsonb)::text,
+                CASE WHEN result IS NULL OR result = 'null'::jsonb THEN job::text END, details
          FROM eval_results
          WHERE run_id = $1 AND case_index > $2 ORDER BY case_index LIMIT $3",
     )
@@ -662,7 +666,9 @@ pub struct RunRow {
     pub description: String,
     pub package_hash: String,
     pub profile: String,
-    pub config: Value,
+    /// The definition's `settings` only (not the whole definition, which grows with the cases
+    /// and would be read on every poll of a run); `null` when it has none.
+    pub settings: Value,
     pub kind: String,
     pub status: String,
     pub total: i32,
@@ -688,8 +694,8 @@ pub struct RunRow {
 
 pub async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash, c.profile, c.config,
-                r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
+        "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash, c.profile,
+                COALESCE(c.config->'settings', 'null'::jsonb), r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
                 r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at,
                 r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd, r.stop_reason
          FROM runs r
@@ -710,7 +716,7 @@ pub async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx
             description: r.try_get(4)?,
             package_hash: r.try_get(5)?,
             profile: r.try_get(6)?,
-            config: r.try_get(7)?,
+            settings: r.try_get(7)?,
             kind: r.try_get(8)?,
             status: r.try_get(9)?,
             total: r.try_get(10)?,
