@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use crate::db::{self as runs, CaseRow};
 use anyhow::Context as _;
+use futures::TryStreamExt as _;
 use serde_json::{json, Value};
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::budget::mark_stopped;
@@ -32,9 +33,6 @@ use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
 use crate::views::RunView;
 use crate::webhook::WebhookSender;
-
-/// Rows read per query when summarising a run.
-const SUMMARY_PAGE: i64 = 500;
 
 /// Applies events and sweeps to runs: failFast, releases, finalisation and webhooks.
 #[derive(Debug, Clone)]
@@ -71,7 +69,7 @@ impl RunAggregator {
     /// it, a release when `maxConcurrentTests` holds jobs back, finalisation when the counters
     /// are complete. A run without a cap has nothing to release here (creation published
     /// everything; the sweeper republishes what a broker failure left behind).
-    #[tracing::instrument(skip(self), fields(run_id = %event.run_id, cases = event.cases.len()))]
+    #[tracing::instrument(skip_all, fields(run_id = %event.run_id, cases = event.cases.len()))]
     pub async fn on_cases_finished(&self, event: &CasesFinished) -> anyhow::Result<()> {
         self.metrics.events_consumed.inc();
         let Some(state) = runs::progress(&self.pool, event.run_id).await? else {
@@ -130,7 +128,7 @@ impl RunAggregator {
         } else {
             serde_json::from_value(run.settings.clone()).context("stored eval settings")?
         };
-        // Streamed a page at a time: memory does not grow with the run's size.
+        // Streamed row by row: memory does not grow with the run's size.
         let mut summarizer = Summarizer::default();
         let mut not_run = 0u64;
         let stop_reason = run.stop_reason.as_deref();
@@ -196,25 +194,16 @@ pub async fn load_results(pool: &PgPool, run_id: Uuid) -> anyhow::Result<Vec<Job
     Ok(results)
 }
 
-/// Hands every result of a run to `f` in case order, reading [`SUMMARY_PAGE`] rows at a time
-/// and holding no more than one page.
+/// Hands every result of a run to `f` in case order, streamed: one row in hand at a time.
 pub async fn for_each_result(
     pool: &PgPool,
     run_id: Uuid,
     mut f: impl FnMut(JobResult),
 ) -> anyhow::Result<()> {
-    let mut after = -1;
-    loop {
-        let page = runs::case_rows_page(pool, run_id, after, SUMMARY_PAGE).await?;
-        let Some(last) = page.last() else { break };
-        after = last.case_index;
-        let full = page.len() as i64 == SUMMARY_PAGE;
-        for row in page {
-            f(job_result(row)?);
-        }
-        if !full {
-            break;
-        }
+    let rows = runs::case_rows(pool, run_id);
+    futures::pin_mut!(rows);
+    while let Some(row) = rows.try_next().await? {
+        f(job_result(row)?);
     }
     Ok(())
 }

@@ -28,7 +28,7 @@ use crate::jobs::JobSink;
 use crate::metrics::Metrics;
 
 /// Rows read, published and marked at a time by a release.
-pub const RELEASE_PAGE: i64 = 2_000;
+pub const RELEASE_PAGE: usize = 2_000;
 
 /// What a run is asked to do.
 #[derive(Debug, Clone, Default)]
@@ -130,10 +130,11 @@ impl RunLauncher {
     /// Publishes the run's unpublished jobs the cap leaves room for, marking the confirmed
     /// ones published. Returns how many were confirmed.
     ///
-    /// Page by page ([`RELEASE_PAGE`] rows in case order): each page is read (the stored job
-    /// text, not parsed), published with pipelined confirms, and its confirmed rows marked
-    /// published in one statement that commits at once, so memory stays flat whatever the
-    /// run's size and workers recording early results never wait on the release's row locks.
+    /// Page by page ([`RELEASE_PAGE`] rows in case order, streamed from one query): each page
+    /// (the stored job text, not parsed) is published with pipelined confirms while the next
+    /// is read, and its confirmed rows are marked published in one statement that commits at
+    /// once, so memory stays flat whatever the run's size and workers recording early results
+    /// never wait on the release's row locks.
     /// A page with a failed publish ends the release; the sweeper retries the rest.
     #[tracing::instrument(skip(self))]
     pub async fn release(&self, run_id: Uuid) -> anyhow::Result<usize> {
@@ -161,41 +162,31 @@ impl RunLauncher {
         else {
             return Ok(0);
         };
-        let mut left = room.unwrap_or(i64::MAX);
-        let mut page = runs::unpublished_page(conn, run_id, -1, left.min(RELEASE_PAGE))
-            .await
-            .context("reading jobs to release")?;
+        if room == Some(0) {
+            return Ok(0);
+        }
+        let rows = runs::unpublished_rows(conn, run_id, room);
+        futures::pin_mut!(rows);
+        let mut page = next_page(&mut rows, run_id).await?;
         let mut confirmed_total = 0;
-        while let Some(&(last_index, ..)) = page.last() {
-            let full = page.len() as i64 == left.min(RELEASE_PAGE);
-            let jobs: Vec<EncodedJob> = page
-                .into_iter()
-                .map(|(_, id, text)| EncodedJob::from_stored(run_id, id, &text))
-                .collect();
+        while !page.is_empty() {
             // The next page is read while this one's confirms come back.
-            let next_limit = (left - jobs.len() as i64).min(RELEASE_PAGE);
-            let read_next = async {
-                if full && next_limit > 0 {
-                    runs::unpublished_page(conn, run_id, last_index, next_limit).await
-                } else {
-                    Ok(Vec::new())
-                }
-            };
-            let (outcomes, next) = tokio::join!(self.sink.publish(&jobs), read_next);
-            let mut confirmed = Vec::with_capacity(jobs.len());
+            let (outcomes, next) =
+                tokio::join!(self.sink.publish(&page), next_page(&mut rows, run_id));
+            let mut confirmed = Vec::with_capacity(page.len());
             let mut failures = Vec::new();
-            for (job, outcome) in jobs.into_iter().zip(outcomes) {
+            for (job, outcome) in page.into_iter().zip(outcomes) {
                 match outcome {
                     Ok(()) => confirmed.push(job.test_case_id),
                     Err(e) => failures.push(format!("{}: {e}", job.test_case_id)),
                 }
             }
-            runs::mark_published(conn, run_id, &confirmed)
+            // The release's own connection is busy streaming: marks go through the pool.
+            runs::mark_published(&self.pool, run_id, &confirmed)
                 .await
                 .context("recording publisher confirms")?;
             self.metrics.jobs_published.inc_by(confirmed.len() as u64);
             confirmed_total += confirmed.len();
-            left -= confirmed.len() as i64;
             if !failures.is_empty() {
                 self.metrics.publish_failures.inc_by(failures.len() as u64);
                 tracing::warn!(%run_id, failed = failures.len(), first = %failures[0], "some jobs were not confirmed; the sweeper will retry them");
@@ -236,6 +227,22 @@ pub struct PlannedVersion<'a> {
     pub version_id: Uuid,
     pub package_hash: &'a str,
     pub config: &'a EvalConfig,
+}
+
+/// Up to [`RELEASE_PAGE`] rows of a release's stream, encoded for publishing.
+async fn next_page(
+    rows: &mut (impl futures::Stream<Item = Result<(String, String), sqlx::Error>> + Unpin),
+    run_id: Uuid,
+) -> anyhow::Result<Vec<EncodedJob>> {
+    use futures::TryStreamExt as _;
+    let mut page = Vec::with_capacity(RELEASE_PAGE);
+    while page.len() < RELEASE_PAGE {
+        let Some((id, text)) = rows.try_next().await.context("reading jobs to release")? else {
+            break;
+        };
+        page.push(EncodedJob::from_stored(run_id, id, &text));
+    }
+    Ok(page)
 }
 
 /// Plans the run of a stored version and inserts it with its rows.

@@ -1,8 +1,9 @@
 //! Packages on local disk, fetched once per content hash.
 //!
 //! A job names its package by content hash. The first job of a hash reads the ZIP from
-//! `skill_versions.package_bytes`, extracts it (with the same hardened extraction as uploads)
-//! into a temporary folder beside the cache and renames it to `<cache>/<hash>`: the rename is
+//! `skill_versions.package_bytes`, extracts its files (the same hardened extraction as
+//! uploads, without parsing the eval definition: the jobs carry their cases) into a temporary
+//! folder beside the cache and renames it to `<cache>/<hash>`: the rename is
 //! atomic, so another worker process sharing the folder sees either nothing or a whole package.
 //! Within this process, concurrent first jobs of the same hash wait on a per-hash async mutex
 //! and only one of them fetches.
@@ -83,13 +84,9 @@ impl PackageCache {
     async fn load(&self, hash: &str) -> Result<PathBuf, Fault> {
         let final_dir = self.dir.join(hash);
         if final_dir.is_dir() {
-            let limits = self.limits.clone();
-            let dir = final_dir.clone();
-            return blocking(move || {
-                Package::open_dir(&dir, &limits).map(|p| p.root().to_path_buf())
-            })
-            .await
-            .map_err(|e| Fault::permanent(format!("cached package {hash} does not open: {e}")));
+            return Package::root_of(&final_dir).map_err(|e| {
+                Fault::permanent(format!("cached package {hash} does not open: {e}"))
+            });
         }
         self.fetches.fetch_add(1, Ordering::Relaxed);
         let bytes = self
@@ -116,13 +113,11 @@ impl PackageCache {
         ));
         let limits = self.limits.clone();
         let tmp_for_extract = tmp.clone();
-        let extracted = blocking(move || {
-            Package::from_zip_bytes(&bytes, &limits, Some(&tmp_for_extract))
-                .map(|p| (p.root().to_path_buf(), p.content_hash.clone()))
-        })
-        .await;
-        let (root, content_hash) = match extracted {
-            Ok(v) => v,
+        // Only the files: the jobs carry their cases, so the eval definition is not parsed.
+        let extracted =
+            blocking(move || Package::extract_files(&bytes, &limits, &tmp_for_extract)).await;
+        let root = match extracted {
+            Ok(root) => root,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&tmp);
                 return Err(Fault::permanent(format!(
@@ -130,13 +125,6 @@ impl PackageCache {
                 )));
             }
         };
-        if content_hash != hash {
-            tracing::warn!(
-                package_hash = hash,
-                content_hash,
-                "stored package's content hash differs from its key"
-            );
-        }
         let relative = root
             .strip_prefix(&tmp)
             .map(Path::to_path_buf)

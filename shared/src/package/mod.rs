@@ -118,23 +118,7 @@ impl Package {
     ) -> Result<Package, PackageError> {
         match dest {
             Some(dest) => {
-                if dest.exists() {
-                    let mut entries = fs::read_dir(dest).map_err(|e| PackageError::io(dest, e))?;
-                    if entries.next().is_some() {
-                        return Err(PackageError::io(
-                            dest,
-                            std::io::Error::other("the extraction folder is not empty"),
-                        ));
-                    }
-                } else {
-                    fs::create_dir_all(dest).map_err(|e| PackageError::io(dest, e))?;
-                    zip::set_mode(dest, 0o755)?;
-                }
-                if let Err(e) = zip::extract(bytes, limits, dest) {
-                    // Leave no half-extracted package behind (a cache keyed by hash would trust it).
-                    clear_dir(dest);
-                    return Err(e);
-                }
+                extract_into(bytes, limits, dest)?;
                 Package::load(dest.to_path_buf(), None, limits)
             }
             None => {
@@ -148,6 +132,25 @@ impl Package {
                 Package::load(temp.path().to_path_buf(), Some(temp), limits)
             }
         }
+    }
+
+    /// Extracts a ZIP into `dest` with the same hardening as [`Package::from_zip_bytes`], but
+    /// without reading the eval definition: for a worker, which needs the files on disk (its
+    /// jobs carry their cases) and must not parse a definition of 100,000 cases to get them.
+    /// Returns the package's root inside `dest`.
+    pub fn extract_files(
+        bytes: &[u8],
+        limits: &PackageLimits,
+        dest: &Path,
+    ) -> Result<PathBuf, PackageError> {
+        extract_into(bytes, limits, dest)?;
+        tree::effective_root(dest)
+    }
+
+    /// The package root of a folder [`Package::extract_files`] filled (the folder, or its
+    /// single sub-folder holding `SKILL.md`), without reading the package.
+    pub fn root_of(dir: &Path) -> Result<PathBuf, PackageError> {
+        tree::effective_root(dir)
     }
 
     /// Opens and validates; any error problem gives [`PackageError::Invalid`] listing every
@@ -396,6 +399,28 @@ const RUN_SCRIPTS: &[&str] = &[
 ];
 
 /// Removes everything inside `dir`, best effort (used after a failed extraction).
+/// Extracts into `dest`, created if missing and required empty; on failure leaves nothing
+/// half-extracted behind (a cache keyed by hash would trust it).
+fn extract_into(bytes: &[u8], limits: &PackageLimits, dest: &Path) -> Result<(), PackageError> {
+    if dest.exists() {
+        let mut entries = fs::read_dir(dest).map_err(|e| PackageError::io(dest, e))?;
+        if entries.next().is_some() {
+            return Err(PackageError::io(
+                dest,
+                std::io::Error::other("the extraction folder is not empty"),
+            ));
+        }
+    } else {
+        fs::create_dir_all(dest).map_err(|e| PackageError::io(dest, e))?;
+        zip::set_mode(dest, 0o755)?;
+    }
+    if let Err(e) = zip::extract(bytes, limits, dest) {
+        clear_dir(dest);
+        return Err(e);
+    }
+    Ok(())
+}
+
 fn clear_dir(dir: &Path) {
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
