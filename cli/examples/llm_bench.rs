@@ -267,7 +267,12 @@ async fn bench(server: &Server, max_concurrency: u32, spawn: bool) -> anyhow::Re
         runners,
         Arc::new(Sandbox::default()),
     ));
-    executor.prime(&package.content_hash, validation.graders);
+    executor.prime(
+        &package.content_hash,
+        package.config.profile,
+        &package.config.test_cases,
+        validation.graders,
+    );
     let jobs = plan(
         &package.config,
         &package.content_hash,
