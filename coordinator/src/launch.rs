@@ -11,6 +11,7 @@
 //! of a run's jobs as the cap leaves room for, and runs again whenever a case of the run
 //! finishes (the aggregator calls it on events) and on every sweep.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,10 +132,10 @@ impl RunLauncher {
     /// ones published. Returns how many were confirmed.
     ///
     /// Page by page ([`RELEASE_PAGE`] rows in case order, streamed from one query): each page
-    /// (the stored job text, not parsed) is published with pipelined confirms while the next
-    /// is read, and its confirmed rows are marked published in one statement that commits at
-    /// once, so memory stays flat whatever the run's size and workers recording early results
-    /// never wait on the release's row locks.
+    /// (the stored job text, not parsed) is published with pipelined confirms, a few pages at
+    /// once while the next is read, and its confirmed rows are marked published in one
+    /// statement that commits at once, so memory stays flat whatever the run's size and
+    /// workers recording early results never wait on the release's row locks.
     /// A page with a failed publish ends the release; the sweeper retries the rest.
     #[tracing::instrument(skip(self))]
     pub async fn release(&self, run_id: Uuid) -> anyhow::Result<usize> {
@@ -167,32 +168,39 @@ impl RunLauncher {
         }
         let rows = runs::unpublished_rows(conn, run_id, room);
         futures::pin_mut!(rows);
-        let mut page = next_page(&mut rows, run_id).await?;
+        // Pages publish and confirm in tasks of their own, up to PAGES_IN_FLIGHT at once,
+        // while the next page is read: the broker always has confirms outstanding instead of
+        // draining them at the end of every page.
+        let mut in_flight: VecDeque<tokio::task::JoinHandle<Result<PageOutcome, sqlx::Error>>> =
+            VecDeque::new();
         let mut confirmed_total = 0;
-        while !page.is_empty() {
-            // The next page is read while this one's confirms come back.
-            let (outcomes, next) =
-                tokio::join!(self.sink.publish(&page), next_page(&mut rows, run_id));
-            let mut confirmed = Vec::with_capacity(page.len());
-            let mut failures = Vec::new();
-            for (job, outcome) in page.into_iter().zip(outcomes) {
-                match outcome {
-                    Ok(()) => confirmed.push(job.test_case_id),
-                    Err(e) => failures.push(format!("{}: {e}", job.test_case_id)),
+        let mut reading = true;
+        loop {
+            while reading && in_flight.len() < PAGES_IN_FLIGHT {
+                let page = next_page(&mut rows, run_id).await?;
+                if page.is_empty() {
+                    reading = false;
+                    break;
                 }
+                let sink = self.sink.clone();
+                let pool = self.pool.clone();
+                in_flight.push_back(tokio::spawn(publish_page(sink, pool, run_id, page)));
             }
-            // The release's own connection is busy streaming: marks go through the pool.
-            runs::mark_published(&self.pool, run_id, &confirmed)
-                .await
-                .context("recording publisher confirms")?;
-            self.metrics.jobs_published.inc_by(confirmed.len() as u64);
-            confirmed_total += confirmed.len();
-            if !failures.is_empty() {
-                self.metrics.publish_failures.inc_by(failures.len() as u64);
-                tracing::warn!(%run_id, failed = failures.len(), first = %failures[0], "some jobs were not confirmed; the sweeper will retry them");
+            let Some(oldest) = in_flight.pop_front() else {
                 break;
+            };
+            let outcome = oldest
+                .await
+                .context("a page's publish task failed")?
+                .context("recording publisher confirms")?;
+            self.metrics.jobs_published.inc_by(outcome.confirmed as u64);
+            confirmed_total += outcome.confirmed;
+            if let Some((failed, first)) = outcome.failed {
+                self.metrics.publish_failures.inc_by(failed as u64);
+                tracing::warn!(%run_id, failed, %first, "some jobs were not confirmed; the sweeper will retry them");
+                // Stop reading; the pages already sent still settle and are counted.
+                reading = false;
             }
-            page = next.context("reading jobs to release")?;
         }
         Ok(confirmed_total)
     }
@@ -227,6 +235,43 @@ pub struct PlannedVersion<'a> {
     pub version_id: Uuid,
     pub package_hash: &'a str,
     pub config: &'a EvalConfig,
+}
+
+/// Pages of one release publishing at the same time.
+const PAGES_IN_FLIGHT: usize = 3;
+
+/// What became of one page: how many jobs the broker confirmed, and how many it did not with
+/// the first reason.
+struct PageOutcome {
+    confirmed: usize,
+    failed: Option<(usize, String)>,
+}
+
+/// Publishes a page and marks its confirmed rows published (through the pool: the release's
+/// own connection is busy streaming the rows).
+async fn publish_page(
+    sink: Arc<dyn JobSink>,
+    pool: PgPool,
+    run_id: Uuid,
+    page: Vec<EncodedJob>,
+) -> Result<PageOutcome, sqlx::Error> {
+    let outcomes = sink.publish(&page).await;
+    let mut confirmed = Vec::with_capacity(page.len());
+    let mut failures = Vec::new();
+    for (job, outcome) in page.into_iter().zip(outcomes) {
+        match outcome {
+            Ok(()) => confirmed.push(job.test_case_id),
+            Err(e) => failures.push(format!("{}: {e}", job.test_case_id)),
+        }
+    }
+    runs::mark_published(&pool, run_id, &confirmed).await?;
+    Ok(PageOutcome {
+        confirmed: confirmed.len(),
+        failed: failures
+            .first()
+            .cloned()
+            .map(|first| (failures.len(), first)),
+    })
 }
 
 /// Up to [`RELEASE_PAGE`] rows of a release's stream, encoded for publishing.
