@@ -27,11 +27,11 @@ use lapin::{Connection, Consumer};
 use skilleval::executor::{CaseStatus, Executor, JobResult};
 use skilleval::grade::Fault;
 use skilleval::plan::Job;
-use skilleval_infra::config::Settings;
+use skilleval_infra::config::{Settings, WorkerSettings};
 use skilleval_infra::messages::{self, CaseFinished};
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::{self, BrokerError, Lane, Publisher, Topology, TRACEPARENT_HEADER};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -150,6 +150,8 @@ pub struct Worker {
     publisher: PublisherSlot,
     consuming: Arc<AtomicBool>,
     name: String,
+    /// Execution slots of the CI and samples lanes (`concurrency`, `samples_slots()`).
+    slots: (Semaphore, Semaphore),
 }
 
 impl Worker {
@@ -186,6 +188,10 @@ impl Worker {
             publisher: PublisherSlot::default(),
             consuming: Arc::new(AtomicBool::new(false)),
             name,
+            slots: (
+                Semaphore::new(usize::from(settings.worker.concurrency)),
+                Semaphore::new(usize::from(settings.worker.samples_slots())),
+            ),
             settings,
         }
     }
@@ -470,13 +476,17 @@ impl Worker {
         let publisher = Publisher::open(&conn, self.topology.clone()).await?;
         crate::set_publisher(&self.publisher, Some(publisher));
         let mut ci = self
-            .consume(&conn, Lane::Ci, self.settings.worker.concurrency)
+            .consume(
+                &conn,
+                Lane::Ci,
+                WorkerSettings::prefetch_for(self.settings.worker.concurrency),
+            )
             .await?;
         let mut samples = self
             .consume(
                 &conn,
                 Lane::Samples,
-                self.settings.worker.samples_prefetch(),
+                WorkerSettings::prefetch_for(self.settings.worker.samples_slots()),
             )
             .await?;
         self.consuming.store(true, Ordering::SeqCst);
@@ -484,7 +494,7 @@ impl Worker {
         tracing::info!(
             connection = %self.name,
             concurrency = self.settings.worker.concurrency,
-            samples = self.settings.worker.samples_prefetch(),
+            samples = self.settings.worker.samples_slots(),
             "consuming"
         );
         loop {
@@ -574,6 +584,17 @@ impl Worker {
     }
 
     async fn process(&self, delivery: Delivery, lane: Lane, tx: mpsc::Sender<Finished>) {
+        // An execution slot of the lane, held while the job runs and released before its
+        // result waits for the batch commit (the prefetch leaves room for those).
+        let slot = match lane {
+            Lane::Ci => &self.slots.0,
+            Lane::Samples => &self.slots.1,
+        };
+        let Ok(permit) = slot.acquire().await else {
+            // The semaphores are never closed; should one be, the delivery is left unacked
+            // and the broker redelivers it when the channel closes.
+            return;
+        };
         let in_flight = self.metrics.in_flight(lane.as_str());
         in_flight.inc();
         let info = DeliveryInfo::from_headers(
@@ -594,6 +615,7 @@ impl Worker {
             )
             .await;
         in_flight.dec();
+        drop(permit);
         match outcome {
             Ok(Disposition::Record(result)) => {
                 let finished = Finished {

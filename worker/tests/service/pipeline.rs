@@ -359,3 +359,36 @@ async fn concurrent_first_uses_of_a_package_fetch_it_once() {
     assert_eq!(other.fetches(), 0);
     assert!(other.root("../etc").await.is_err(), "hashes are not paths");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_takes_the_next_job_while_its_result_waits_for_the_commit() {
+    // Two slots and a long batch window: finished jobs wait ~1 s for their commit. The
+    // prefetch is twice the slots, so while the first two results wait, two more jobs run
+    // and join the same batch; with the prefetch equal to the slots the batch would hold 2.
+    let env = TestEnv::new().await;
+    let seeded = env.seed_run(8, &Produce::Given { fail_every: 0 }).await;
+    env.publish(&seeded.jobs).await;
+    let mut settings = env.settings("slots");
+    settings.worker.concurrency = 2;
+    settings.worker.batch_size = 100;
+    settings.worker.batch_max_wait_ms = 1_000;
+    let w = env.start_worker(settings).await;
+    let c = env
+        .wait_for_run(seeded.run_id, Duration::from_secs(30))
+        .await;
+    assert_eq!(c.passed, 8, "{c:?}");
+    // Rows committed together share their transaction's `now()`.
+    let largest: i64 = sqlx::query_scalar(
+        "SELECT max(n) FROM (SELECT count(*) AS n FROM eval_results
+                             WHERE run_id = $1 GROUP BY updated_at) batches",
+    )
+    .bind(seeded.run_id)
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        largest, 4,
+        "a batch holds the jobs of both slots twice over"
+    );
+    w.stop().await.unwrap();
+}
