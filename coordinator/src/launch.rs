@@ -171,8 +171,7 @@ impl RunLauncher {
         // Pages publish and confirm in tasks of their own, up to PAGES_IN_FLIGHT at once,
         // while the next page is read: the broker always has confirms outstanding instead of
         // draining them at the end of every page.
-        let mut in_flight: VecDeque<tokio::task::JoinHandle<Result<PageOutcome, sqlx::Error>>> =
-            VecDeque::new();
+        let mut in_flight: VecDeque<tokio::task::JoinHandle<PageOutcome>> = VecDeque::new();
         let mut confirmed_total = 0;
         let mut reading = true;
         loop {
@@ -189,12 +188,14 @@ impl RunLauncher {
             let Some(oldest) = in_flight.pop_front() else {
                 break;
             };
-            let outcome = oldest
-                .await
-                .context("a page's publish task failed")?
-                .context("recording publisher confirms")?;
+            let outcome = oldest.await.context("a page's publish task failed")?;
             self.metrics.jobs_published.inc_by(outcome.confirmed as u64);
             confirmed_total += outcome.confirmed;
+            if let Some(e) = outcome.unmarked {
+                // The jobs are on the broker; only the record of it is missing, so the
+                // sweeper will publish them again (harmless). Keep releasing the rest.
+                tracing::warn!(%run_id, error = %e, "recording publisher confirms failed");
+            }
             if let Some((failed, first)) = outcome.failed {
                 self.metrics.publish_failures.inc_by(failed as u64);
                 tracing::warn!(%run_id, failed, %first, "some jobs were not confirmed; the sweeper will retry them");
@@ -240,11 +241,12 @@ pub struct PlannedVersion<'a> {
 /// Pages of one release publishing at the same time.
 const PAGES_IN_FLIGHT: usize = 3;
 
-/// What became of one page: how many jobs the broker confirmed, and how many it did not with
-/// the first reason.
+/// What became of one page: how many jobs the broker confirmed, how many it did not with the
+/// first reason, and why the confirmed ones could not be marked published, if so.
 struct PageOutcome {
     confirmed: usize,
     failed: Option<(usize, String)>,
+    unmarked: Option<String>,
 }
 
 /// Publishes a page and marks its confirmed rows published (through the pool: the release's
@@ -254,7 +256,7 @@ async fn publish_page(
     pool: PgPool,
     run_id: Uuid,
     page: Vec<EncodedJob>,
-) -> Result<PageOutcome, sqlx::Error> {
+) -> PageOutcome {
     let outcomes = sink.publish(&page).await;
     let mut confirmed = Vec::with_capacity(page.len());
     let mut failures = Vec::new();
@@ -264,14 +266,18 @@ async fn publish_page(
             Err(e) => failures.push(format!("{}: {e}", job.test_case_id)),
         }
     }
-    runs::mark_published(&pool, run_id, &confirmed).await?;
-    Ok(PageOutcome {
+    let unmarked = runs::mark_published(&pool, run_id, &confirmed)
+        .await
+        .err()
+        .map(|e| e.to_string());
+    PageOutcome {
         confirmed: confirmed.len(),
         failed: failures
             .first()
             .cloned()
             .map(|first| (failures.len(), first)),
-    })
+        unmarked,
+    }
 }
 
 /// Up to [`RELEASE_PAGE`] rows of a release's stream, encoded for publishing.

@@ -374,6 +374,13 @@ pub fn unpublished_rows(
 }
 
 /// Records the broker's confirms for these cases (one statement).
+///
+/// Rows a worker holds locked (it is recording their result right now) are skipped rather
+/// than waited for: waiting let this statement and a worker's batch lock overlapping rows in
+/// different orders, and the deadlock PostgreSQL then broke could abort the release (seen at
+/// 512 jobs in flight: the rest of the run waited 30 s for the sweeper). A skipped row is
+/// leaving `queued` anyway; if its worker rolls back, the sweeper publishes it again, which is
+/// harmless.
 pub async fn mark_published(
     conn: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
@@ -384,7 +391,9 @@ pub async fn mark_published(
     }
     let done = sqlx::query(
         "UPDATE eval_results SET published_at = now()
-         WHERE run_id = $1 AND test_case_id = ANY($2) AND published_at IS NULL",
+         WHERE id IN (SELECT id FROM eval_results
+                      WHERE run_id = $1 AND test_case_id = ANY($2) AND published_at IS NULL
+                      FOR UPDATE SKIP LOCKED)",
     )
     .bind(run_id)
     .bind(case_ids)
