@@ -2,7 +2,9 @@
 //!
 //! Run with
 //! `cargo run --release -p skilleval-coordinator --example pipeline_bench -- [--cases 10000]
-//! [--workers 1,2] [--repeat 1] [--concurrency 256] [--batch-size 200]`.
+//! [--workers 1,2] [--repeat 1] [--concurrency 256] [--batch-size 200]
+//! [--endpoint-concurrency 16,128,512] [--endpoint-workers 1] [--endpoint-max-cases 20480]
+//! [--skip-endpoint] [--paced-seconds 10] [--paced-run-cases 200] [--skip-paced]`.
 //!
 //! Everything runs on loopback against the PostgreSQL and RabbitMQ of this machine
 //! (`SKILLEVAL_BENCH_PG`, an admin URL without the database, default
@@ -52,15 +54,52 @@
 //! (concurrency 4, batches of 50) a worker holds at most 4 unacked jobs, so a batch never
 //! holds more than 4 results and throughput is bounded by 4 per commit round trip.
 //!
+//! **3. A 50 ms endpoint** (`--skip-endpoint` leaves it out): an OpenAI-compatible
+//! chat-completions server (this example re-run as `serve`, axum on its own multi-threaded
+//! runtime, started once for the whole benchmark) answers every request after a 50 ms
+//! `tokio::time::sleep` with a valid completion, and counts the completions it served and the
+//! most requests it had in flight. For each concurrency c of `--endpoint-concurrency`
+//! (default 16, 128, 512), a fresh coordinator and `--endpoint-workers` fresh workers (one by
+//! default) process a package of M cases with runner `llm` (one model call per case, the default
+//! provider) graded by `regex_match` on the completion (nothing else calls the model); every
+//! prompt carries the scenario's number, so the workers' shared response cache
+//! (`llm_cache`, in the same database) never answers for the mock. The workers get the mock
+//! through `SKILLEVAL__LLM__PROVIDERS_FILE` (a providers TOML with `max_concurrency` = c and
+//! no rate limits) and `SKILLEVAL__WORKER__CONCURRENCY` = c. M = 40 × workers × c, at least
+//! 2,000, at most `--endpoint-max-cases` (default 20,480). Timed as in 2 (upload to
+//! `completed`); printed per level: cases/s, the ideal workers × c / 50 ms and the ratio to
+//! it, the ratio to the given-output cases/s of the same number of workers measured earlier in
+//! the same repeat (else of the largest number measured), the processing rate alone (cases /
+//! (last `updated_at` - first `published_at`), i.e. without storing the package and
+//! inserting the run's rows) and its ratio to the ideal, peak RSS, CPU of the workers and
+//! of the mock. Every case must pass and the mock must have served exactly M completions,
+//! else the benchmark fails.
+//!
+//! **4. Paced latency** (`--skip-paced` leaves it out): with the largest worker count of
+//! `--workers`, a package of `--paced-run-cases` (default 200) given-output cases (the same
+//! 40/30/30 mix) is stored without a run (`POST /v1/skills?run=false`); one run of it is
+//! processed to warm up (not measured); then a new run of it is created (`POST /v1/runs`
+//! with its `version_id`) every `run cases / (0.5 × peak)` seconds for `--paced-seconds`
+//! (default 10), where peak is the highest given-output cases/s of this repeat: the offered
+//! load is 50 % of the peak rate. Requests are sent on schedule whether or not earlier ones
+//! answered (open loop). Printed: offered and achieved cases/s (cases / time from the first
+//! request to the last commit), the mean time `POST /v1/runs` took, and p50 / p99 / max of
+//! `updated_at - published_at` over every case of the paced runs.
+//!
 //! With `--repeat R` > 1, every figure printed at the end is the median of the R runs.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Cursor, Write};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::Router;
 use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
@@ -99,6 +138,25 @@ struct Options {
     repeat: usize,
     concurrency: u16,
     batch_size: usize,
+    /// The 50 ms endpoint scenario (`--skip-endpoint` leaves it out).
+    endpoint: bool,
+    /// Worker concurrency (prefetch and in-flight model calls) per endpoint level.
+    endpoint_concurrency: Vec<u16>,
+    endpoint_workers: usize,
+    /// The most cases of one endpoint level.
+    endpoint_max_cases: usize,
+    /// The paced latency scenario (`--skip-paced` leaves it out).
+    paced: bool,
+    paced_seconds: f64,
+    paced_run_cases: usize,
+}
+
+fn list<T: std::str::FromStr>(flag: &str, value: &str) -> anyhow::Result<Vec<T>> {
+    value
+        .split(',')
+        .map(|w| w.trim().parse::<T>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| anyhow::anyhow!("{flag} takes a list of whole numbers like 1,2"))
 }
 
 fn options() -> anyhow::Result<Options> {
@@ -108,28 +166,59 @@ fn options() -> anyhow::Result<Options> {
         repeat: 1,
         concurrency: 256,
         batch_size: 200,
+        endpoint: true,
+        endpoint_concurrency: vec![16, 128, 512],
+        endpoint_workers: 1,
+        endpoint_max_cases: 20_480,
+        paced: true,
+        paced_seconds: 10.0,
+        paced_run_cases: 200,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
+        if flag == "--skip-endpoint" {
+            o.endpoint = false;
+            continue;
+        }
+        if flag == "--skip-paced" {
+            o.paced = false;
+            continue;
+        }
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--cases" => o.cases = value()?.parse().context("--cases")?,
             "--repeat" => o.repeat = value()?.parse().context("--repeat")?,
             "--concurrency" => o.concurrency = value()?.parse().context("--concurrency")?,
             "--batch-size" => o.batch_size = value()?.parse().context("--batch-size")?,
-            "--workers" => {
-                o.workers = value()?
-                    .split(',')
-                    .map(|w| w.trim().parse::<usize>())
-                    .collect::<Result<_, _>>()
-                    .context("--workers takes a list like 1,2")?;
+            "--workers" => o.workers = list(flag, value()?)?,
+            "--endpoint-concurrency" => o.endpoint_concurrency = list(flag, value()?)?,
+            "--endpoint-workers" => {
+                o.endpoint_workers = value()?.parse().context("--endpoint-workers")?;
+            }
+            "--endpoint-max-cases" => {
+                o.endpoint_max_cases = value()?.parse().context("--endpoint-max-cases")?;
+            }
+            "--paced-seconds" => o.paced_seconds = value()?.parse().context("--paced-seconds")?,
+            "--paced-run-cases" => {
+                o.paced_run_cases = value()?.parse().context("--paced-run-cases")?;
             }
             other => bail!("unknown argument `{other}`"),
         }
     }
     if o.cases == 0 || o.repeat == 0 || o.workers.is_empty() || o.workers.contains(&0) {
         bail!("--cases, --repeat and every --workers count must be at least 1");
+    }
+    if o.endpoint
+        && (o.endpoint_workers == 0
+            || o.endpoint_max_cases == 0
+            || o.endpoint_concurrency.is_empty()
+            || o.endpoint_concurrency.contains(&0))
+    {
+        bail!("--endpoint-workers, --endpoint-max-cases and every --endpoint-concurrency must be at least 1");
+    }
+    if o.paced && (o.paced_run_cases == 0 || o.paced_seconds.is_nan() || o.paced_seconds <= 0.0) {
+        bail!("--paced-run-cases and --paced-seconds must be greater than 0");
     }
     Ok(o)
 }
@@ -201,14 +290,15 @@ impl Proc {
             .with_context(|| format!("starting the {role}"))?;
         let pid = child.id();
         let mut first_line = None;
-        if role == "coordinator" {
-            let stdout = child.stdout.take().context("coordinator stdout")?;
+        // The coordinator prints its port, the mock provider its address.
+        if role == "coordinator" || role == "serve" {
+            let stdout = child.stdout.take().context("child stdout")?;
             let mut line = String::new();
             BufReader::new(stdout).read_line(&mut line)?;
             if line.trim().is_empty() {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!("the coordinator did not start (see its error above)");
+                bail!("the {role} process did not start (see its error above)");
             }
             first_line = Some(line.trim().to_string());
         }
@@ -357,17 +447,19 @@ impl Env {
     }
 
     /// The environment of a child process: this database and prefix, as the binaries read it.
-    fn child_env(&self, opts: &Options, cache_dir: &std::path::Path) -> Vec<(String, String)> {
+    fn child_env(
+        &self,
+        opts: &Options,
+        concurrency: u16,
+        cache_dir: &std::path::Path,
+    ) -> Vec<(String, String)> {
         [
             ("DATABASE_URL", self.db_url.clone()),
             ("AMQP_URL", amqp_url()),
             ("SKILLEVAL__AMQP__PREFIX", self.prefix.clone()),
             ("SKILLEVAL__COORDINATOR__BIND", "127.0.0.1:0".into()),
             ("SKILLEVAL__WORKER__HTTP_PORT", "0".into()),
-            (
-                "SKILLEVAL__WORKER__CONCURRENCY",
-                opts.concurrency.to_string(),
-            ),
+            ("SKILLEVAL__WORKER__CONCURRENCY", concurrency.to_string()),
             ("SKILLEVAL__WORKER__BATCH_SIZE", opts.batch_size.to_string()),
             (
                 "SKILLEVAL__WORKER__PACKAGE_CACHE_DIR",
@@ -432,6 +524,37 @@ fn package_zip(name: &str, n: usize) -> anyhow::Result<Vec<u8>> {
         "settings": {"runner": "given"},
         "testCases": cases
     });
+    zip_package(name, &tests)
+}
+
+/// A skill package of `n` cases whose output is the model's answer (runner `llm`, the default
+/// provider, one call per case) graded locally by `regex_match`, so the endpoint sees exactly
+/// one request per case. `tag` goes into every prompt: the workers' response cache (shared
+/// through PostgreSQL) is keyed by the prompt, and a level must not be answered by the
+/// cache of an earlier one.
+fn llm_package_zip(name: &str, n: usize, tag: &str) -> anyhow::Result<Vec<u8>> {
+    let cases: Vec<Value> = (0..n)
+        .map(|i| {
+            let order = 10_000 + i;
+            json!({
+                "id": format!("case-{i:06}"),
+                "name": format!("refund {order}"),
+                "input": {"prompt": format!("Was my refund for order {order} approved? ({tag})")},
+                "expected": {"patterns": [r"order \d+", r"(?i)business days"]},
+                "evaluation": {"strategy": "regex_match"}
+            })
+        })
+        .collect();
+    let tests = json!({
+        "version": "2.0",
+        "settings": {"runner": "llm"},
+        "testCases": cases
+    });
+    zip_package(name, &tests)
+}
+
+/// `{name}/SKILL.md` and `{name}/eval/tests.json`, deflated.
+fn zip_package(name: &str, tests: &Value) -> anyhow::Result<Vec<u8>> {
     let skill = format!(
         "---\nname: {name}\ndescription: Answers refund questions, for the pipeline benchmark.\n---\n\n# Refunds\n\nAnswer in one sentence.\n"
     );
@@ -440,7 +563,7 @@ fn package_zip(name: &str, n: usize) -> anyhow::Result<Vec<u8>> {
     writer.start_file(format!("{name}/SKILL.md"), options)?;
     writer.write_all(skill.as_bytes())?;
     writer.start_file(format!("{name}/eval/tests.json"), options)?;
-    writer.write_all(&serde_json::to_vec(&tests)?)?;
+    writer.write_all(&serde_json::to_vec(tests)?)?;
     Ok(writer.finish()?.into_inner())
 }
 
@@ -742,6 +865,9 @@ struct E2e {
     seconds: f64,
     counters_seconds: f64,
     rate: f64,
+    /// Cases / (last commit - first publish), from `eval_results`: the processing alone,
+    /// without storing the package and inserting the run's rows.
+    process_rate: f64,
     p50_ms: f64,
     p99_ms: f64,
     coordinator_mib: f64,
@@ -751,6 +877,7 @@ struct E2e {
     machine_busy: f64,
 }
 
+/// The given-output scenario: `opts.cases` cases processed by `workers` workers.
 async fn end_to_end(
     env: &Env,
     opts: &Options,
@@ -758,15 +885,28 @@ async fn end_to_end(
     scenario: usize,
 ) -> anyhow::Result<E2e> {
     let n = opts.cases;
-    let name = format!("pipeline-bench-{scenario}");
-    let zip = package_zip(&name, n)?;
+    let zip = package_zip(&format!("pipeline-bench-{scenario}"), n)?;
     let cache = tempfile::tempdir()?;
-    let child_env = env.child_env(opts, cache.path());
-    let (coordinator, port) = Proc::spawn("coordinator", &child_env)?;
+    let child_env = env.child_env(opts, opts.concurrency, cache.path());
+    measure_run(env, &child_env, &child_env, zip, n, workers).await
+}
+
+/// Starts a fresh coordinator (`coordinator_env`) and `workers` workers (`worker_env`), uploads
+/// `zip` (`n` cases, run on upload) and times it to its verdict; checks that every case
+/// passed.
+async fn measure_run(
+    env: &Env,
+    coordinator_env: &[(String, String)],
+    worker_env: &[(String, String)],
+    zip: Vec<u8>,
+    n: usize,
+    workers: usize,
+) -> anyhow::Result<E2e> {
+    let (coordinator, port) = Proc::spawn("coordinator", coordinator_env)?;
     let base = format!("http://127.0.0.1:{}", port.unwrap_or_default());
     let mut procs = Vec::with_capacity(workers);
     for _ in 0..workers {
-        procs.push(Proc::spawn("worker", &child_env)?.0);
+        procs.push(Proc::spawn("worker", worker_env)?.0);
     }
     wait_for_consumers(env, workers, &mut procs).await?;
 
@@ -831,17 +971,26 @@ async fn end_to_end(
     drop(coordinator);
 
     let run_uuid: Uuid = run_id.parse()?;
-    let (rows, passed, p50, p99): (i64, i64, Option<f64>, Option<f64>) = sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE status = 'passed'),
+    let (rows, passed, p50, p99, span): (i64, i64, Option<f64>, Option<f64>, Option<f64>) =
+        sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'passed'),
                 percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
-                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8)
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
+                extract(epoch FROM max(updated_at) - min(published_at))::float8
          FROM eval_results WHERE run_id = $1",
-    )
+        )
     .bind(run_uuid)
     .fetch_one(env.store.pool())
     .await?;
     if rows != i64::try_from(n)? || passed != rows {
-        bail!("the run has {rows} rows, {passed} passed; expected {n} passed");
+        let first: Option<(String, String, Option<Value>, Option<String>)> = sqlx::query_as(
+            "SELECT test_case_id, status, error, output FROM eval_results
+             WHERE run_id = $1 AND status <> 'passed' ORDER BY case_index LIMIT 1",
+        )
+        .bind(run_uuid)
+        .fetch_optional(env.store.pool())
+        .await?;
+        bail!("the run has {rows} rows, {passed} passed; expected {n} passed (first other: {first:?})");
     }
     #[allow(clippy::cast_precision_loss)]
     let busy = {
@@ -858,6 +1007,7 @@ async fn end_to_end(
         seconds,
         counters_seconds: counters_seconds.unwrap_or(seconds),
         rate: n as f64 / seconds,
+        process_rate: span.filter(|s| *s > 0.0).map_or(0.0, |s| n as f64 / s),
         p50_ms: p50.unwrap_or(0.0) * 1000.0,
         p99_ms: p99.unwrap_or(0.0) * 1000.0,
         coordinator_mib,
@@ -903,6 +1053,385 @@ async fn wait_for_consumers(env: &Env, workers: usize, procs: &mut [Proc]) -> an
     }
 }
 
+// ---------------------------------------------------------------- 3. the 50 ms endpoint
+
+/// How long the mock provider takes to answer.
+const LATENCY: Duration = Duration::from_millis(50);
+/// The endpoint scenario runs about this many cases per model call slot
+/// (workers × concurrency), at least [`ENDPOINT_MIN_CASES`], at most `--endpoint-max-cases`.
+const ENDPOINT_CASES_PER_SLOT: usize = 40;
+const ENDPOINT_MIN_CASES: usize = 2_000;
+
+/// What the mock provider counts.
+#[derive(Default)]
+struct Load {
+    served: AtomicU64,
+    in_flight: AtomicU64,
+    peak: AtomicU64,
+}
+
+async fn complete(State(load): State<Arc<Load>>, body: Bytes) -> axum::Json<Value> {
+    let now = load.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    load.peak.fetch_max(now, Ordering::SeqCst);
+    // Read the request as a provider would.
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("mock-model")
+        .to_string();
+    tokio::time::sleep(LATENCY).await;
+    load.in_flight.fetch_sub(1, Ordering::SeqCst);
+    load.served.fetch_add(1, Ordering::SeqCst);
+    axum::Json(json!({
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": "Your refund for order 4217 was approved; the money reaches your card within five business days."},
+            "finish_reason": "stop"
+        }],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 24, "total_tokens": 144}
+    }))
+}
+
+/// Completions answered so far, and the most requests in flight at once since the last call
+/// (then reset).
+async fn stats(State(load): State<Arc<Load>>) -> axum::Json<Value> {
+    let peak = load
+        .peak
+        .swap(load.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
+    axum::Json(json!({ "served": load.served.load(Ordering::SeqCst), "peak": peak }))
+}
+
+/// `serve`: an OpenAI-compatible chat-completions server answering every request after 50 ms,
+/// on its own multi-threaded runtime; prints its address on stdout.
+fn child_mock() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("{}", listener.local_addr()?);
+        std::io::stdout().flush()?;
+        let app = Router::new()
+            .route("/v1/chat/completions", post(complete))
+            .route("/stats", get(stats))
+            .with_state(Arc::new(Load::default()));
+        axum::serve(listener, app).await?;
+        Ok(())
+    })
+}
+
+/// The mock provider process (killed when dropped).
+struct Mock {
+    proc: Proc,
+    addr: String,
+    http: reqwest::Client,
+}
+
+impl Mock {
+    fn start() -> anyhow::Result<Mock> {
+        let (proc, addr) = Proc::spawn("serve", &[])?;
+        Ok(Mock {
+            proc,
+            addr: addr.context("the mock provider printed no address")?,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    /// (completions served so far, most in flight at once since the last call).
+    async fn stats(&self) -> anyhow::Result<(u64, u64)> {
+        let v: Value = self
+            .http
+            .get(format!("http://{}/stats", self.addr))
+            .send()
+            .await?
+            .json()
+            .await?;
+        Ok((
+            v["served"].as_u64().context("served")?,
+            v["peak"].as_u64().context("peak")?,
+        ))
+    }
+
+    /// The mean of 20 sequential bare requests: the round trip the mock actually achieves.
+    async fn round_trip(&self) -> anyhow::Result<f64> {
+        let url = format!("http://{}/v1/chat/completions", self.addr);
+        let body = json!({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}]});
+        self.http
+            .post(&url)
+            .json(&body)
+            .send()
+            .await?
+            .bytes()
+            .await?;
+        let start = Instant::now();
+        for _ in 0..20 {
+            self.http
+                .post(&url)
+                .json(&body)
+                .send()
+                .await?
+                .bytes()
+                .await?;
+        }
+        Ok(start.elapsed().as_secs_f64() / 20.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct EndpointRun {
+    cases: usize,
+    e: E2e,
+    /// workers × concurrency / 50 ms.
+    ideal: f64,
+    /// The given-output cases/s of the same repeat it is compared with (0: none).
+    given_rate: f64,
+    given_workers: usize,
+    /// The most requests the mock had in flight at once.
+    in_flight: u64,
+    /// The mock's CPU over the run (1.0 = one core).
+    mock_cpu: f64,
+}
+
+/// One level of the endpoint scenario: `opts.endpoint_workers` workers with `concurrency`
+/// jobs (and model calls) in flight each, against the mock.
+async fn endpoint(
+    env: &Env,
+    opts: &Options,
+    mock: &Mock,
+    concurrency: u16,
+    scenario: usize,
+) -> anyhow::Result<EndpointRun> {
+    let workers = opts.endpoint_workers;
+    let cases = (ENDPOINT_CASES_PER_SLOT * usize::from(concurrency) * workers)
+        .max(ENDPOINT_MIN_CASES)
+        .min(opts.endpoint_max_cases);
+    let zip = llm_package_zip(
+        &format!("pipeline-bench-llm-{scenario}"),
+        cases,
+        &format!("scenario {scenario}"),
+    )?;
+    let config = tempfile::tempdir()?;
+    let providers = config.path().join("providers.toml");
+    std::fs::write(
+        &providers,
+        format!(
+            "default = \"mock\"\n[providers.mock]\nkind = \"openai\"\nbase_url = \"http://{}/v1\"\nmodel = \"mock-model\"\nmax_concurrency = {concurrency}\n",
+            mock.addr
+        ),
+    )?;
+    let cache = tempfile::tempdir()?;
+    let coordinator_env = env.child_env(opts, concurrency, cache.path());
+    let mut worker_env = coordinator_env.clone();
+    worker_env.push((
+        "SKILLEVAL__LLM__PROVIDERS_FILE".into(),
+        providers.display().to_string(),
+    ));
+    let (served_before, _) = mock.stats().await?;
+    let mock_cpu_before = mock.proc.cpu_seconds();
+    let e = measure_run(env, &coordinator_env, &worker_env, zip, cases, workers).await?;
+    let mock_cpu = mock.proc.cpu_seconds() - mock_cpu_before;
+    let (served_after, in_flight) = mock.stats().await?;
+    let served = served_after - served_before;
+    if served != u64::try_from(cases)? {
+        bail!("the mock served {served} completions for {cases} cases: expected one each");
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let ideal = (workers * usize::from(concurrency)) as f64 / LATENCY.as_secs_f64();
+    Ok(EndpointRun {
+        cases,
+        e,
+        ideal,
+        given_rate: 0.0,
+        given_workers: 0,
+        in_flight,
+        mock_cpu: mock_cpu / e.seconds,
+    })
+}
+
+// ---------------------------------------------------------------- 4. paced latency
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Paced {
+    workers: usize,
+    runs: usize,
+    cases: usize,
+    interval_ms: f64,
+    /// Cases/s offered: run size / interval.
+    offered: f64,
+    /// Cases/s committed: cases / (first create request to last commit).
+    achieved: f64,
+    /// Mean time `POST /v1/runs` took to answer.
+    create_ms: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+/// `POST /v1/runs` of a stored version: (run id, seconds to answer).
+async fn create_run(
+    http: &reqwest::Client,
+    base: &str,
+    version_id: &str,
+) -> anyhow::Result<(Uuid, f64)> {
+    let start = Instant::now();
+    let response = http
+        .post(format!("{base}/v1/runs"))
+        .json(&json!({ "version_id": version_id }))
+        .send()
+        .await?;
+    let status = response.status();
+    let body: Value = response.json().await?;
+    let seconds = start.elapsed().as_secs_f64();
+    if status.as_u16() != 202 {
+        bail!("POST /v1/runs answered {status}: {body}");
+    }
+    let run_id = body["run_id"]
+        .as_str()
+        .context("POST /v1/runs answered no run_id")?
+        .parse()?;
+    Ok((run_id, seconds))
+}
+
+/// Waits until `expected` result rows of `run_ids` are committed (no longer `queued`).
+async fn wait_committed(
+    env: &Env,
+    run_ids: &[Uuid],
+    expected: usize,
+    procs: &mut [Proc],
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let expected = i64::try_from(expected)?;
+    loop {
+        let (done,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM eval_results WHERE run_id = ANY($1) AND status <> 'queued'",
+        )
+        .bind(run_ids)
+        .fetch_one(env.store.pool())
+        .await?;
+        if done >= expected {
+            return Ok(());
+        }
+        if start.elapsed() > RUN_TIMEOUT {
+            bail!("{done} of {expected} results committed after {RUN_TIMEOUT:?}");
+        }
+        for p in procs.iter_mut() {
+            if !p.alive() {
+                bail!("a worker exited during the run");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs of `opts.paced_run_cases` given-output cases (the same 40/30/30 mix) created
+/// (`POST /v1/runs` of one stored version) at a fixed interval, so that `offered` cases/s
+/// arrive for `opts.paced_seconds`; each request is sent on its schedule whether or not
+/// the previous ones answered (open loop). Latency per case: `updated_at - published_at`.
+async fn paced(
+    env: &Env,
+    opts: &Options,
+    workers: usize,
+    offered: f64,
+    scenario: usize,
+) -> anyhow::Result<Paced> {
+    let per_run = opts.paced_run_cases;
+    #[allow(clippy::cast_precision_loss)]
+    let interval = per_run as f64 / offered;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let runs = ((opts.paced_seconds / interval).round() as usize).max(1);
+    let zip = package_zip(&format!("pipeline-bench-paced-{scenario}"), per_run)?;
+    let cache = tempfile::tempdir()?;
+    let child_env = env.child_env(opts, opts.concurrency, cache.path());
+    let (coordinator, port) = Proc::spawn("coordinator", &child_env)?;
+    let base = format!("http://127.0.0.1:{}", port.unwrap_or_default());
+    let mut procs = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        procs.push(Proc::spawn("worker", &child_env)?.0);
+    }
+    wait_for_consumers(env, workers, &mut procs).await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()?;
+
+    // Store the version without running it.
+    let response = http
+        .post(format!("{base}/v1/skills?run=false"))
+        .header("Content-Type", "application/zip")
+        .body(zip)
+        .send()
+        .await?;
+    let status = response.status();
+    let body: Value = response.json().await?;
+    if status.as_u16() != 201 {
+        bail!("upload answered {status}: {body}");
+    }
+    let version_id = body["version_id"]
+        .as_str()
+        .context("the upload answered no version_id")?
+        .to_string();
+
+    // One run first, not measured: the workers fetch and extract the package, pools warm up.
+    let (warm_up, _) = create_run(&http, &base, &version_id).await?;
+    wait_committed(env, &[warm_up], per_run, &mut procs).await?;
+
+    let start = tokio::time::Instant::now();
+    let mut requests = Vec::with_capacity(runs);
+    for k in 0..runs {
+        #[allow(clippy::cast_precision_loss)]
+        let at = start + Duration::from_secs_f64(interval * k as f64);
+        tokio::time::sleep_until(at).await;
+        let http = http.clone();
+        let base = base.clone();
+        let version_id = version_id.clone();
+        requests.push(tokio::spawn(async move {
+            create_run(&http, &base, &version_id).await
+        }));
+    }
+    let mut run_ids = Vec::with_capacity(runs);
+    let mut create_seconds = 0.0;
+    for request in requests {
+        let (run_id, seconds) = request.await??;
+        run_ids.push(run_id);
+        create_seconds += seconds;
+    }
+    let cases = runs * per_run;
+    wait_committed(env, &run_ids, cases, &mut procs).await?;
+    let elapsed = start.elapsed().as_secs_f64();
+    drop(procs);
+    drop(coordinator);
+
+    let (rows, passed, p50, p99, max): (i64, i64, Option<f64>, Option<f64>, Option<f64>) =
+        sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'passed'),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
+                max(extract(epoch FROM updated_at - published_at)::float8)
+             FROM eval_results WHERE run_id = ANY($1)",
+        )
+        .bind(&run_ids)
+        .fetch_one(env.store.pool())
+        .await?;
+    if rows != i64::try_from(cases)? || passed != rows {
+        bail!("the paced runs have {rows} rows, {passed} passed; expected {cases} passed");
+    }
+    Ok(Paced {
+        workers,
+        runs,
+        cases,
+        interval_ms: interval * 1000.0,
+        offered: per_run as f64 / interval,
+        achieved: cases as f64 / elapsed,
+        create_ms: create_seconds * 1000.0 / runs as f64,
+        p50_ms: p50.unwrap_or(0.0) * 1000.0,
+        p99_ms: p99.unwrap_or(0.0) * 1000.0,
+        max_ms: max.unwrap_or(0.0) * 1000.0,
+    })
+}
+
 // ---------------------------------------------------------------- driver
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -918,6 +1447,7 @@ fn main() -> anyhow::Result<()> {
     match std::env::args().nth(1).as_deref() {
         Some("coordinator") => return child_coordinator(),
         Some("worker") => return child_worker(),
+        Some("serve") => return child_mock(),
         _ => {}
     }
     let opts = options()?;
@@ -948,10 +1478,28 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
         opts.batch_size,
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
     );
+    let mock = if opts.endpoint {
+        let mock = Mock::start()?;
+        println!(
+            "mock provider on {}: answers after {} ms (one bare sequential round trip: {:.1} ms); endpoint levels {:?} per worker, {} worker(s)",
+            mock.addr,
+            LATENCY.as_millis(),
+            mock.round_trip().await? * 1000.0,
+            opts.endpoint_concurrency,
+            opts.endpoint_workers,
+        );
+        Some(mock)
+    } else {
+        None
+    };
+    let paced_workers = opts.workers.iter().copied().max().unwrap_or(1);
     let mut raws = Vec::new();
     let mut e2es: HashMap<usize, Vec<E2e>> = HashMap::new();
+    let mut endpoints: HashMap<u16, Vec<EndpointRun>> = HashMap::new();
+    let mut paceds: Vec<Paced> = Vec::new();
     let mut scenario = 0;
     for r in 1..=opts.repeat {
+        let mut given: Vec<(usize, f64)> = Vec::new();
         let raw = raw_limits(env, n, message_bytes).await?;
         println!(
             "[run {r}] raw: publish {:.0} msg/s, consume {:.0} msg/s, insert (500/stmt) {:.0} rows/s, COPY {:.0} rows/s, publish+consume+insert (200/commit) {:.0} jobs/s",
@@ -976,7 +1524,68 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
                 100.0 * e.worker_cpu,
                 100.0 * e.machine_busy,
             );
+            given.push((w, e.rate));
             e2es.entry(w).or_default().push(e);
+        }
+        // The given-output rate the endpoint is compared with: the same number of workers,
+        // else the largest number measured.
+        let reference = given
+            .iter()
+            .find(|(w, _)| *w == opts.endpoint_workers)
+            .or_else(|| given.iter().max_by_key(|(w, _)| *w))
+            .copied()
+            .unwrap_or_default();
+        if let Some(mock) = &mock {
+            for &c in &opts.endpoint_concurrency {
+                scenario += 1;
+                let mut run = endpoint(env, opts, mock, c, scenario).await?;
+                run.given_workers = reference.0;
+                run.given_rate = reference.1;
+                let e = &run.e;
+                println!(
+                    "[run {r}] endpoint, concurrency {c} x {} worker(s): {} cases in {:.2} s upload-to-verdict (upload answered after {:.2} s), {:.0} cases/s, ideal {:.0} = {:.2} x ideal, {:.2} x the given-output rate ({:.0} cases/s, {} worker(s)); first publish to last commit {:.0} cases/s = {:.2} x ideal; mock served {} completions, at most {} in flight; peak RSS coordinator {:.1} MiB, worker {:.1} MiB, CPU workers {:.0} %, mock {:.0} %, machine {:.0} % busy",
+                    opts.endpoint_workers,
+                    run.cases,
+                    e.seconds,
+                    e.upload_seconds,
+                    e.rate,
+                    run.ideal,
+                    e.rate / run.ideal,
+                    e.rate / run.given_rate,
+                    run.given_rate,
+                    run.given_workers,
+                    e.process_rate,
+                    e.process_rate / run.ideal,
+                    run.cases,
+                    run.in_flight,
+                    e.coordinator_mib,
+                    e.worker_mib,
+                    100.0 * e.worker_cpu,
+                    100.0 * run.mock_cpu,
+                    100.0 * e.machine_busy,
+                );
+                endpoints.entry(c).or_default().push(run);
+            }
+        }
+        if opts.paced {
+            let peak = given.iter().map(|(_, rate)| *rate).fold(0.0, f64::max);
+            scenario += 1;
+            let p = paced(env, opts, paced_workers, 0.5 * peak, scenario).await?;
+            println!(
+                "[run {r}] paced, {} worker(s): {} runs of {} cases every {:.0} ms for {:.1} s, offered {:.0} cases/s (50 % of the peak given-output rate {peak:.0}), achieved {:.0} cases/s, POST /v1/runs answered in {:.1} ms on average; publish-to-commit latency p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+                p.workers,
+                p.runs,
+                opts.paced_run_cases,
+                p.interval_ms,
+                p.interval_ms * p.runs as f64 / 1000.0,
+                p.offered,
+                p.achieved,
+                p.create_ms,
+                p.p50_ms,
+                p.p99_ms,
+                p.max_ms,
+            );
+            paceds.push(p);
         }
     }
 
@@ -1045,6 +1654,91 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
             100.0 * m(|e| e.coordinator_cpu),
             100.0 * m(|e| e.worker_cpu),
             100.0 * m(|e| e.machine_busy),
+        );
+    }
+    if mock.is_some() {
+        let given_workers = endpoints
+            .values()
+            .flatten()
+            .map(|e| e.given_workers)
+            .next()
+            .unwrap_or(0);
+        println!();
+        println!(
+            "50 ms endpoint (median of {}; {} worker(s); ideal = workers x concurrency / 50 ms; vs given = cases/s / given-output cases/s of {given_workers} worker(s) in the same run; proc c/s = cases / (last commit - first publish)):",
+            opts.repeat, opts.endpoint_workers
+        );
+        println!(
+            "{:>11} {:>6} {:>7} {:>9} {:>9} {:>8} {:>6} {:>8} {:>9} {:>6} {:>9} {:>9} {:>9} {:>7} {:>7}",
+            "concurrency",
+            "cases",
+            "upload",
+            "seconds",
+            "cases/s",
+            "ideal",
+            "ratio",
+            "vs given",
+            "proc c/s",
+            "ratio",
+            "in flight",
+            "coord MiB",
+            "wrkr MiB",
+            "wrkrs%",
+            "mock%"
+        );
+        for &c in &opts.endpoint_concurrency {
+            let runs = endpoints.get(&c).cloned().unwrap_or_default();
+            let m = |f: fn(&EndpointRun) -> f64| median(runs.iter().map(f).collect());
+            #[allow(clippy::cast_precision_loss)]
+            let in_flight = m(|e| e.in_flight as f64);
+            println!(
+                "{c:>11} {:>6} {:>7.2} {:>9.2} {:>9.0} {:>8.0} {:>6.2} {:>8.2} {:>9.0} {:>6.2} {in_flight:>9.0} {:>9.1} {:>9.1} {:>7.0} {:>7.0}",
+                runs.first().map_or(0, |e| e.cases),
+                m(|e| e.e.upload_seconds),
+                m(|e| e.e.seconds),
+                m(|e| e.e.rate),
+                m(|e| e.ideal),
+                m(|e| e.e.rate / e.ideal),
+                m(|e| e.e.rate / e.given_rate),
+                m(|e| e.e.process_rate),
+                m(|e| e.e.process_rate / e.ideal),
+                m(|e| e.e.coordinator_mib),
+                m(|e| e.e.worker_mib),
+                100.0 * m(|e| e.e.worker_cpu),
+                100.0 * m(|e| e.mock_cpu),
+            );
+        }
+    }
+    if opts.paced {
+        let m = |f: fn(&Paced) -> f64| median(paceds.iter().map(f).collect());
+        println!();
+        println!(
+            "paced latency (median of {}; {paced_workers} worker(s); runs of {} cases created at 50 % of the peak given-output rate of the run; latency = updated_at - published_at):",
+            opts.repeat, opts.paced_run_cases
+        );
+        println!(
+            "{:>7} {:>7} {:>11} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+            "runs",
+            "cases",
+            "interval ms",
+            "offered",
+            "achieved",
+            "create ms",
+            "p50 ms",
+            "p99 ms",
+            "max ms"
+        );
+        #[allow(clippy::cast_precision_loss)]
+        let (runs, cases) = (m(|p| p.runs as f64), m(|p| p.cases as f64));
+        println!(
+            "{runs:>7.0} {cases:>7.0} {:>11.1} {:>9.0} {:>9.0} {:>9.1} {:>8.0} {:>8.0} {:>8.0}",
+            m(|p| p.interval_ms),
+            m(|p| p.offered),
+            m(|p| p.achieved),
+            m(|p| p.create_ms),
+            m(|p| p.p50_ms),
+            m(|p| p.p99_ms),
+            m(|p| p.max_ms),
         );
     }
     Ok(())
