@@ -49,10 +49,11 @@
 //! Peak RSS is `VmHWM` of each child from `/proc/<pid>/status`; CPU is user + system time of
 //! each child over the run (100 % = one core), and the whole machine's busy share.
 //!
-//! Worker settings: `--concurrency` (the prefetch; default 256) and `--batch-size` (default
-//! 200, as the raw limit), `batch_max_wait_ms` 20 (the default). With the shipped defaults
-//! (concurrency 4, batches of 50) a worker holds at most 4 unacked jobs, so a batch never
-//! holds more than 4 results and throughput is bounded by 4 per commit round trip.
+//! Worker settings: `--concurrency` (execution slots, default 256; the prefetch is twice that)
+//! and `--batch-size` (default 200, as the raw limit), `batch_max_wait_ms` 20 (the default).
+//! With the shipped defaults (concurrency 4, batches of 50) a worker holds at most 8 unacked
+//! jobs, so a batch never holds more than 8 results and throughput is bounded by 8 per commit
+//! round trip.
 //!
 //! **3. A 50 ms endpoint** (`--skip-endpoint` leaves it out): an OpenAI-compatible
 //! chat-completions server (this example re-run as `serve`, axum on its own multi-threaded
@@ -140,7 +141,7 @@ struct Options {
     batch_size: usize,
     /// The 50 ms endpoint scenario (`--skip-endpoint` leaves it out).
     endpoint: bool,
-    /// Worker concurrency (prefetch and in-flight model calls) per endpoint level.
+    /// Worker concurrency (execution slots, so in-flight model calls) per endpoint level.
     endpoint_concurrency: Vec<u16>,
     endpoint_workers: usize,
     /// The most cases of one endpoint level.
