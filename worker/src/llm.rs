@@ -13,7 +13,7 @@ use skilleval::runner::RunnerRegistry;
 use skilleval::sandbox::Sandbox;
 use skilleval::strategy::StrategyRegistry;
 use skilleval_infra::config::Settings;
-use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache};
+use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache, WriteBehindCache};
 use skilleval_infra::store::Store;
 
 /// The clients of the configured providers, on the fleet's cache and limits; `None` when no
@@ -26,10 +26,13 @@ pub fn provider_clients(
     if providers.is_empty() {
         return Ok(None);
     }
-    let cache: Arc<dyn ResponseCache> = Arc::new(
-        PgResponseCache::new(store.pool().clone())
-            .with_ttl(settings.llm.cache_ttl_secs.map(Duration::from_secs)),
-    );
+    let pg = PgResponseCache::new(store.pool().clone())
+        .with_ttl(settings.llm.cache_ttl_secs.map(Duration::from_secs));
+    // Writes batched off the call's path (inside a runtime, which a worker always is).
+    let cache: Arc<dyn ResponseCache> = match WriteBehindCache::start(pg.clone()) {
+        Some(batched) => Arc::new(batched),
+        None => Arc::new(pg),
+    };
     let rate: Arc<dyn RateLimiter> = Arc::new(PgRateLimiter::for_providers(
         store.pool().clone(),
         providers,

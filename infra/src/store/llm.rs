@@ -4,6 +4,8 @@
 //!   reuses every other worker's answers. The callers (shared's call layer) only store answers
 //!   they accepted, so errors are never cached. A cache is an optimisation: a failed read is a
 //!   miss and a failed write is logged and dropped.
+//!   [`WriteBehindCache`] is the one workers use: the same table, with writes batched in the
+//!   background so a model call waits for one database round trip, not two.
 //! - [`PgRateLimiter`] is shared's [`RateLimiter`] on `provider_rate_windows`: requests and
 //!   tokens per minute per provider, counted in fixed 60-second windows on the database's clock.
 //!   A request is reserved with one `INSERT ... ON CONFLICT DO UPDATE ... WHERE <under the
@@ -99,6 +101,129 @@ impl ResponseCache for PgResponseCache {
         if let Err(e) = done {
             tracing::warn!(error = %e, "writing the model response cache; entry dropped");
         }
+    }
+}
+
+/// Entries a [`WriteBehindCache`] writes per statement at most.
+const WRITE_BEHIND_BATCH: usize = 256;
+/// How long the first entry of a batch waits for more.
+const WRITE_BEHIND_WAIT: Duration = Duration::from_millis(10);
+/// Entries queued for writing before `put` writes inline (back-pressure, never loss).
+const WRITE_BEHIND_QUEUE: usize = 4_096;
+
+/// One answer waiting to be stored.
+#[derive(Debug)]
+struct PendingEntry {
+    key: String,
+    provider: Option<String>,
+    model: Option<String>,
+    response: Value,
+}
+
+/// [`PgResponseCache`] with its writes taken off the caller's path: `put` queues the entry and
+/// returns; a background task stores queued entries in batches (up to 256 per statement, or
+/// what arrived within 10 ms). A model call then costs one database round trip (the lookup)
+/// instead of two, and the fleet's cache writes one statement per batch instead of one per
+/// call. An entry becomes visible to other callers a few milliseconds after `put`; an equal
+/// request in that window is a miss (called again), which a cache may be. When the queue is
+/// full (the database is slow), `put` writes inline, so answers are not dropped for speed.
+#[derive(Debug, Clone)]
+pub struct WriteBehindCache {
+    inner: PgResponseCache,
+    queue: tokio::sync::mpsc::Sender<PendingEntry>,
+}
+
+impl WriteBehindCache {
+    /// Starts the writer on the current tokio runtime; `None` outside one.
+    pub fn start(inner: PgResponseCache) -> Option<WriteBehindCache> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let (queue, rx) = tokio::sync::mpsc::channel(WRITE_BEHIND_QUEUE);
+        runtime.spawn(write_entries(inner.clone(), rx));
+        Some(WriteBehindCache { inner, queue })
+    }
+}
+
+#[async_trait]
+impl ResponseCache for WriteBehindCache {
+    async fn get(&self, key: &str) -> Option<Value> {
+        self.inner.get(key).await
+    }
+
+    async fn put(&self, key: &str, value: &Value) {
+        let entry = PendingEntry {
+            key: key.to_string(),
+            provider: value
+                .get("provider")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            model: value
+                .get("model")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            response: value.clone(),
+        };
+        if let Err(e) = self.queue.try_send(entry) {
+            // Full (or the writer is gone): store it now rather than lose it.
+            let entry = match e {
+                tokio::sync::mpsc::error::TrySendError::Full(entry)
+                | tokio::sync::mpsc::error::TrySendError::Closed(entry) => entry,
+            };
+            self.inner.put(&entry.key, &entry.response).await;
+        }
+    }
+}
+
+/// The writer: batches of queued entries, one statement each, until every sender is gone.
+async fn write_entries(cache: PgResponseCache, mut rx: tokio::sync::mpsc::Receiver<PendingEntry>) {
+    while let Some(first) = rx.recv().await {
+        let deadline = tokio::time::Instant::now() + WRITE_BEHIND_WAIT;
+        let mut batch = vec![first];
+        while batch.len() < WRITE_BEHIND_BATCH {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(next)) => batch.push(next),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if let Err(e) = cache.put_many(batch).await {
+            tracing::warn!(error = %e, "writing model responses to the cache; entries dropped");
+        }
+    }
+}
+
+impl PgResponseCache {
+    /// Stores several answers in one statement (the last one wins for a key given twice).
+    async fn put_many(&self, entries: Vec<PendingEntry>) -> Result<(), sqlx::Error> {
+        let mut latest: HashMap<String, PendingEntry> = HashMap::with_capacity(entries.len());
+        for e in entries {
+            latest.insert(e.key.clone(), e);
+        }
+        let (mut keys, mut providers, mut models, mut responses) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (key, e) in latest {
+            keys.push(key);
+            providers.push(e.provider);
+            models.push(e.model);
+            responses.push(e.response);
+        }
+        sqlx::query(
+            "INSERT INTO llm_cache (key, provider, model, response, created_at, expires_at)
+             SELECT t.key, t.provider, t.model, t.response, now(),
+                    now() + make_interval(secs => $5::float8)
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::jsonb[])
+                  AS t(key, provider, model, response)
+             ON CONFLICT (key) DO UPDATE
+                SET provider = EXCLUDED.provider, model = EXCLUDED.model,
+                    response = EXCLUDED.response, created_at = EXCLUDED.created_at,
+                    expires_at = EXCLUDED.expires_at",
+        )
+        .bind(&keys)
+        .bind(&providers)
+        .bind(&models)
+        .bind(&responses)
+        .bind(self.ttl.map(|t| t.as_secs_f64()))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 }
 

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use skilleval::llm::{
     ChatRequest, LlmClient, Message, ProviderConfig, ProviderKind, RateLimiter, ResponseCache,
 };
-use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache, Reservation};
+use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache, Reservation, WriteBehindCache};
 use skilleval_infra::store::Store;
 
 use crate::helpers::TestEnv;
@@ -215,4 +215,54 @@ async fn the_limiter_counts_tokens_and_a_database_error_lets_the_call_through() 
     tokio::time::timeout(Duration::from_secs(5), broken.acquire("p", 1))
         .await
         .expect("a database error does not block the caller");
+}
+
+#[tokio::test]
+async fn the_write_behind_cache_stores_every_answer_in_batches_the_last_put_winning() {
+    let env = TestEnv::new().await;
+    let cache = WriteBehindCache::start(PgResponseCache::new(env.store.pool().clone()))
+        .expect("inside a runtime");
+    // One key put twice at once (the same batch: a statement that wrote it twice would fail
+    // and drop the whole batch), then more than one batch (256) of others, one of them put again
+    // later: the last answer wins either way.
+    cache.put("wb-dup", &json!({"text": "first"})).await;
+    cache.put("wb-dup", &json!({"text": "second"})).await;
+    for i in 0..300 {
+        cache
+            .put(
+                &format!("wb-{i}"),
+                &json!({"text": format!("answer {i}"), "model": "m"}),
+            )
+            .await;
+    }
+    cache
+        .put("wb-7", &json!({"text": "newer", "model": "m"}))
+        .await;
+    let stored = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM llm_cache WHERE key LIKE 'wb-%'")
+            .fetch_one(env.store.pool())
+            .await
+            .expect("count")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while stored().await < 301 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(stored().await, 301, "every answer stored once");
+    assert_eq!(cache.get("wb-dup").await, Some(json!({"text": "second"})));
+    assert_eq!(
+        cache.get("wb-299").await,
+        Some(json!({"text": "answer 299", "model": "m"}))
+    );
+    assert_eq!(
+        cache.get("wb-7").await,
+        Some(json!({"text": "newer", "model": "m"})),
+        "the last put wins"
+    );
+    let (model,): (Option<String>,) =
+        sqlx::query_as("SELECT model FROM llm_cache WHERE key = 'wb-0'")
+            .fetch_one(env.store.pool())
+            .await
+            .expect("row");
+    assert_eq!(model.as_deref(), Some("m"));
 }
