@@ -41,11 +41,11 @@
 //! counters first read complete, and the time the upload request took to answer (the package
 //! validated and stored, the run's rows inserted, every job published and confirmed), are
 //! printed too: they split the time into upload, processing and finalisation.
-//! Latency is per case from `eval_results`: `updated_at - published_at`. Both are
-//! `now()`, i.e. transaction start times: `published_at` is when the coordinator's release
-//! transaction began (before the first publish of the run), `updated_at` when the worker's
-//! batch transaction began (just before its one statement and commit). With the whole run
-//! published at once, this is a burst: the latency is mostly queueing, and grows with N.
+//! Latency is per case from `eval_results`: `updated_at - published_at`, both on the
+//! database's clock: `published_at` is the moment the job's page (2,000 jobs) was sent to the
+//! broker (recorded once the broker confirmed it), `updated_at` when the worker's batch
+//! transaction began (just before its one statement and commit). With the whole run published
+//! at once, this is a burst: the latency is mostly queueing, and grows with N.
 //! Peak RSS is `VmHWM` of each child from `/proc/<pid>/status`; CPU is user + system time of
 //! each child over the run (100 % = one core), and the whole machine's busy share.
 //!

@@ -257,6 +257,9 @@ async fn publish_page(
     run_id: Uuid,
     page: Vec<EncodedJob>,
 ) -> PageOutcome {
+    // On the database's clock, like the workers' `updated_at`; unknown (the mark's own time
+    // is used) if the database does not answer.
+    let sent_at = runs::db_clock(&pool).await.ok();
     let outcomes = sink.publish(&page).await;
     let mut confirmed = Vec::with_capacity(page.len());
     let mut failures = Vec::new();
@@ -266,7 +269,7 @@ async fn publish_page(
             Err(e) => failures.push(format!("{}: {e}", job.test_case_id)),
         }
     }
-    let unmarked = runs::mark_published(&pool, run_id, &confirmed)
+    let unmarked = runs::mark_published(&pool, run_id, &confirmed, sent_at)
         .await
         .err()
         .map(|e| e.to_string());

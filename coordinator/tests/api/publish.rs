@@ -180,6 +180,16 @@ async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
     .await
     .unwrap();
     assert_eq!(unpublished, 0);
+    // `published_at` is when each page was sent: after the run was created, before now.
+    let out_of_order: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM eval_results e JOIN runs r ON r.id = e.run_id
+         WHERE e.run_id = $1 AND (e.published_at < r.created_at OR e.published_at > now())",
+    )
+    .bind(run_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(out_of_order, 0);
     assert_eq!(app.wait_for_jobs(n as u32).await, n as u32);
     let jobs = app.drain_jobs().await;
     assert_eq!(jobs.len(), n);

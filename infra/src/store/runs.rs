@@ -373,7 +373,10 @@ pub fn unpublished_rows(
     .fetch(conn)
 }
 
-/// Records the broker's confirms for these cases (one statement).
+/// Records the broker's confirms for these cases (one statement): `published_at` becomes
+/// `sent_at`, the database's clock read just before the jobs were sent (so the time from
+/// publish to result is measured from the send, never negative for a worker faster than the
+/// confirm), or the statement's time when it is unknown.
 ///
 /// Rows a worker holds locked (it is recording their result right now) are skipped rather
 /// than waited for: waiting let this statement and a worker's batch lock overlapping rows in
@@ -385,21 +388,30 @@ pub async fn mark_published(
     conn: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
     case_ids: &[String],
+    sent_at: Option<DateTime<Utc>>,
 ) -> Result<u64, sqlx::Error> {
     if case_ids.is_empty() {
         return Ok(0);
     }
     let done = sqlx::query(
-        "UPDATE eval_results SET published_at = now()
+        "UPDATE eval_results SET published_at = COALESCE($3, now())
          WHERE id IN (SELECT id FROM eval_results
                       WHERE run_id = $1 AND test_case_id = ANY($2) AND published_at IS NULL
                       FOR UPDATE SKIP LOCKED)",
     )
     .bind(run_id)
     .bind(case_ids)
+    .bind(sent_at)
     .execute(conn)
     .await?;
     Ok(done.rows_affected())
+}
+
+/// The database's clock now (`clock_timestamp()`, not the transaction's start).
+pub async fn db_clock(conn: impl sqlx::PgExecutor<'_>) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(conn)
+        .await
 }
 
 /// Runs with a `queued`, unpublished row older than `grace_secs`: a coordinator died between
