@@ -26,15 +26,10 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::routing::{get, post};
-use axum::Router;
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
 use skilleval::executor::{CaseStatus, Executor, RetryPolicy};
@@ -46,8 +41,10 @@ use skilleval::sandbox::Sandbox;
 use skilleval::strategy::StrategyRegistry;
 use uuid::Uuid;
 
-/// How long the provider takes to answer.
-const LATENCY: Duration = Duration::from_millis(50);
+#[path = "../../bench-support/mock_provider.rs"]
+mod mock_provider;
+use mock_provider::LATENCY;
+
 const CONCURRENCY: [usize; 4] = [1, 16, 128, 512];
 const PROVIDER: &str = "mock";
 /// Cases in the package; the timed jobs cycle through them (a worker holds one compiled
@@ -59,61 +56,6 @@ fn cases_for(concurrency: usize) -> usize {
 }
 
 // ---------------------------------------------------------------- the provider (child process)
-
-#[derive(Default)]
-struct Load {
-    in_flight: AtomicUsize,
-    peak: AtomicUsize,
-}
-
-async fn complete(State(load): State<Arc<Load>>, body: Bytes) -> axum::Json<Value> {
-    let now = load.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    load.peak.fetch_max(now, Ordering::SeqCst);
-    // Read the request as a provider would.
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let model = request
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("mock-model")
-        .to_string();
-    tokio::time::sleep(LATENCY).await;
-    load.in_flight.fetch_sub(1, Ordering::SeqCst);
-    axum::Json(json!({
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": "Your refund for order 4217 was approved; the money reaches your card within five business days."},
-            "finish_reason": "stop"
-        }],
-        "usage": {"prompt_tokens": 120, "completion_tokens": 24, "total_tokens": 144}
-    }))
-}
-
-/// The most requests in flight at once since the last call (then reset).
-async fn peak(State(load): State<Arc<Load>>) -> axum::Json<Value> {
-    let peak = load
-        .peak
-        .swap(load.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
-    axum::Json(json!({ "peak": peak }))
-}
-
-fn serve() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        println!("{}", listener.local_addr()?);
-        let app = Router::new()
-            .route("/v1/chat/completions", post(complete))
-            .route("/peak", get(peak))
-            .with_state(Arc::new(Load::default()));
-        axum::serve(listener, app).await?;
-        Ok(())
-    })
-}
 
 /// The server process; killed when dropped.
 struct Server {
@@ -142,7 +84,7 @@ impl Server {
     }
 
     async fn peak(&self) -> anyhow::Result<u64> {
-        let v: Value = reqwest::get(format!("http://{}/peak", self.addr))
+        let v: Value = reqwest::get(format!("http://{}/stats", self.addr))
             .await?
             .json()
             .await?;
@@ -225,7 +167,7 @@ fn max_concurrency_arg() -> anyhow::Result<u32> {
 
 fn main() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("serve") {
-        return serve();
+        return mock_provider::serve();
     }
     let max_concurrency = max_concurrency_arg()?;
     let server = Server::start()?;

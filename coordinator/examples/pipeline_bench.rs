@@ -92,15 +92,10 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Cursor, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::routing::{get, post};
-use axum::Router;
 use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
@@ -119,6 +114,10 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipWriter};
+
+#[path = "../../bench-support/mock_provider.rs"]
+mod mock_provider;
+use mock_provider::LATENCY;
 
 /// Confirms outstanding at once when publishing (pipelined, bounded so memory stays flat).
 const PUBLISH_WINDOW: usize = 1_000;
@@ -903,13 +902,8 @@ async fn measure_run(
     n: usize,
     workers: usize,
 ) -> anyhow::Result<E2e> {
-    let (coordinator, port) = Proc::spawn("coordinator", coordinator_env)?;
-    let base = format!("http://127.0.0.1:{}", port.unwrap_or_default());
-    let mut procs = Vec::with_capacity(workers);
-    for _ in 0..workers {
-        procs.push(Proc::spawn("worker", worker_env)?.0);
-    }
-    wait_for_consumers(env, workers, &mut procs).await?;
+    let (coordinator, base, mut procs) =
+        start_cluster(env, coordinator_env, worker_env, workers).await?;
 
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(600))
@@ -972,17 +966,14 @@ async fn measure_run(
     drop(coordinator);
 
     let run_uuid: Uuid = run_id.parse()?;
-    let (rows, passed, p50, p99, span): (i64, i64, Option<f64>, Option<f64>, Option<f64>) =
-        sqlx::query_as(
-            "SELECT count(*), count(*) FILTER (WHERE status = 'passed'),
-                percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
-                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
-                extract(epoch FROM max(updated_at) - min(published_at))::float8
-         FROM eval_results WHERE run_id = $1",
-        )
-    .bind(run_uuid)
-    .fetch_one(env.store.pool())
-    .await?;
+    let RowStats {
+        rows,
+        passed,
+        p50,
+        p99,
+        span,
+        ..
+    } = row_stats(env, &[run_uuid]).await?;
     if rows != i64::try_from(n)? || passed != rows {
         let first: Option<(String, String, Option<Value>, Option<String>)> = sqlx::query_as(
             "SELECT test_case_id, status, error, output FROM eval_results
@@ -1008,9 +999,9 @@ async fn measure_run(
         seconds,
         counters_seconds: counters_seconds.unwrap_or(seconds),
         rate: n as f64 / seconds,
-        process_rate: span.filter(|s| *s > 0.0).map_or(0.0, |s| n as f64 / s),
-        p50_ms: p50.unwrap_or(0.0) * 1000.0,
-        p99_ms: p99.unwrap_or(0.0) * 1000.0,
+        process_rate: if span > 0.0 { n as f64 / span } else { 0.0 },
+        p50_ms: p50 * 1000.0,
+        p99_ms: p99 * 1000.0,
         coordinator_mib,
         worker_mib,
         coordinator_cpu: coordinator_cpu / seconds,
@@ -1020,6 +1011,63 @@ async fn measure_run(
 }
 
 /// Waits until `workers` consumers are on the jobs queue (the coordinator declared it).
+/// A fresh coordinator (its base URL) and `workers` workers, once every worker consumes.
+async fn start_cluster(
+    env: &Env,
+    coordinator_env: &[(String, String)],
+    worker_env: &[(String, String)],
+    workers: usize,
+) -> anyhow::Result<(Proc, String, Vec<Proc>)> {
+    let (coordinator, port) = Proc::spawn("coordinator", coordinator_env)?;
+    let base = format!("http://127.0.0.1:{}", port.unwrap_or_default());
+    let mut procs = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        procs.push(Proc::spawn("worker", worker_env)?.0);
+    }
+    wait_for_consumers(env, workers, &mut procs).await?;
+    Ok((coordinator, base, procs))
+}
+
+/// What the rows of some runs say: how many, how many passed, and publish-to-commit latency
+/// (`updated_at - published_at`, seconds): p50, p99, max, and first publish to last commit.
+struct RowStats {
+    rows: i64,
+    passed: i64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    span: f64,
+}
+
+async fn row_stats(env: &Env, run_ids: &[Uuid]) -> anyhow::Result<RowStats> {
+    let (rows, passed, p50, p99, max, span): (
+        i64,
+        i64,
+        Option<f64>,
+        Option<f64>,
+        Option<f64>,
+        Option<f64>,
+    ) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'passed'),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
+                max(extract(epoch FROM updated_at - published_at)::float8),
+                extract(epoch FROM max(updated_at) - min(published_at))::float8
+         FROM eval_results WHERE run_id = ANY($1)",
+    )
+    .bind(run_ids)
+    .fetch_one(env.store.pool())
+    .await?;
+    Ok(RowStats {
+        rows,
+        passed,
+        p50: p50.unwrap_or(0.0),
+        p99: p99.unwrap_or(0.0),
+        max: max.unwrap_or(0.0),
+        span: span.unwrap_or(0.0),
+    })
+}
+
 async fn wait_for_consumers(env: &Env, workers: usize, procs: &mut [Proc]) -> anyhow::Result<()> {
     let conn = amqp().await?;
     let queue = env.topology().jobs_queue();
@@ -1056,74 +1104,10 @@ async fn wait_for_consumers(env: &Env, workers: usize, procs: &mut [Proc]) -> an
 
 // ---------------------------------------------------------------- 3. the 50 ms endpoint
 
-/// How long the mock provider takes to answer.
-const LATENCY: Duration = Duration::from_millis(50);
 /// The endpoint scenario runs about this many cases per model call slot
 /// (workers × concurrency), at least [`ENDPOINT_MIN_CASES`], at most `--endpoint-max-cases`.
 const ENDPOINT_CASES_PER_SLOT: usize = 40;
 const ENDPOINT_MIN_CASES: usize = 2_000;
-
-/// What the mock provider counts.
-#[derive(Default)]
-struct Load {
-    served: AtomicU64,
-    in_flight: AtomicU64,
-    peak: AtomicU64,
-}
-
-async fn complete(State(load): State<Arc<Load>>, body: Bytes) -> axum::Json<Value> {
-    let now = load.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    load.peak.fetch_max(now, Ordering::SeqCst);
-    // Read the request as a provider would.
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let model = request
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("mock-model")
-        .to_string();
-    tokio::time::sleep(LATENCY).await;
-    load.in_flight.fetch_sub(1, Ordering::SeqCst);
-    load.served.fetch_add(1, Ordering::SeqCst);
-    axum::Json(json!({
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": "Your refund for order 4217 was approved; the money reaches your card within five business days."},
-            "finish_reason": "stop"
-        }],
-        "usage": {"prompt_tokens": 120, "completion_tokens": 24, "total_tokens": 144}
-    }))
-}
-
-/// Completions answered so far, and the most requests in flight at once since the last call
-/// (then reset).
-async fn stats(State(load): State<Arc<Load>>) -> axum::Json<Value> {
-    let peak = load
-        .peak
-        .swap(load.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
-    axum::Json(json!({ "served": load.served.load(Ordering::SeqCst), "peak": peak }))
-}
-
-/// `serve`: an OpenAI-compatible chat-completions server answering every request after 50 ms,
-/// on its own multi-threaded runtime; prints its address on stdout.
-fn child_mock() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        println!("{}", listener.local_addr()?);
-        std::io::stdout().flush()?;
-        let app = Router::new()
-            .route("/v1/chat/completions", post(complete))
-            .route("/stats", get(stats))
-            .with_state(Arc::new(Load::default()));
-        axum::serve(listener, app).await?;
-        Ok(())
-    })
-}
 
 /// The mock provider process (killed when dropped).
 struct Mock {
@@ -1347,13 +1331,8 @@ async fn paced(
     let zip = package_zip(&format!("pipeline-bench-paced-{scenario}"), per_run)?;
     let cache = tempfile::tempdir()?;
     let child_env = env.child_env(opts, opts.concurrency, cache.path());
-    let (coordinator, port) = Proc::spawn("coordinator", &child_env)?;
-    let base = format!("http://127.0.0.1:{}", port.unwrap_or_default());
-    let mut procs = Vec::with_capacity(workers);
-    for _ in 0..workers {
-        procs.push(Proc::spawn("worker", &child_env)?.0);
-    }
-    wait_for_consumers(env, workers, &mut procs).await?;
+    let (coordinator, base, mut procs) =
+        start_cluster(env, &child_env, &child_env, workers).await?;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
         .build()?;
@@ -1405,17 +1384,14 @@ async fn paced(
     drop(procs);
     drop(coordinator);
 
-    let (rows, passed, p50, p99, max): (i64, i64, Option<f64>, Option<f64>, Option<f64>) =
-        sqlx::query_as(
-            "SELECT count(*), count(*) FILTER (WHERE status = 'passed'),
-                percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
-                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - published_at)::float8),
-                max(extract(epoch FROM updated_at - published_at)::float8)
-             FROM eval_results WHERE run_id = ANY($1)",
-        )
-        .bind(&run_ids)
-        .fetch_one(env.store.pool())
-        .await?;
+    let RowStats {
+        rows,
+        passed,
+        p50,
+        p99,
+        max,
+        ..
+    } = row_stats(env, &run_ids).await?;
     if rows != i64::try_from(cases)? || passed != rows {
         bail!("the paced runs have {rows} rows, {passed} passed; expected {cases} passed");
     }
@@ -1427,9 +1403,9 @@ async fn paced(
         offered: per_run as f64 / interval,
         achieved: cases as f64 / elapsed,
         create_ms: create_seconds * 1000.0 / runs as f64,
-        p50_ms: p50.unwrap_or(0.0) * 1000.0,
-        p99_ms: p99.unwrap_or(0.0) * 1000.0,
-        max_ms: max.unwrap_or(0.0) * 1000.0,
+        p50_ms: p50 * 1000.0,
+        p99_ms: p99 * 1000.0,
+        max_ms: max * 1000.0,
     })
 }
 
@@ -1448,7 +1424,7 @@ fn main() -> anyhow::Result<()> {
     match std::env::args().nth(1).as_deref() {
         Some("coordinator") => return child_coordinator(),
         Some("worker") => return child_worker(),
-        Some("serve") => return child_mock(),
+        Some("serve") => return mock_provider::serve(),
         _ => {}
     }
     let opts = options()?;
