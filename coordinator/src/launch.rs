@@ -97,14 +97,54 @@ impl RunLauncher {
         self.insert_planned(conn, &planned, request).await
     }
 
-    /// [`RunLauncher::insert`] with the version's definition in hand (an upload).
+    /// [`RunLauncher::insert`] with the version's definition in hand (an upload): plans the
+    /// run and inserts it with its rows.
     pub async fn insert_planned(
         &self,
         conn: &mut PgConnection,
         version: &PlannedVersion<'_>,
         request: &RunRequest,
     ) -> Result<RunInsert, ApiError> {
-        insert_planned(conn, version, request).await
+        let config = version.config;
+        let runner_override = request
+            .runner
+            .as_ref()
+            .map(|spec| resolve_runner(spec, config));
+        let run_id = Uuid::now_v7();
+        let jobs = plan(
+            config,
+            version.package_hash,
+            run_id,
+            &request.filter,
+            runner_override.as_ref(),
+        )
+        .map_err(|e| plan_error(&e))?;
+        let max_in_flight = match config.settings.parallel_execution {
+            Some(false) => Some(1),
+            _ => config
+                .settings
+                .max_concurrent_tests
+                .filter(|n| *n > 0)
+                .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+        };
+        let new_run = NewRun {
+            id: run_id,
+            version_id: version.version_id,
+            kind: request.kind,
+            runner: runner_override.as_ref().map(|r| json!(r)),
+            callback_url: request.callback_url.as_deref(),
+            idempotency_key: request.idempotency_key.as_deref(),
+            max_in_flight,
+            fail_fast: config.settings.fail_fast,
+            request: json!({
+                "tags": request.filter.tags,
+                "suite": request.filter.suite,
+                "test_cases": request.filter.case_ids,
+            }),
+            max_cost_usd: request.max_cost_usd,
+            max_tokens: request.max_tokens,
+        };
+        Ok(runs::insert_run(conn, &new_run, &jobs).await?)
     }
 
     /// Creates a run (one transaction) and publishes what may be published now.
@@ -297,54 +337,6 @@ async fn next_page(
         page.push(EncodedJob::from_stored(run_id, id, &text));
     }
     Ok(page)
-}
-
-/// Plans the run of a stored version and inserts it with its rows.
-async fn insert_planned(
-    conn: &mut PgConnection,
-    version: &PlannedVersion<'_>,
-    request: &RunRequest,
-) -> Result<RunInsert, ApiError> {
-    let config = version.config;
-    let runner_override = request
-        .runner
-        .as_ref()
-        .map(|spec| resolve_runner(spec, config));
-    let run_id = Uuid::now_v7();
-    let jobs = plan(
-        config,
-        version.package_hash,
-        run_id,
-        &request.filter,
-        runner_override.as_ref(),
-    )
-    .map_err(|e| plan_error(&e))?;
-    let max_in_flight = match config.settings.parallel_execution {
-        Some(false) => Some(1),
-        _ => config
-            .settings
-            .max_concurrent_tests
-            .filter(|n| *n > 0)
-            .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
-    };
-    let new_run = NewRun {
-        id: run_id,
-        version_id: version.version_id,
-        kind: request.kind,
-        runner: runner_override.as_ref().map(|r| json!(r)),
-        callback_url: request.callback_url.as_deref(),
-        idempotency_key: request.idempotency_key.as_deref(),
-        max_in_flight,
-        fail_fast: config.settings.fail_fast,
-        request: json!({
-            "tags": request.filter.tags,
-            "suite": request.filter.suite,
-            "test_cases": request.filter.case_ids,
-        }),
-        max_cost_usd: request.max_cost_usd,
-        max_tokens: request.max_tokens,
-    };
-    Ok(runs::insert_run(conn, &new_run, &jobs).await?)
 }
 
 /// A runner named in a request keeps the definition's runner options (its script) unless the

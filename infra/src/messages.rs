@@ -172,13 +172,7 @@ impl CasesFinished {
     pub fn decode(body: &[u8]) -> Result<CasesFinished, MessageError> {
         Ok(match serde_json::from_slice(body)? {
             EventIn::Batch(b) => b,
-            EventIn::Single(c) => CasesFinished {
-                run_id: c.run_id,
-                cases: vec![FinishedCase {
-                    test_case_id: c.test_case_id,
-                    status: c.status,
-                }],
-            },
+            EventIn::Single(c) => c.into(),
         })
     }
 }
