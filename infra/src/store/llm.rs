@@ -80,25 +80,7 @@ impl ResponseCache for PgResponseCache {
     }
 
     async fn put(&self, key: &str, value: &Value) {
-        let model = value.get("model").and_then(Value::as_str);
-        let provider = value.get("provider").and_then(Value::as_str);
-        let ttl_secs = self.ttl.map(|t| t.as_secs_f64());
-        let done = sqlx::query(
-            "INSERT INTO llm_cache (key, provider, model, response, created_at, expires_at)
-             VALUES ($1, $2, $3, $4, now(), now() + make_interval(secs => $5::float8))
-             ON CONFLICT (key) DO UPDATE
-                SET provider = EXCLUDED.provider, model = EXCLUDED.model,
-                    response = EXCLUDED.response, created_at = EXCLUDED.created_at,
-                    expires_at = EXCLUDED.expires_at",
-        )
-        .bind(key)
-        .bind(provider)
-        .bind(model)
-        .bind(value)
-        .bind(ttl_secs)
-        .execute(&self.pool)
-        .await;
-        if let Err(e) = done {
+        if let Err(e) = self.put_many(vec![PendingEntry::new(key, value)]).await {
             tracing::warn!(error = %e, "writing the model response cache; entry dropped");
         }
     }
@@ -111,13 +93,25 @@ const WRITE_BEHIND_WAIT: Duration = Duration::from_millis(10);
 /// Entries queued for writing before `put` writes inline (back-pressure, never loss).
 const WRITE_BEHIND_QUEUE: usize = 4_096;
 
-/// One answer waiting to be stored.
+/// One answer to store.
 #[derive(Debug)]
 struct PendingEntry {
     key: String,
     provider: Option<String>,
     model: Option<String>,
     response: Value,
+}
+
+impl PendingEntry {
+    fn new(key: &str, value: &Value) -> PendingEntry {
+        let field = |name: &str| value.get(name).and_then(Value::as_str).map(str::to_string);
+        PendingEntry {
+            key: key.to_string(),
+            provider: field("provider"),
+            model: field("model"),
+            response: value.clone(),
+        }
+    }
 }
 
 /// [`PgResponseCache`] with its writes taken off the caller's path: `put` queues the entry and
@@ -150,25 +144,11 @@ impl ResponseCache for WriteBehindCache {
     }
 
     async fn put(&self, key: &str, value: &Value) {
-        let entry = PendingEntry {
-            key: key.to_string(),
-            provider: value
-                .get("provider")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            model: value
-                .get("model")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            response: value.clone(),
-        };
-        if let Err(e) = self.queue.try_send(entry) {
+        if let Err(e) = self.queue.try_send(PendingEntry::new(key, value)) {
             // Full (or the writer is gone): store it now rather than lose it.
-            let entry = match e {
-                tokio::sync::mpsc::error::TrySendError::Full(entry)
-                | tokio::sync::mpsc::error::TrySendError::Closed(entry) => entry,
-            };
-            self.inner.put(&entry.key, &entry.response).await;
+            if let Err(e) = self.inner.put_many(vec![e.into_inner()]).await {
+                tracing::warn!(error = %e, "writing the model response cache; entry dropped");
+            }
         }
     }
 }
@@ -191,7 +171,7 @@ async fn write_entries(cache: PgResponseCache, mut rx: tokio::sync::mpsc::Receiv
 }
 
 impl PgResponseCache {
-    /// Stores several answers in one statement (the last one wins for a key given twice).
+    /// Stores answers in one statement (the last one wins for a key given twice).
     async fn put_many(&self, entries: Vec<PendingEntry>) -> Result<(), sqlx::Error> {
         let mut latest: HashMap<String, PendingEntry> = HashMap::with_capacity(entries.len());
         for e in entries {
