@@ -80,28 +80,19 @@ fn fenced_blocks(text: &str) -> Vec<&str> {
 /// The first `{…}` span that parses, scanning with string awareness; `None` as soon as an
 /// object is left open at the end of the text.
 fn first_balanced_object(text: &str) -> Option<Value> {
-    let bytes = text.as_bytes();
     let mut search_from = 0;
     while let Some(offset) = text[search_from..].find('{') {
         let start = search_from + offset;
         let mut depth = 0usize;
-        let mut in_string = false;
-        let mut escaped = false;
+        let mut strings = Strings::default();
         let mut closed = false;
-        for (i, &b) in bytes.iter().enumerate().skip(start) {
-            if in_string {
-                match b {
-                    _ if escaped => escaped = false,
-                    b'\\' => escaped = true,
-                    b'"' => in_string = false,
-                    _ => {}
-                }
+        for (i, c) in text[start..].char_indices().map(|(i, c)| (start + i, c)) {
+            if !strings.outside(c) {
                 continue;
             }
-            match b {
-                b'"' => in_string = true,
-                b'{' | b'[' => depth += 1,
-                b'}' | b']' => {
+            match c {
+                '{' | '[' => depth += 1,
+                '}' | ']' => {
                     depth = depth.saturating_sub(1);
                     if depth == 0 {
                         closed = true;
@@ -153,47 +144,52 @@ pub fn repair_truncated(text: &str) -> Option<String> {
     None
 }
 
-/// Index of the last `,` outside strings (`None` when there is none).
-fn last_separator(text: &str) -> Option<usize> {
-    let mut in_string = false;
-    let mut escaped = false;
-    let mut last = None;
-    for (i, c) in text.char_indices() {
-        if in_string {
+/// Follows JSON strings through a text one character at a time, so the scanners of this
+/// module see only the characters outside strings.
+#[derive(Debug, Default)]
+struct Strings {
+    in_string: bool,
+    escaped: bool,
+}
+
+impl Strings {
+    /// Whether `c` (the next character) stands outside a string; quotes themselves do not.
+    fn outside(&mut self, c: char) -> bool {
+        if self.in_string {
             match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => in_string = false,
+                _ if self.escaped => self.escaped = false,
+                '\\' => self.escaped = true,
+                '"' => self.in_string = false,
                 _ => {}
             }
-            continue;
+            return false;
         }
-        match c {
-            '"' => in_string = true,
-            ',' => last = Some(i),
-            _ => {}
+        if c == '"' {
+            self.in_string = true;
+            return false;
         }
+        true
     }
-    last
+}
+
+/// Index of the last `,` outside strings (`None` when there is none).
+fn last_separator(text: &str) -> Option<usize> {
+    let mut strings = Strings::default();
+    text.char_indices()
+        .filter(|&(_, c)| strings.outside(c) && c == ',')
+        .map(|(i, _)| i)
+        .last()
 }
 
 /// Closes the open string and brackets of `text`, fixing what dangles at its end.
 fn close_all(text: &str) -> Option<String> {
     let mut stack: Vec<char> = Vec::new();
-    let mut in_string = false;
-    let mut escaped = false;
+    let mut strings = Strings::default();
     for c in text.chars() {
-        if in_string {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => in_string = false,
-                _ => {}
-            }
+        if !strings.outside(c) {
             continue;
         }
         match c {
-            '"' => in_string = true,
             '{' => stack.push('}'),
             '[' => stack.push(']'),
             '}' | ']' if stack.pop() != Some(c) => return None,
@@ -201,8 +197,8 @@ fn close_all(text: &str) -> Option<String> {
         }
     }
     let mut out = text.to_string();
-    if in_string {
-        if escaped {
+    if strings.in_string {
+        if strings.escaped {
             out.pop();
         }
         out.push('"');
