@@ -918,12 +918,8 @@ async fn measure_run(
         .body(zip)
         .send()
         .await?;
-    let status = response.status();
-    let body: Value = response.json().await?;
+    let body = expect_status(response, 201, "the upload").await?;
     let upload_seconds = start.elapsed().as_secs_f64();
-    if status.as_u16() != 201 {
-        bail!("upload answered {status}: {body}");
-    }
     let run_id = body["run_id"]
         .as_str()
         .context("the upload started no run")?
@@ -1011,6 +1007,20 @@ async fn measure_run(
 }
 
 /// Waits until `workers` consumers are on the jobs queue (the coordinator declared it).
+/// The JSON body of a coordinator answer, which must have `status`.
+async fn expect_status(
+    response: reqwest::Response,
+    status: u16,
+    what: &str,
+) -> anyhow::Result<Value> {
+    let got = response.status();
+    let body: Value = response.json().await?;
+    if got.as_u16() != status {
+        bail!("{what} answered {got}: {body}");
+    }
+    Ok(body)
+}
+
 /// A fresh coordinator (its base URL) and `workers` workers, once every worker consumes.
 async fn start_cluster(
     env: &Env,
@@ -1268,12 +1278,8 @@ async fn create_run(
         .json(&json!({ "version_id": version_id }))
         .send()
         .await?;
-    let status = response.status();
-    let body: Value = response.json().await?;
+    let body = expect_status(response, 202, "POST /v1/runs").await?;
     let seconds = start.elapsed().as_secs_f64();
-    if status.as_u16() != 202 {
-        bail!("POST /v1/runs answered {status}: {body}");
-    }
     let run_id = body["run_id"]
         .as_str()
         .context("POST /v1/runs answered no run_id")?
@@ -1344,11 +1350,7 @@ async fn paced(
         .body(zip)
         .send()
         .await?;
-    let status = response.status();
-    let body: Value = response.json().await?;
-    if status.as_u16() != 201 {
-        bail!("upload answered {status}: {body}");
-    }
+    let body = expect_status(response, 201, "the upload").await?;
     let version_id = body["version_id"]
         .as_str()
         .context("the upload answered no version_id")?
