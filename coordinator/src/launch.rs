@@ -19,7 +19,7 @@ use crate::db::{self as runs, NewRun, RunInsert};
 use anyhow::Context as _;
 use serde_json::json;
 use skilleval::model::{EvalConfig, RunnerConfig, RunnerSpec};
-use skilleval::plan::{plan, CaseFilter, PlanError};
+use skilleval::plan::{plan, CaseFilter, Job, PlanError};
 use skilleval_infra::messages::EncodedJob;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -71,40 +71,36 @@ impl RunLauncher {
         }
     }
 
-    /// Plans and inserts a run in the caller's transaction (nothing is published yet: call
-    /// [`RunLauncher::release`] after the commit).
+    /// Plans a run of a stored version (its definition read from the database).
     #[tracing::instrument(skip_all, fields(version_id = %request.version_id))]
-    pub async fn insert(
+    pub async fn prepare_stored(
         &self,
         conn: &mut PgConnection,
         request: &RunRequest,
-    ) -> Result<RunInsert, ApiError> {
+    ) -> Result<PreparedRun, ApiError> {
         let version = runs::version_for_run(conn, request.version_id)
             .await?
             .ok_or_else(|| ApiError::not_found("version", request.version_id))?;
-        let config: EvalConfig =
-            serde_json::from_value(version.config.clone()).with_context(|| {
-                format!(
-                    "stored eval config of version {} does not parse",
-                    version.version_id
-                )
-            })?;
+        let config: EvalConfig = serde_json::from_value(version.config).with_context(|| {
+            format!(
+                "stored eval config of version {} does not parse",
+                version.version_id
+            )
+        })?;
         let planned = PlannedVersion {
             version_id: version.version_id,
             package_hash: &version.package_hash,
             config: &config,
         };
-        self.insert_planned(conn, &planned, request).await
+        self.prepare(&planned, request)
     }
 
-    /// [`RunLauncher::insert`] with the version's definition in hand (an upload): plans the
-    /// run and inserts it with its rows.
-    pub async fn insert_planned(
+    /// Plans a run of a version whose definition is in hand (an upload).
+    pub fn prepare(
         &self,
-        conn: &mut PgConnection,
         version: &PlannedVersion<'_>,
         request: &RunRequest,
-    ) -> Result<RunInsert, ApiError> {
+    ) -> Result<PreparedRun, ApiError> {
         let config = version.config;
         let runner_override = request
             .runner
@@ -127,15 +123,16 @@ impl RunLauncher {
                 .filter(|n| *n > 0)
                 .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
         };
-        let new_run = NewRun {
-            id: run_id,
+        let fail_fast = config.settings.fail_fast;
+        Ok(PreparedRun {
+            run_id,
             version_id: version.version_id,
             kind: request.kind,
             runner: runner_override.as_ref().map(|r| json!(r)),
-            callback_url: request.callback_url.as_deref(),
-            idempotency_key: request.idempotency_key.as_deref(),
+            callback_url: request.callback_url.clone(),
+            idempotency_key: request.idempotency_key.clone(),
             max_in_flight,
-            fail_fast: config.settings.fail_fast,
+            fail_fast,
             request: json!({
                 "tags": request.filter.tags,
                 "suite": request.filter.suite,
@@ -143,20 +140,238 @@ impl RunLauncher {
             }),
             max_cost_usd: request.max_cost_usd,
             max_tokens: request.max_tokens,
-        };
-        Ok(runs::insert_run(conn, &new_run, &jobs).await?)
+            // A cap or failFast decides which jobs go out as results come in: those runs are
+            // created whole and released by the cap. Any other is streamed.
+            streamed: max_in_flight.is_none() && !fail_fast,
+            jobs,
+        })
     }
 
-    /// Creates a run (one transaction) and publishes what may be published now.
+    /// Inserts a prepared run in the caller's transaction: the run and all its rows, or for a
+    /// streamed run the run alone, marked `creating`. Nothing is published yet: call
+    /// [`RunLauncher::start`] after the commit.
+    pub async fn insert(
+        &self,
+        conn: &mut PgConnection,
+        prepared: &PreparedRun,
+    ) -> Result<RunInsert, ApiError> {
+        let new_run = NewRun {
+            id: prepared.run_id,
+            version_id: prepared.version_id,
+            kind: prepared.kind,
+            runner: prepared.runner.clone(),
+            callback_url: prepared.callback_url.as_deref(),
+            idempotency_key: prepared.idempotency_key.as_deref(),
+            max_in_flight: prepared.max_in_flight,
+            fail_fast: prepared.fail_fast,
+            request: prepared.request.clone(),
+            max_cost_usd: prepared.max_cost_usd,
+            max_tokens: prepared.max_tokens,
+            creating: prepared.streamed,
+        };
+        Ok(runs::insert_run(conn, &new_run, &prepared.jobs).await?)
+    }
+
+    /// After the commit of [`RunLauncher::insert`]: a run created whole is released; a
+    /// streamed run gets its rows, chunk by chunk, each chunk published once committed. A
+    /// failure is logged, not returned: the run is committed and the sweeper finishes it.
+    pub async fn start(&self, prepared: PreparedRun, inserted: RunInsert) {
+        let RunInsert::Created(run_id) = inserted else {
+            return;
+        };
+        self.metrics.runs_created.inc();
+        if !prepared.streamed {
+            self.release_logged(run_id).await;
+            return;
+        }
+        if let Err(e) = self.populate(run_id, &prepared.jobs).await {
+            self.metrics.publish_failures.inc();
+            tracing::warn!(%run_id, error = ?e, "creating the run's rows failed; the sweeper will finish it");
+        }
+    }
+
+    /// Creates a run of a stored version and starts it.
     pub async fn create(&self, request: &RunRequest) -> Result<RunInsert, ApiError> {
         let mut tx = self.pool.begin().await?;
-        let inserted = self.insert(&mut tx, request).await?;
+        let prepared = self.prepare_stored(&mut tx, request).await?;
+        let inserted = self.insert(&mut tx, &prepared).await?;
         tx.commit().await.context("committing the run")?;
-        if let RunInsert::Created(run_id) = inserted {
-            self.metrics.runs_created.inc();
-            self.release_logged(run_id).await;
-        }
+        self.start(prepared, inserted).await;
         Ok(inserted)
+    }
+
+    /// Streamed creation: inserts the run's rows in chunks of [`RELEASE_PAGE`], each in a
+    /// transaction of its own and published (from memory, with pipelined confirms) as soon as
+    /// it is committed, while the next chunk is inserted; the run's `published_through`
+    /// watermark records the confirmed prefix (one write per chunk, none per row). Workers
+    /// start on the first chunk while the rest is inserted.
+    ///
+    /// Holds the run's release lock throughout (a live creator is how the sweeper tells a
+    /// creation under way from one whose coordinator died). A run stopped meanwhile (cancel,
+    /// budget) is settled: its remaining cases are inserted `skipped`.
+    async fn populate(&self, run_id: Uuid, jobs: &[Job]) -> anyhow::Result<()> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .context("taking a connection to create the run")?;
+        runs::lock_run_release(&mut conn, run_id)
+            .await
+            .context("locking the run for its creation")?;
+        let populated = self.populate_locked(&mut conn, run_id, jobs).await;
+        if let Err(e) = runs::unlock_run_release(&mut conn, run_id).await {
+            tracing::warn!(%run_id, error = %e, "unlocking the run failed; closing the connection");
+            drop(conn.detach());
+        }
+        populated
+    }
+
+    async fn populate_locked(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        jobs: &[Job],
+    ) -> anyhow::Result<()> {
+        let chunks = jobs.len().div_ceil(RELEASE_PAGE);
+        let mut in_flight: VecDeque<(tokio::task::JoinHandle<ChunkOutcome>, i32)> = VecDeque::new();
+        // Every chunk settled so far was confirmed whole: the watermark may advance.
+        let mut whole = true;
+        for (n, chunk) in jobs.chunks(RELEASE_PAGE).enumerate() {
+            while in_flight.len() >= PAGES_IN_FLIGHT {
+                if let Some(oldest) = in_flight.pop_front() {
+                    whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
+                }
+            }
+            let texts = runs::encode_jobs(chunk).context("encoding jobs")?;
+            let queued = runs::insert_chunk(conn, run_id, chunk, &texts, n + 1 == chunks)
+                .await
+                .context("inserting a chunk of the run's rows")?;
+            if !queued {
+                let rest = &jobs[n * RELEASE_PAGE..];
+                let texts = runs::encode_jobs(rest).context("encoding jobs")?;
+                runs::settle_creation(conn, run_id, rest, &texts)
+                    .await
+                    .context("settling a run stopped while it was created")?;
+                tracing::info!(%run_id, unqueued = rest.len(), "the run stopped while it was created");
+                break;
+            }
+            let next_index = chunk.last().map_or(0, |job| {
+                i32::try_from(job.case_index).unwrap_or(i32::MAX - 1) + 1
+            });
+            let page: Vec<EncodedJob> = chunk
+                .iter()
+                .zip(&texts)
+                .map(|(job, text)| EncodedJob::from_stored(run_id, job.case.id.clone(), text))
+                .collect();
+            drop(texts);
+            let sink = self.sink.clone();
+            in_flight.push_back((tokio::spawn(publish_chunk(sink, page)), next_index));
+        }
+        while let Some(oldest) = in_flight.pop_front() {
+            whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
+        }
+        Ok(())
+    }
+
+    /// Records what became of a chunk's publish: the watermark moves past a chunk confirmed
+    /// whole while every earlier one was; otherwise its confirmed rows are marked one by one
+    /// and the rest are left to the sweeper. Returns whether the prefix is still whole.
+    async fn settle_chunk(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        (task, next_index): (tokio::task::JoinHandle<ChunkOutcome>, i32),
+        whole: bool,
+    ) -> anyhow::Result<bool> {
+        let outcome = task.await.context("a chunk's publish task failed")?;
+        self.metrics
+            .jobs_published
+            .inc_by(outcome.confirmed.len() as u64);
+        if let Some((failed, first)) = &outcome.failed {
+            self.metrics.publish_failures.inc_by(*failed as u64);
+            tracing::warn!(%run_id, failed, %first, "some jobs were not confirmed; the sweeper will retry them");
+        }
+        if whole && outcome.failed.is_none() {
+            runs::advance_published(conn, run_id, next_index)
+                .await
+                .context("recording publisher confirms")?;
+            return Ok(true);
+        }
+        if let Err(e) = runs::mark_published(&mut *conn, run_id, &outcome.confirmed, None).await {
+            tracing::warn!(%run_id, error = %e, "recording publisher confirms failed");
+        }
+        Ok(false)
+    }
+
+    /// Finishes creations whose coordinator died (the run still `creating` after the grace
+    /// period and nobody holding its lock): plans the run again from its stored definition and
+    /// request, inserts the cases that have no row, then publishes what is unpublished.
+    /// Returns how many jobs it published.
+    pub async fn resume_creations(&self) -> anyhow::Result<usize> {
+        let run_ids = runs::runs_left_creating(&self.pool, self.publish_grace.as_secs_f64(), 50)
+            .await
+            .context("listing runs left creating")?;
+        let mut resumed = 0;
+        for run_id in run_ids {
+            let mut conn = self
+                .pool
+                .acquire()
+                .await
+                .context("taking a connection to resume a creation")?;
+            if !runs::try_lock_run_release(&mut conn, run_id).await? {
+                continue; // its creator is alive
+            }
+            let outcome = self.resume_locked(&mut conn, run_id).await;
+            if let Err(e) = runs::unlock_run_release(&mut conn, run_id).await {
+                tracing::warn!(%run_id, error = %e, "unlocking the run failed; closing the connection");
+                drop(conn.detach());
+            }
+            match outcome {
+                Ok(published) => {
+                    resumed += published;
+                    tracing::info!(%run_id, published, "resumed a run's creation");
+                }
+                Err(e) => tracing::warn!(%run_id, error = ?e, "resuming a run's creation failed"),
+            }
+        }
+        Ok(resumed)
+    }
+
+    async fn resume_locked(&self, conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<usize> {
+        let Some(stored) = runs::run_plan_request(conn, run_id).await? else {
+            return Ok(0);
+        };
+        let version = runs::version_for_run(conn, stored.version_id)
+            .await?
+            .with_context(|| format!("version {} of the run is gone", stored.version_id))?;
+        let config: EvalConfig = serde_json::from_value(version.config)
+            .context("the stored eval config does not parse")?;
+        let filter: CaseFilter = serde_json::from_value(json!({
+            "tags": stored.request.get("tags").cloned().unwrap_or_else(|| json!([])),
+            "suite": stored.request.get("suite").cloned().unwrap_or(serde_json::Value::Null),
+            "case_ids": stored.request.get("test_cases").cloned().unwrap_or_else(|| json!([])),
+        }))
+        .context("the run's stored request does not parse")?;
+        let runner: Option<RunnerConfig> = stored
+            .runner
+            .map(serde_json::from_value)
+            .transpose()
+            .context("the run's stored runner does not parse")?;
+        let jobs = plan(
+            &config,
+            &version.package_hash,
+            run_id,
+            &filter,
+            runner.as_ref(),
+        )
+        .map_err(|e| anyhow::anyhow!("planning the run again: {e}"))?;
+        drop(config);
+        let texts = runs::encode_jobs(&jobs).context("encoding jobs")?;
+        if runs::settle_creation(conn, run_id, &jobs, &texts).await? {
+            self.release_locked(conn, run_id).await
+        } else {
+            Ok(0)
+        }
     }
 
     /// [`RunLauncher::release`], logging a failure instead of returning it: the rows are
@@ -249,11 +464,18 @@ impl RunLauncher {
     /// Publishes the jobs of runs left unpublished for longer than the grace period.
     /// Returns how many jobs it published.
     pub async fn sweep_unpublished(&self) -> anyhow::Result<usize> {
+        let resumed = match self.resume_creations().await {
+            Ok(published) => published,
+            Err(e) => {
+                tracing::warn!(error = ?e, "resuming creations failed");
+                0
+            }
+        };
         let run_ids =
             runs::runs_with_unpublished_jobs(&self.pool, self.publish_grace.as_secs_f64(), 500)
                 .await
                 .context("listing runs with unpublished jobs")?;
-        let mut published = 0;
+        let mut published = resumed;
         for run_id in run_ids {
             match self.release(run_id).await {
                 Ok(n) => published += n,
@@ -278,7 +500,26 @@ pub struct PlannedVersion<'a> {
     pub config: &'a EvalConfig,
 }
 
-/// Pages of one release publishing at the same time.
+/// A planned run, ready to insert ([`RunLauncher::insert`]) and start ([`RunLauncher::start`]).
+#[derive(Debug)]
+pub struct PreparedRun {
+    pub run_id: Uuid,
+    version_id: Uuid,
+    kind: &'static str,
+    runner: Option<serde_json::Value>,
+    callback_url: Option<String>,
+    idempotency_key: Option<String>,
+    max_in_flight: Option<i32>,
+    fail_fast: bool,
+    request: serde_json::Value,
+    max_cost_usd: Option<f64>,
+    max_tokens: Option<i64>,
+    /// Created chunk by chunk (see [`RunLauncher::start`]).
+    pub streamed: bool,
+    pub jobs: Vec<Job>,
+}
+
+/// Pages of one release (or chunks of a creation) publishing at the same time.
 const PAGES_IN_FLIGHT: usize = 3;
 
 /// What became of one page: how many jobs the broker confirmed, how many it did not with the
@@ -320,6 +561,33 @@ async fn publish_page(
             .cloned()
             .map(|first| (failures.len(), first)),
         unmarked,
+    }
+}
+
+/// What became of a chunk of a streamed creation: the confirmed cases, and how many were not
+/// confirmed with the first reason.
+struct ChunkOutcome {
+    confirmed: Vec<String>,
+    failed: Option<(usize, String)>,
+}
+
+/// Publishes a chunk of a creation (its rows are committed).
+async fn publish_chunk(sink: Arc<dyn JobSink>, page: Vec<EncodedJob>) -> ChunkOutcome {
+    let outcomes = sink.publish(&page).await;
+    let mut confirmed = Vec::with_capacity(page.len());
+    let mut failures = Vec::new();
+    for (job, outcome) in page.into_iter().zip(outcomes) {
+        match outcome {
+            Ok(()) => confirmed.push(job.test_case_id),
+            Err(e) => failures.push(format!("{}: {e}", job.test_case_id)),
+        }
+    }
+    ChunkOutcome {
+        confirmed,
+        failed: failures
+            .first()
+            .cloned()
+            .map(|first| (failures.len(), first)),
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::db::{self as runs, NewVersion, RunInsert, VersionError};
+use crate::db::{self as runs, NewVersion, VersionError};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -127,20 +127,17 @@ pub async fn upload(
             package_hash: &package.content_hash,
             config: &package.config,
         };
-        Some(
-            state
-                .launcher
-                .insert_planned(&mut tx, &version, &request)
-                .await?,
-        )
+        let prepared = state.launcher.prepare(&version, &request)?;
+        let inserted = state.launcher.insert(&mut tx, &prepared).await?;
+        Some((prepared, inserted))
     } else {
         None
     };
     tx.commit().await?;
     let committed = started.elapsed();
-    if let Some(RunInsert::Created(run_id)) = inserted {
-        state.metrics.runs_created.inc();
-        state.launcher.release_logged(run_id).await;
+    let run_id = inserted.as_ref().map(|(_, inserted)| inserted.run_id());
+    if let Some((prepared, inserted)) = inserted {
+        state.launcher.start(prepared, inserted).await;
     }
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
@@ -150,7 +147,7 @@ pub async fn upload(
         test_cases,
         validate_ms = ms(validated),
         store_ms = ms(committed - validated),
-        publish_ms = ms(started.elapsed() - committed),
+        create_ms = ms(started.elapsed() - committed),
         "skill version stored"
     );
     Ok((
@@ -161,7 +158,7 @@ pub async fn upload(
             name: manifest.name.clone(),
             version: stored.version,
             test_cases,
-            run_id: inserted.map(RunInsert::run_id),
+            run_id,
             warnings,
         }),
     ))

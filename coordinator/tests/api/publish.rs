@@ -7,9 +7,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use skilleval::executor::CaseStatus;
 use skilleval::plan::CaseFilter;
+use skilleval_coordinator::db;
 use skilleval_coordinator::launch::RunRequest;
 
-use crate::helpers::{record_as_worker, spawn_app_with, AppOptions};
+use crate::helpers::{record_as_worker, spawn_app, spawn_app_with, AppOptions};
 use crate::packages::given_package;
 
 #[tokio::test]
@@ -30,8 +31,8 @@ async fn a_run_committed_but_never_published_is_published_by_the_sweeper_after_t
         .unwrap();
     let version_id = upload["version_id"].as_str().unwrap().parse().unwrap();
 
-    // What a coordinator killed right after the commit leaves behind: the transaction that
-    // inserts the run and its rows, and no publish.
+    // What a coordinator killed right after the commit leaves behind: the run committed,
+    // still `creating`, none of its rows inserted, nothing published.
     let request = RunRequest {
         version_id,
         filter: CaseFilter::default(),
@@ -39,37 +40,162 @@ async fn a_run_committed_but_never_published_is_published_by_the_sweeper_after_t
         ..RunRequest::default()
     };
     let mut tx = app.pool.begin().await.unwrap();
-    let run_id = app
-        .state
-        .launcher
-        .insert(&mut tx, &request)
-        .await
-        .unwrap()
-        .run_id();
+    let launcher = &app.state.launcher;
+    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
+    assert!(prepared.streamed);
+    let run_id = launcher.insert(&mut tx, &prepared).await.unwrap().run_id();
     tx.commit().await.unwrap();
 
-    let unpublished = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM eval_results WHERE run_id = $1 AND status = 'queued' AND published_at IS NULL",
+    let rows = || async {
+        sqlx::query_as::<_, (i64, i64, bool)>(
+            "SELECT count(e.id),
+                    count(e.id) FILTER (WHERE e.status = 'queued' AND e.published_at IS NULL
+                                          AND e.case_index >= r.published_through),
+                    bool_or(r.creating)
+             FROM runs r LEFT JOIN eval_results e ON e.run_id = r.id WHERE r.id = $1",
         )
         .bind(run_id)
         .fetch_one(&app.pool)
         .await
         .unwrap()
     };
-    assert_eq!(unpublished().await, 3);
+    assert_eq!(rows().await, (0, 0, true));
     assert_eq!(app.queue_depth(&app.topology.jobs_queue()).await, 0);
 
-    // Within the grace period the sweeper leaves the rows alone (their publisher may be busy).
-    assert_eq!(app.state.launcher.sweep_unpublished().await.unwrap(), 0);
+    // Within the grace period the sweeper leaves the run alone (its creator may be busy).
+    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 0);
+    assert_eq!(rows().await, (0, 0, true));
     tokio::time::sleep(Duration::from_millis(2_200)).await;
-    assert_eq!(app.state.launcher.sweep_unpublished().await.unwrap(), 3);
-    assert_eq!(unpublished().await, 0);
+    // After it, nobody holds the run's lock: the sweeper plans it again, inserts its rows
+    // and publishes them.
+    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 3);
+    assert_eq!(rows().await, (3, 0, false));
     assert_eq!(app.wait_for_jobs(3).await, 3);
     let jobs = app.drain_jobs().await;
     assert!(jobs.iter().all(|j| j.run_id == run_id));
     // Nothing left to sweep.
-    assert_eq!(app.state.launcher.sweep_unpublished().await.unwrap(), 0);
+    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 0);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_creation_cut_off_midway_is_finished_by_the_sweeper_and_publishes_what_was_not_confirmed()
+{
+    let app = spawn_app_with(AppOptions {
+        publish_grace_secs: 1,
+        ..AppOptions::default()
+    })
+    .await;
+    let upload: Value = app
+        .upload_zip(given_package("midway", &["ok"; 5], json!({})), "?run=false")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let request = RunRequest {
+        version_id: upload["version_id"].as_str().unwrap().parse().unwrap(),
+        kind: "manual",
+        ..RunRequest::default()
+    };
+    let launcher = &app.state.launcher;
+    let mut tx = app.pool.begin().await.unwrap();
+    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
+    let run_id = launcher.insert(&mut tx, &prepared).await.unwrap().run_id();
+    tx.commit().await.unwrap();
+    // The creator committed a first chunk of two rows, published it, recorded the confirm of
+    // the first one only, and died.
+    let mut conn = app.pool.acquire().await.unwrap();
+    let first = &prepared.jobs[..2];
+    let texts = db::encode_jobs(first).unwrap();
+    assert!(db::insert_chunk(&mut conn, run_id, first, &texts, false)
+        .await
+        .unwrap());
+    db::advance_published(&mut conn, run_id, 1).await.unwrap();
+    // A live creator holds the run's lock: the sweeper leaves the run alone, grace or not.
+    db::lock_run_release(&mut conn, run_id).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 0);
+    db::unlock_run_release(&mut conn, run_id).await.unwrap();
+
+    // Case 0 is confirmed; cases 1 (inserted, unconfirmed) and 2-4 (never inserted) are not.
+    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 4);
+    assert_eq!(app.wait_for_jobs(4).await, 4);
+    let mut published: Vec<u32> = app
+        .drain_jobs()
+        .await
+        .iter()
+        .map(|j| j.case_index)
+        .collect();
+    published.sort_unstable();
+    assert_eq!(published, vec![1, 2, 3, 4]);
+    let (rows, total, creating): (i64, i32, bool) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM eval_results WHERE run_id = $1 AND status = 'queued'),
+                total, creating FROM runs WHERE id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!((rows, total, creating), (5, 5, false));
+    drop(conn);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_run_cancelled_while_it_is_created_skips_the_cases_not_yet_queued_and_finalises() {
+    let app = spawn_app().await;
+    let upload: Value = app
+        .upload_zip(given_package("cut", &["ok"; 5], json!({})), "?run=false")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let request = RunRequest {
+        version_id: upload["version_id"].as_str().unwrap().parse().unwrap(),
+        kind: "manual",
+        ..RunRequest::default()
+    };
+    let launcher = &app.state.launcher;
+    let mut tx = app.pool.begin().await.unwrap();
+    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
+    let inserted = launcher.insert(&mut tx, &prepared).await.unwrap();
+    let run_id = inserted.run_id();
+    tx.commit().await.unwrap();
+    // Two rows are in when the run is cancelled; the creator then goes on.
+    let mut conn = app.pool.acquire().await.unwrap();
+    let first = &prepared.jobs[..2];
+    let texts = db::encode_jobs(first).unwrap();
+    assert!(db::insert_chunk(&mut conn, run_id, first, &texts, false)
+        .await
+        .unwrap());
+    assert_eq!(
+        db::cancel_run(&app.pool, run_id).await.unwrap(),
+        db::CancelOutcome::Cancelled { skipped: 2 }
+    );
+    launcher.start(prepared, inserted).await;
+
+    assert_eq!(
+        app.queue_depth(&app.topology.jobs_queue()).await,
+        0,
+        "nothing published"
+    );
+    let skipped: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT status, details FROM eval_results WHERE run_id = $1 ORDER BY case_index",
+    )
+    .bind(run_id)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(skipped.len(), 5, "{skipped:?}");
+    assert!(skipped
+        .iter()
+        .all(|(status, details)| status == "skipped"
+            && details["skipped"] == "the run was cancelled"));
+    assert_eq!(app.state.aggregator.sweep().await.unwrap(), 1);
+    let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    assert_eq!(run["counters"]["skipped"], 5, "{run}");
+    drop(conn);
     app.cleanup().await;
 }
 
@@ -97,7 +223,9 @@ async fn the_background_sweeper_publishes_on_its_own() {
         ..RunRequest::default()
     };
     let mut tx = app.pool.begin().await.unwrap();
-    app.state.launcher.insert(&mut tx, &request).await.unwrap();
+    let launcher = &app.state.launcher;
+    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
+    launcher.insert(&mut tx, &prepared).await.unwrap();
     tx.commit().await.unwrap();
     let mut depth = 0;
     for _ in 0..60 {
@@ -171,25 +299,19 @@ async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
         .await
         .unwrap();
     let run_id: uuid::Uuid = upload["run_id"].as_str().unwrap().parse().unwrap();
-    // The upload answers once every page is confirmed and marked.
-    let unpublished: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM eval_results WHERE run_id = $1 AND published_at IS NULL",
+    // The upload answers once every chunk is confirmed: the watermark covers the run, and no
+    // row needed a mark of its own.
+    let (through, marked, creating): (i32, i64, bool) = sqlx::query_as(
+        "SELECT published_through,
+                (SELECT count(*) FROM eval_results WHERE run_id = $1 AND published_at IS NOT NULL),
+                creating
+         FROM runs WHERE id = $1",
     )
     .bind(run_id)
     .fetch_one(&app.pool)
     .await
     .unwrap();
-    assert_eq!(unpublished, 0);
-    // `published_at` is when each page was sent: after the run was created, before now.
-    let out_of_order: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM eval_results e JOIN runs r ON r.id = e.run_id
-         WHERE e.run_id = $1 AND (e.published_at < r.created_at OR e.published_at > now())",
-    )
-    .bind(run_id)
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
-    assert_eq!(out_of_order, 0);
+    assert_eq!((through, marked, creating), (n as i32, 0, false));
     assert_eq!(app.wait_for_jobs(n as u32).await, n as u32);
     let jobs = app.drain_jobs().await;
     assert_eq!(jobs.len(), n);

@@ -19,7 +19,9 @@ async fn upload_stores_the_version_queues_one_row_and_one_message_per_case() {
     let run_id: uuid::Uuid = body["run_id"].as_str().unwrap().parse().unwrap();
 
     let rows: Vec<(String, String, bool)> = sqlx::query_as(
-        "SELECT test_case_id, status, published_at IS NOT NULL FROM eval_results WHERE run_id = $1 ORDER BY case_index",
+        "SELECT e.test_case_id, e.status, e.published_at IS NOT NULL OR e.case_index < r.published_through
+         FROM eval_results e JOIN runs r ON r.id = e.run_id
+         WHERE e.run_id = $1 ORDER BY e.case_index",
     )
     .bind(run_id)
     .fetch_all(&app.pool)

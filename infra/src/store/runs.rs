@@ -2,7 +2,10 @@
 //! the publish sweeper and finalisation. Workers' SQL (result upserts, counters) lives in
 //! [`super::results`]; the two meet on `eval_results` rows and `runs` counters:
 //!
-//! - a run is created with one `queued` row per case in one transaction ([`insert_run`]);
+//! - a run is created with one `queued` row per case, in one transaction ([`insert_run`]) or,
+//!   streamed, chunk by chunk while it is `creating` ([`insert_chunk`], [`settle_creation`]);
+//! - a queued row is published once the broker confirmed it: `published_at` set, or its
+//!   `case_index` under the run's `published_through` watermark;
 //! - a row leaves `queued` exactly once, by a worker's upsert or by [`skip_queued`] (cancel,
 //!   failFast, a budget stop), and whoever moves it bumps the run's counters in the same statement;
 //! - a run whose `completed` reached `total` is finalised once ([`finalise`]: a conditional
@@ -212,6 +215,9 @@ pub struct NewRun<'a> {
     /// Budget: the run stops once its cases spent more than this (`None`: no cap).
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<i64>,
+    /// Streamed creation: [`insert_run`] inserts only the run (marked `creating`, its `total`
+    /// the jobs' count); the creator then adds the rows with [`insert_chunk`].
+    pub creating: bool,
 }
 
 /// Whether [`insert_run`] created the run or found the one with the same idempotency key.
@@ -241,8 +247,8 @@ pub async fn insert_run(
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO runs
             (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
-             max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens)
-         VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens, creating)
+         VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
     )
@@ -258,6 +264,7 @@ pub async fn insert_run(
     .bind(&run.request)
     .bind(run.max_cost_usd)
     .bind(run.max_tokens)
+    .bind(run.creating)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(run_id) = inserted else {
@@ -267,41 +274,280 @@ pub async fn insert_run(
             .await?;
         return Ok(RunInsert::Existing(existing));
     };
+    if run.creating {
+        // Streamed creation: the creator inserts the rows chunk by chunk (`insert_chunk`).
+        return Ok(RunInsert::Created(run_id));
+    }
     // In chunks, so the encoded rows of a large run are never all in memory at once (the
     // chunks share the caller's transaction: the run appears whole or not at all).
     for chunk in jobs.chunks(INSERT_CHUNK) {
-        let mut ids = Vec::with_capacity(chunk.len());
-        let mut names = Vec::with_capacity(chunk.len());
-        let mut indexes = Vec::with_capacity(chunk.len());
-        let mut strategies = Vec::with_capacity(chunk.len());
-        let mut weights = Vec::with_capacity(chunk.len());
-        let mut payloads = Vec::with_capacity(chunk.len());
-        for job in chunk {
-            ids.push(job.case.id.as_str());
-            names.push(job.case.name.as_str());
-            indexes.push(i32::try_from(job.case_index).unwrap_or(i32::MAX));
-            strategies.push(job.strategy());
-            weights.push(job.case.weight);
-            payloads
-                .push(serde_json::to_string(job).map_err(|e| sqlx::Error::Encode(Box::new(e)))?);
-        }
-        sqlx::query(
-            "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight, status, job)
-             SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job::jsonb
-             FROM UNNEST($2::text[], $3::text[], $4::int4[], $5::text[], $6::float8[], $7::text[])
-                  AS t(id, name, idx, strategy, weight, job)",
-        )
-        .bind(run_id)
-        .bind(&ids)
-        .bind(&names)
-        .bind(&indexes)
-        .bind(&strategies)
-        .bind(&weights)
-        .bind(&payloads)
-        .execute(&mut *conn)
-        .await?;
+        let texts = encode_jobs(chunk)?;
+        insert_rows(&mut *conn, run_id, chunk, &texts, RowsAs::Queued).await?;
     }
     Ok(RunInsert::Created(run_id))
+}
+
+/// Each job as the JSON text its row stores (and its message carries, see
+/// [`EncodedJob::from_stored`](crate::messages::EncodedJob::from_stored)).
+pub fn encode_jobs(jobs: &[Job]) -> Result<Vec<String>, sqlx::Error> {
+    jobs.iter()
+        .map(|job| serde_json::to_string(job).map_err(|e| sqlx::Error::Encode(Box::new(e))))
+        .collect()
+}
+
+/// How [`insert_rows`] creates rows.
+#[derive(Debug, Clone, Copy)]
+pub enum RowsAs<'a> {
+    /// `queued`, as a run is created.
+    Queued,
+    /// `queued`, leaving alone the cases that already have a row (resuming a creation).
+    QueuedIfMissing,
+    /// `skipped` with this reason (the run stopped before they were queued), counted as
+    /// completed in the same statement; cases that already have a row are left alone.
+    SkippedIfMissing(&'a str),
+}
+
+/// Inserts rows for `jobs` (their JSON `texts` alongside) in one statement. Returns how many
+/// rows it created.
+pub async fn insert_rows(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    jobs: &[Job],
+    texts: &[String],
+    how: RowsAs<'_>,
+) -> Result<u64, sqlx::Error> {
+    let mut ids = Vec::with_capacity(jobs.len());
+    let mut names = Vec::with_capacity(jobs.len());
+    let mut indexes = Vec::with_capacity(jobs.len());
+    let mut strategies = Vec::with_capacity(jobs.len());
+    let mut weights = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        ids.push(job.case.id.as_str());
+        names.push(job.case.name.as_str());
+        indexes.push(i32::try_from(job.case_index).unwrap_or(i32::MAX));
+        strategies.push(job.strategy());
+        weights.push(job.case.weight);
+    }
+    // The rows as one `UNNEST` ($2..$7), shared by the three statements below.
+    macro_rules! from_rows {
+        () => {
+            " FROM UNNEST($2::text[], $3::text[], $4::int4[], $5::text[], $6::float8[], $7::text[])
+                   AS t(id, name, idx, strategy, weight, job)"
+        };
+    }
+    const QUEUED: &str = concat!(
+        "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight, status, job)
+         SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job::jsonb",
+        from_rows!()
+    );
+    const QUEUED_IF_MISSING: &str = concat!(
+        "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight, status, job)
+         SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job::jsonb",
+        from_rows!(),
+        " ON CONFLICT (run_id, test_case_id) DO NOTHING"
+    );
+    const SKIPPED_IF_MISSING: &str = concat!(
+        "WITH added AS (
+             INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight,
+                                       status, job, details, finished_at)
+             SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'skipped', t.job::jsonb,
+                    jsonb_build_object('skipped', $8::text), now()",
+        from_rows!(),
+        " ON CONFLICT (run_id, test_case_id) DO NOTHING
+             RETURNING 1
+         ), n AS (SELECT count(*)::int AS n FROM added)
+         UPDATE runs SET completed = completed + n.n, skipped = skipped + n.n
+         FROM n WHERE runs.id = $1
+         RETURNING n.n::int8"
+    );
+    let (sql, reason) = match how {
+        RowsAs::Queued => (QUEUED, None),
+        RowsAs::QueuedIfMissing => (QUEUED_IF_MISSING, None),
+        RowsAs::SkippedIfMissing(reason) => (SKIPPED_IF_MISSING, Some(reason)),
+    };
+    match reason {
+        Some(reason) => {
+            let added: Option<i64> = sqlx::query_scalar(sql)
+                .bind(run_id)
+                .bind(&ids)
+                .bind(&names)
+                .bind(&indexes)
+                .bind(&strategies)
+                .bind(&weights)
+                .bind(texts)
+                .bind(reason)
+                .fetch_optional(&mut *conn)
+                .await?;
+            Ok(added.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
+        }
+        None => {
+            let done = sqlx::query(sql)
+                .bind(run_id)
+                .bind(&ids)
+                .bind(&names)
+                .bind(&indexes)
+                .bind(&strategies)
+                .bind(&weights)
+                .bind(texts)
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    }
+}
+
+/// Streamed creation: inserts one chunk of a `creating` run's rows as `queued` in a
+/// transaction of its own (committed before its jobs are published), if the run still runs.
+/// `last`: the same transaction ends the creation. Returns `false`, inserting nothing, when
+/// the run was cancelled, stopped by its budget or finalised meanwhile (see
+/// [`settle_creation`]).
+///
+/// The check takes a `KEY SHARE` lock on the run: a cancel (`FOR UPDATE`) waits for the chunk
+/// and then skips its rows, while workers recording results (which update the run's counters)
+/// are not held up. A budget stop does not wait for it either: a chunk that passed the check
+/// just before one is queued and published (the budget overshoots by at most one chunk), and
+/// the creator settles the run at the next chunk.
+pub async fn insert_chunk(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    jobs: &[Job],
+    texts: &[String],
+    last: bool,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let live: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM runs
+         WHERE id = $1 AND creating AND status = 'running' AND NOT finalised AND stop_reason IS NULL
+         FOR KEY SHARE",
+    )
+    .bind(run_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if live.is_none() {
+        return Ok(false);
+    }
+    insert_rows(&mut tx, run_id, jobs, texts, RowsAs::Queued).await?;
+    if last {
+        end_creation(&mut tx, run_id).await?;
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Marks a run's creation finished (its rows are all in).
+async fn end_creation(conn: &mut PgConnection, run_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE runs SET creating = false WHERE id = $1")
+        .bind(run_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Ends the creation of a run whose remaining cases cannot be queued, or whose creator died:
+/// under the run's row lock, inserts the cases that have no row yet (`jobs`, their `texts`
+/// alongside) — `queued` if the run still runs, else `skipped` — skips rows a stop raced
+/// with, and ends the creation, all in one transaction. Returns `true` when the run still runs
+/// (its unpublished rows are to be released).
+pub async fn settle_creation(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    jobs: &[Job],
+    texts: &[String],
+) -> Result<bool, sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let state: Option<(bool, String)> = sqlx::query_as(
+        "SELECT status = 'running' AND NOT finalised AND stop_reason IS NULL, status
+         FROM runs WHERE id = $1 AND creating FOR UPDATE",
+    )
+    .bind(run_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((live, status)) = state else {
+        // Not being created (any more): someone settled it already.
+        return Ok(false);
+    };
+    if live {
+        for (chunk, texts) in jobs.chunks(INSERT_CHUNK).zip(texts.chunks(INSERT_CHUNK)) {
+            insert_rows(&mut tx, run_id, chunk, texts, RowsAs::QueuedIfMissing).await?;
+        }
+    } else {
+        let reason = if status == "cancelled" {
+            "the run was cancelled"
+        } else {
+            "the run stopped before this case was queued"
+        };
+        for (chunk, texts) in jobs.chunks(INSERT_CHUNK).zip(texts.chunks(INSERT_CHUNK)) {
+            insert_rows(
+                &mut tx,
+                run_id,
+                chunk,
+                texts,
+                RowsAs::SkippedIfMissing(reason),
+            )
+            .await?;
+        }
+        // Rows of a chunk that passed its check just before the stop.
+        skip_queued(&mut tx, run_id, reason).await?;
+    }
+    end_creation(&mut tx, run_id).await?;
+    tx.commit().await?;
+    Ok(live)
+}
+
+/// Records that the broker confirmed every job of the run below `case_index` (a streamed
+/// creation's watermark; it only moves forward).
+pub async fn advance_published(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    case_index: i32,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE runs SET published_through = $2 WHERE id = $1 AND published_through < $2")
+        .bind(run_id)
+        .bind(case_index)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Runs still `creating` after `grace_secs`: either a large creation still under way (its
+/// creator holds the run's release lock) or one whose creator died.
+pub async fn runs_left_creating(
+    pool: &PgPool,
+    grace_secs: f64,
+    limit: i64,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM runs WHERE creating AND created_at < now() - make_interval(secs => $1)
+         ORDER BY created_at LIMIT $2",
+    )
+    .bind(grace_secs)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// The request a run was created with (to plan it again): its runner override and filter.
+#[derive(Debug, Clone)]
+pub struct RunPlanRequest {
+    pub version_id: Uuid,
+    pub runner: Option<Value>,
+    pub request: Value,
+}
+
+pub async fn run_plan_request(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+) -> Result<Option<RunPlanRequest>, sqlx::Error> {
+    let row: Option<(Uuid, Option<Value>, Value)> =
+        sqlx::query_as("SELECT version_id, runner, request FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(row.map(|(version_id, runner, request)| RunPlanRequest {
+        version_id,
+        runner,
+        request,
+    }))
 }
 
 /// Serialises releasers of one run (creation, events, the sweeper, other replicas) on this
@@ -315,6 +561,18 @@ pub async fn lock_run_release(conn: &mut PgConnection, run_id: Uuid) -> Result<(
         .execute(&mut *conn)
         .await?;
     Ok(())
+}
+
+/// [`lock_run_release`] without waiting: `false` when another session holds the lock (a
+/// creator or releaser of the run is alive).
+pub async fn try_lock_run_release(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1::text, 7))")
+        .bind(run_id)
+        .fetch_one(&mut *conn)
+        .await
 }
 
 /// Releases [`lock_run_release`]'s lock.
@@ -345,8 +603,9 @@ pub async fn release_room(
         return Ok(Some(None));
     };
     let in_flight: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM eval_results
-         WHERE run_id = $1 AND status = 'queued' AND published_at IS NOT NULL",
+        "SELECT count(*) FROM eval_results e JOIN runs r ON r.id = e.run_id
+         WHERE e.run_id = $1 AND e.status = 'queued'
+           AND (e.published_at IS NOT NULL OR e.case_index < r.published_through)",
     )
     .bind(run_id)
     .fetch_one(&mut *conn)
@@ -366,6 +625,7 @@ pub fn unpublished_rows(
     sqlx::query_as(
         "SELECT test_case_id, job::text FROM eval_results
          WHERE run_id = $1 AND status = 'queued' AND published_at IS NULL
+           AND case_index >= (SELECT published_through FROM runs WHERE id = $1)
          ORDER BY case_index LIMIT $2",
     )
     .bind(run_id)
@@ -425,6 +685,7 @@ pub async fn runs_with_unpublished_jobs(
     sqlx::query_scalar(
         "SELECT DISTINCT e.run_id FROM eval_results e JOIN runs r ON r.id = e.run_id
          WHERE e.status = 'queued' AND e.published_at IS NULL AND r.status = 'running'
+           AND e.case_index >= r.published_through AND NOT r.creating
            AND NOT r.finalised AND e.queued_at < now() - make_interval(secs => $1)
          LIMIT $2",
     )
@@ -516,7 +777,7 @@ pub struct RunProgress {
 pub async fn progress(pool: &PgPool, run_id: Uuid) -> Result<Option<RunProgress>, sqlx::Error> {
     let row: Option<(bool, bool, bool, bool)> = sqlx::query_as(
         "SELECT status = 'running' AND NOT finalised, fail_fast, max_in_flight IS NOT NULL,
-                completed >= total AND NOT finalised
+                completed >= total AND NOT finalised AND NOT creating
          FROM runs WHERE id = $1",
     )
     .bind(run_id)
@@ -587,7 +848,8 @@ pub async fn stop_for_budget(
 /// Runs whose counters are complete but that are not finalised yet (the aggregator's sweep).
 pub async fn runs_ready_to_finalise(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT id FROM runs WHERE NOT finalised AND completed >= total ORDER BY created_at LIMIT $1",
+        "SELECT id FROM runs WHERE NOT finalised AND NOT creating AND completed >= total
+         ORDER BY created_at LIMIT $1",
     )
     .bind(limit)
     .fetch_all(pool)
@@ -596,11 +858,12 @@ pub async fn runs_ready_to_finalise(pool: &PgPool, limit: i64) -> Result<Vec<Uui
 
 /// Whether a run's counters are complete and it still awaits finalisation.
 pub async fn is_ready_to_finalise(pool: &PgPool, run_id: Uuid) -> Result<bool, sqlx::Error> {
-    let v: Option<bool> =
-        sqlx::query_scalar("SELECT completed >= total FROM runs WHERE id = $1 AND NOT finalised")
-            .bind(run_id)
-            .fetch_optional(pool)
-            .await?;
+    let v: Option<bool> = sqlx::query_scalar(
+        "SELECT completed >= total AND NOT creating FROM runs WHERE id = $1 AND NOT finalised",
+    )
+    .bind(run_id)
+    .fetch_optional(pool)
+    .await?;
     Ok(v.unwrap_or(false))
 }
 
@@ -664,7 +927,7 @@ pub async fn finalise(
         "UPDATE runs
          SET finalised = true, summary = $2, verdict = $3, finished_at = now(),
              status = CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'completed' END
-         WHERE id = $1 AND NOT finalised AND completed >= total",
+         WHERE id = $1 AND NOT finalised AND NOT creating AND completed >= total",
     )
     .bind(run_id)
     .bind(summary)
@@ -876,7 +1139,9 @@ pub async fn gauges(pool: &PgPool) -> Result<(Vec<(String, i64)>, i64), sqlx::Er
             .fetch_all(pool)
             .await?;
     let unpublished: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM eval_results WHERE status = 'queued' AND published_at IS NULL",
+        "SELECT count(*) FROM eval_results e JOIN runs r ON r.id = e.run_id
+         WHERE e.status = 'queued' AND e.published_at IS NULL
+           AND e.case_index >= r.published_through",
     )
     .fetch_one(pool)
     .await?;
