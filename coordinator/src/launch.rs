@@ -81,7 +81,7 @@ impl RunLauncher {
         let version = runs::version_for_run(conn, request.version_id)
             .await?
             .ok_or_else(|| ApiError::not_found("version", request.version_id))?;
-        let config: EvalConfig = serde_json::from_value(version.config).with_context(|| {
+        let config: EvalConfig = serde_json::from_str(&version.config).with_context(|| {
             format!(
                 "stored eval config of version {} does not parse",
                 version.version_id
@@ -344,7 +344,7 @@ impl RunLauncher {
         let version = runs::version_for_run(conn, stored.version_id)
             .await?
             .with_context(|| format!("version {} of the run is gone", stored.version_id))?;
-        let config: EvalConfig = serde_json::from_value(version.config)
+        let config: EvalConfig = serde_json::from_str(&version.config)
             .context("the stored eval config does not parse")?;
         let filter: CaseFilter = serde_json::from_value(json!({
             "tags": stored.request.get("tags").cloned().unwrap_or_else(|| json!([])),

@@ -100,6 +100,8 @@ pub async fn upload(
         eval_version: &package.config.version,
         profile: package.config.profile.as_str(),
         config: &config_json,
+        settings: serde_json::to_value(&package.config.settings)
+            .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
         test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),
     };
 

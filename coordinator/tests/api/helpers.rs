@@ -403,7 +403,7 @@ pub async fn record_as_worker(
     let store = skilleval_infra::store::Store::from_pool(app.pool.clone());
     let mut results = Vec::new();
     for (case_id, status, score) in outcomes {
-        let job: Value = sqlx::query_scalar(
+        let job: String = sqlx::query_scalar(
             "SELECT job FROM eval_results WHERE run_id = $1 AND test_case_id = $2",
         )
         .bind(run_id)
@@ -411,7 +411,7 @@ pub async fn record_as_worker(
         .fetch_one(&app.pool)
         .await
         .expect("the case's job");
-        let job: skilleval::plan::Job = serde_json::from_value(job).expect("a job");
+        let job: skilleval::plan::Job = serde_json::from_str(&job).expect("a job");
         let mut r = skilleval::executor::JobResult::skipped(&job, "placeholder");
         r.status = *status;
         r.score = Some(*score);

@@ -40,6 +40,9 @@ pub struct NewVersion<'a> {
     /// (serialised straight from the model: a definition of 100,000 cases is tens of MB, and
     /// a `Value` of it several times that).
     pub config: &'a str,
+    /// The definition's `settings` alone (`null` when it has none): read on every poll of a
+    /// run, so stored apart from the whole definition.
+    pub settings: Value,
     pub test_cases: i32,
 }
 
@@ -131,8 +134,8 @@ pub async fn upsert_version(
         });
     }
     sqlx::query(
-        "INSERT INTO eval_configs (id, version_id, version, profile, config, test_cases)
-         VALUES ($1, $2, $3, $4, $5::jsonb, $6)",
+        "INSERT INTO eval_configs (id, version_id, version, profile, config, test_cases, settings)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(Uuid::now_v7())
     .bind(version_id)
@@ -140,6 +143,7 @@ pub async fn upsert_version(
     .bind(v.profile)
     .bind(v.config)
     .bind(v.test_cases)
+    .bind(&v.settings)
     .execute(&mut *conn)
     .await?;
     Ok(StoredVersion {
@@ -157,7 +161,8 @@ pub struct VersionForRun {
     pub skill_name: String,
     pub version: String,
     pub package_hash: String,
-    pub config: Value,
+    /// The definition as JSON text.
+    pub config: String,
 }
 
 pub async fn version_for_run(
@@ -337,12 +342,12 @@ pub async fn insert_rows(
     }
     const QUEUED: &str = concat!(
         "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight, status, job)
-         SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job::jsonb",
+         SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job",
         from_rows!()
     );
     const QUEUED_IF_MISSING: &str = concat!(
         "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight, status, job)
-         SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job::jsonb",
+         SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'queued', t.job",
         from_rows!(),
         " ON CONFLICT (run_id, test_case_id) DO NOTHING"
     );
@@ -350,7 +355,7 @@ pub async fn insert_rows(
         "WITH added AS (
              INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, weight,
                                        status, job, details, finished_at)
-             SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'skipped', t.job::jsonb,
+             SELECT $1, t.id, t.name, t.idx, t.strategy, t.weight, 'skipped', t.job,
                     jsonb_build_object('skipped', $8::text), now()",
         from_rows!(),
         " ON CONFLICT (run_id, test_case_id) DO NOTHING
@@ -623,7 +628,7 @@ pub fn unpublished_rows(
     limit: Option<i64>,
 ) -> impl futures::Stream<Item = Result<(String, String), sqlx::Error>> + Send + '_ {
     sqlx::query_as(
-        "SELECT test_case_id, job::text FROM eval_results
+        "SELECT test_case_id, job FROM eval_results
          WHERE run_id = $1 AND status = 'queued' AND published_at IS NULL
            AND case_index >= (SELECT published_through FROM runs WHERE id = $1)
          ORDER BY case_index LIMIT $2",
@@ -894,7 +899,7 @@ pub fn case_rows(
     use futures::StreamExt as _;
     sqlx::query(
         "SELECT case_index, test_case_id, status, NULLIF(result, 'null'::jsonb)::text,
-                CASE WHEN result IS NULL OR result = 'null'::jsonb THEN job::text END, details
+                CASE WHEN result IS NULL OR result = 'null'::jsonb THEN job END, details
          FROM eval_results
          WHERE run_id = $1 ORDER BY case_index",
     )
@@ -976,7 +981,7 @@ pub struct RunRow {
 pub async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash, c.profile,
-                COALESCE(c.config->'settings', 'null'::jsonb), r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
+                c.settings, r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
                 r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at,
                 r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd, r.stop_reason
          FROM runs r

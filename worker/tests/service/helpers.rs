@@ -321,7 +321,7 @@ impl TestEnv {
         )
         .bind(Uuid::now_v7())
         .bind(version_id)
-        .bind(serde_json::to_value(&package.config).expect("config json"))
+        .bind(serde_json::to_string(&package.config).expect("config json"))
         .bind(i32::try_from(n).expect("n"))
         .execute(pool)
         .await
@@ -346,7 +346,7 @@ impl TestEnv {
             .collect();
         sqlx::query(
             "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, status, job, published_at)
-             SELECT $1, t.id, t.name, t.idx, t.strategy, 'queued', t.job, now()
+             SELECT $1, t.id, t.name, t.idx, t.strategy, 'queued', t.job::text, now()
              FROM UNNEST($2::text[], $3::text[], $4::int4[], $5::text[], $6::jsonb[]) AS t(id, name, idx, strategy, job)",
         )
         .bind(run_id)
