@@ -65,7 +65,7 @@ pub async fn upload(
     let zip = zip_from_body(&headers, body).await?;
     let started = std::time::Instant::now();
     let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
-    let (package, warnings) = match opened {
+    let (mut package, warnings) = match opened {
         Ok(ok) => ok,
         Err(e) => {
             let reason = if e.code == "package_refused" {
@@ -137,6 +137,14 @@ pub async fn upload(
     };
     tx.commit().await?;
     let committed = started.elapsed();
+    // Stored and planned: what remains to do needs only the jobs. A large upload's
+    // definition (its text, the model) and ZIP are freed before the rows are created.
+    drop(new_version);
+    drop(config_json);
+    drop(zip);
+    package.config.test_cases = Vec::new();
+    package.case_pointers = Vec::new();
+    package.files = Vec::new();
     let run_id = inserted.as_ref().map(|(_, inserted)| inserted.run_id());
     if let Some((prepared, inserted)) = inserted {
         state.launcher.start(prepared, inserted).await;

@@ -63,10 +63,10 @@ pub struct Package {
     pub format: Option<EvalFormat>,
     /// The eval file read (`eval/tests.json`, ...); empty when none was found.
     pub eval_file: String,
-    /// The definition as converted, prompts templated: what runs.
+    /// The definition as converted, prompts templated: what is stored and runs. (The
+    /// untemplated conversion is not kept: nothing read it, and for a large suite it was a
+    /// second copy of every case.)
     pub config: EvalConfig,
-    /// The definition as converted, prompts not templated: what is stored and re-graded.
-    pub raw_config: EvalConfig,
     /// Per case of `config.test_cases`, its JSON pointer in `eval_file` (`/testCases/3`, `/0`).
     pub case_pointers: Vec<String>,
     pub triggers: Vec<TriggerCase>,
@@ -249,7 +249,6 @@ impl Package {
             format: None,
             eval_file: String::new(),
             config: formats::Converted::empty(EvalFormat::V2, "").config,
-            raw_config: formats::Converted::empty(EvalFormat::V2, "").config,
             case_pointers: Vec::new(),
             triggers: Vec::new(),
             trigger_file: None,
@@ -347,9 +346,8 @@ impl Package {
             self.problems.extend(problems);
             self.config = resolved;
         } else {
-            self.config = converted.config.clone();
+            self.config = converted.config;
         }
-        self.raw_config = converted.config;
         self.infer_runner();
         Ok(())
     }

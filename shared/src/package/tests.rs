@@ -197,9 +197,8 @@ fn v1_converts_to_the_expected_v2_model() {
     assert_eq!(pkg.format, Some(EvalFormat::V1));
     assert_eq!(pkg.eval_file, "tests.json");
     assert_eq!(pkg.case_pointers, ["/0", "/1", "/2", "/3"]);
-    assert_eq!(pkg.config, expected);
     // v1 prompts are not templated: `{{x}}` is literal text, not an unknown variable.
-    assert_eq!(pkg.raw_config, expected);
+    assert_eq!(pkg.config, expected);
     assert!(pkg.problems.is_empty(), "{:?}", pkg.problems);
     let v = validate(&pkg, &registry());
     assert!(v.is_ok(), "{:?}", v.problems);
@@ -375,7 +374,7 @@ fn eval_metadata_converts_to_assertion_cases() {
 }
 
 #[test]
-fn v2_templating_resolves_prompts_and_keeps_the_raw_config() {
+fn v2_templating_resolves_prompts() {
     let tests = json!({
         "version": "2.0",
         "testCases": [
@@ -386,10 +385,6 @@ fn v2_templating_resolves_prompts_and_keeps_the_raw_config() {
     let dir = package(&[("SKILL.md", SKILL), ("eval/tests.json", &tests.to_string())]);
     let pkg = open(dir.path());
     assert_eq!(pkg.config.test_cases[0].input.prompt, "Add 1 and 2");
-    assert_eq!(
-        pkg.raw_config.test_cases[0].input.prompt,
-        "Add {{ x }} and {{y}}"
-    );
     assert!(validate(&pkg, &registry()).is_ok());
 }
 
