@@ -279,7 +279,12 @@ impl Proc {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg(role)
             .env("SKILLEVAL_CONFIG_DIR", "/nonexistent-skilleval-config")
-            .env("RUST_LOG", "warn")
+            // `PIPELINE_BENCH_LOG` (a `RUST_LOG` filter) to see more of the children's logs,
+            // e.g. the upload's phases: `warn,skilleval_coordinator=info`.
+            .env(
+                "RUST_LOG",
+                std::env::var("PIPELINE_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .env("SKILLEVAL_LOG_FORMAT", "text")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

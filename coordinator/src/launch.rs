@@ -236,6 +236,9 @@ impl RunLauncher {
         let mut in_flight: VecDeque<(tokio::task::JoinHandle<ChunkOutcome>, i32)> = VecDeque::new();
         // Every chunk settled so far was confirmed whole: the watermark may advance.
         let mut whole = true;
+        // Where the time goes (logged at the end): inserting, and waiting for confirms.
+        let started = std::time::Instant::now();
+        let mut inserting = Duration::ZERO;
         for (n, chunk) in jobs.chunks(RELEASE_PAGE).enumerate() {
             while in_flight.len() >= PAGES_IN_FLIGHT {
                 if let Some(oldest) = in_flight.pop_front() {
@@ -243,9 +246,11 @@ impl RunLauncher {
                 }
             }
             let texts = runs::encode_jobs(chunk).context("encoding jobs")?;
+            let insert_started = std::time::Instant::now();
             let queued = runs::insert_chunk(conn, run_id, chunk, &texts, n + 1 == chunks)
                 .await
                 .context("inserting a chunk of the run's rows")?;
+            inserting += insert_started.elapsed();
             if !queued {
                 let rest = &jobs[n * RELEASE_PAGE..];
                 let texts = runs::encode_jobs(rest).context("encoding jobs")?;
@@ -270,6 +275,15 @@ impl RunLauncher {
         while let Some(oldest) = in_flight.pop_front() {
             whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
         }
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            %run_id,
+            jobs = jobs.len(),
+            chunks,
+            create_ms = ms(started.elapsed()),
+            insert_ms = ms(inserting),
+            "run created"
+        );
         Ok(())
     }
 
