@@ -2,8 +2,9 @@
 //!
 //! Finished jobs queue up here; a batch is committed when it holds `worker.batch_size` results
 //! or `worker.batch_max_wait_ms` after its first one, whichever comes first, in one statement
-//! ([`Store::record_results`]). Only then is each delivery acked (an ack is never sent for a
-//! result that is not committed), and only then are the case events published. A commit that
+//! ([`Store::record_results`]). Only then are the deliveries acked (an ack is never sent for a
+//! result that is not committed; a batch is usually one `multiple` ack, see [`crate::acks`]),
+//! and only then are the case events published. A commit that
 //! keeps failing (the database is away for longer than the retries) requeues the batch's
 //! deliveries, so nothing is lost and nothing waits unacked forever.
 //!
@@ -15,8 +16,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::{BasicAckOptions, BasicNackOptions};
-use lapin::Acker;
 use skilleval::executor::JobResult;
 use skilleval_infra::messages::CaseFinished;
 use skilleval_infra::store::Store;
@@ -26,6 +25,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::acks::{self, Pending};
 use crate::metrics::WorkerMetrics;
 use crate::PublisherSlot;
 
@@ -40,7 +40,7 @@ pub const FLUSHES_IN_FLIGHT: usize = 4;
 pub struct Finished {
     pub result: JobResult,
     /// `None` in tests that drive the pipeline without a broker.
-    pub acker: Option<Acker>,
+    pub acker: Option<Pending>,
     pub lane: Lane,
 }
 
@@ -125,7 +125,14 @@ impl Batcher {
                 .map_or("ci", |l| l.as_str());
             self.metrics.processed(c.status.as_str(), lane);
         }
-        futures::future::join_all(settles.iter().flatten().map(|a| ack(a, &self.metrics))).await;
+        let failed = acks::ack_batch(settles.into_iter().flatten().collect()).await;
+        if failed > 0 {
+            self.metrics.ack_failures.inc_by(failed as u64);
+            tracing::warn!(
+                failed,
+                "acks not sent: the channel is closed; the messages will be redelivered"
+            );
+        }
         let events: Vec<CaseFinished> = changed
             .into_iter()
             .map(|c| CaseFinished {
@@ -169,36 +176,20 @@ pub(crate) async fn publish_events(publisher: &PublisherSlot, events: &[CaseFini
     }
 }
 
-/// Acks a delivery and checks that the ack really went out.
-pub(crate) async fn ack(acker: &Acker, metrics: &WorkerMetrics) -> bool {
-    match acker.ack(BasicAckOptions::default()).await {
-        Ok(true) => true,
-        Ok(false) => {
-            metrics.ack_failures.inc();
-            tracing::warn!("ack not sent: the channel is closed; the message will be redelivered");
-            false
-        }
-        Err(e) => {
-            metrics.ack_failures.inc();
-            tracing::warn!(error = %e, "ack failed; the message will be redelivered");
-            false
-        }
+/// Acks a delivery alone and checks that the ack really went out.
+pub(crate) async fn ack(pending: &Pending, metrics: &WorkerMetrics) -> bool {
+    let sent = pending.ack().await;
+    if !sent {
+        metrics.ack_failures.inc();
+        tracing::warn!("ack not sent: the channel is closed; the message will be redelivered");
     }
+    sent
 }
 
 /// Returns a delivery to its queue for another worker (or this one) to take.
-pub(crate) async fn nack_requeue(acker: &Acker, metrics: &WorkerMetrics) {
-    let sent = acker
-        .nack(BasicNackOptions {
-            requeue: true,
-            ..BasicNackOptions::default()
-        })
-        .await;
-    if !matches!(sent, Ok(true)) {
+pub(crate) async fn nack_requeue(pending: &Pending, metrics: &WorkerMetrics) {
+    if !pending.nack_requeue().await {
         metrics.ack_failures.inc();
-        tracing::warn!(
-            ?sent,
-            "nack not sent; the message returns when the channel closes"
-        );
+        tracing::warn!("nack not sent; the message returns when the channel closes");
     }
 }

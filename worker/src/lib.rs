@@ -25,6 +25,7 @@ use std::sync::{Arc, RwLock};
 
 use skilleval_infra::topology::Publisher;
 
+pub mod acks;
 pub mod batch;
 pub mod cancel;
 pub mod http;

@@ -34,6 +34,8 @@ use skilleval_infra::topology::{self, BrokerError, Lane, Publisher, Topology, TR
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use crate::acks::{AckWindow, Pending};
 use tracing::Instrument;
 
 use crate::batch::{self, Batcher, Finished};
@@ -513,7 +515,11 @@ impl Worker {
                     return Ok(SessionEnd::Shutdown(Box::new(held)));
                 }
                 Some((lane, Some(Ok(delivery)))) => {
-                    self.spawn_delivery(tracker, abandon, tx, delivery, lane);
+                    let window = match lane {
+                        Lane::Ci => &ci.window,
+                        Lane::Samples => &samples.window,
+                    };
+                    self.spawn_delivery(tracker, abandon, tx, delivery, lane, window);
                 }
                 Some((lane, Some(Err(e)))) => {
                     return Ok(SessionEnd::Lost(format!("{} consumer: {e}", lane.as_str())));
@@ -561,6 +567,7 @@ impl Worker {
             consumer,
             tag,
             lane,
+            window: AckWindow::new(),
         })
     }
 
@@ -571,19 +578,28 @@ impl Worker {
         tx: &mpsc::Sender<Finished>,
         delivery: Delivery,
         lane: Lane,
+        window: &Arc<AckWindow>,
     ) {
+        // Registered here, in the channel's delivery order, before any task can settle it.
+        let pending = window.received(delivery.acker.clone(), delivery.delivery_tag);
         let worker = self.clone();
         let abandon = abandon.clone();
         let tx = tx.clone();
         tracker.spawn(async move {
             tokio::select! {
                 () = abandon.cancelled() => {}
-                () = worker.process(delivery, lane, tx) => {}
+                () = worker.process(delivery, pending, lane, tx) => {}
             }
         });
     }
 
-    async fn process(&self, delivery: Delivery, lane: Lane, tx: mpsc::Sender<Finished>) {
+    async fn process(
+        &self,
+        delivery: Delivery,
+        pending: Pending,
+        lane: Lane,
+        tx: mpsc::Sender<Finished>,
+    ) {
         // An execution slot of the lane, held while the job runs and released before its
         // result waits for the batch commit (the prefetch leaves room for those).
         let slot = match lane {
@@ -620,7 +636,7 @@ impl Worker {
             Ok(Disposition::Record(result)) => {
                 let finished = Finished {
                     result: *result,
-                    acker: Some(delivery.acker),
+                    acker: Some(pending),
                     lane,
                 };
                 if tx.send(finished).await.is_err() {
@@ -628,17 +644,17 @@ impl Worker {
                 }
             }
             Ok(Disposition::Settled(event)) => {
-                batch::ack(&delivery.acker, &self.metrics).await;
+                batch::ack(&pending, &self.metrics).await;
                 if let Some(event) = event {
                     batch::publish_events(&self.publisher, &[event]).await;
                 }
             }
             Ok(Disposition::Retried { .. } | Disposition::Parked(_)) => {
-                batch::ack(&delivery.acker, &self.metrics).await;
+                batch::ack(&pending, &self.metrics).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "delivery could not be handled; requeued");
-                batch::nack_requeue(&delivery.acker, &self.metrics).await;
+                batch::nack_requeue(&pending, &self.metrics).await;
             }
         }
     }
@@ -649,6 +665,8 @@ struct LaneConsumer {
     consumer: Consumer,
     tag: ShortString,
     lane: Lane,
+    /// The channel's unsettled deliveries (see [`crate::acks`]).
+    window: Arc<AckWindow>,
 }
 
 impl LaneConsumer {
@@ -671,7 +689,7 @@ impl LaneConsumer {
         while let Ok(Some(Ok(delivery))) =
             tokio::time::timeout(CANCEL_DRAIN, self.consumer.next()).await
         {
-            worker.spawn_delivery(tracker, abandon, tx, delivery, self.lane);
+            worker.spawn_delivery(tracker, abandon, tx, delivery, self.lane, &self.window);
         }
     }
 }

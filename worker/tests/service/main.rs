@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod acks;
 mod faults;
 mod llm;
 mod pipeline;
