@@ -175,18 +175,28 @@ impl RunLauncher {
     /// After the commit of [`RunLauncher::insert`]: a run created whole is released; a
     /// streamed run gets its rows, chunk by chunk, each chunk published once committed. A
     /// failure is logged, not returned: the run is committed and the sweeper finishes it.
+    ///
+    /// The work runs in a task of its own, so a caller that goes away (an HTTP client that
+    /// disconnects from a long upload drops the request's future) does not cut it off halfway,
+    /// holding the run's session lock on a connection handed back to the pool.
     pub async fn start(&self, prepared: PreparedRun, inserted: RunInsert) {
         let RunInsert::Created(run_id) = inserted else {
             return;
         };
         self.metrics.runs_created.inc();
-        if !prepared.streamed {
-            self.release_logged(run_id).await;
-            return;
-        }
-        if let Err(e) = self.populate(run_id, &prepared.jobs).await {
-            self.metrics.publish_failures.inc();
-            tracing::warn!(%run_id, error = ?e, "creating the run's rows failed; the sweeper will finish it");
+        let launcher = self.clone();
+        let task = tokio::spawn(async move {
+            if !prepared.streamed {
+                launcher.release_logged(run_id).await;
+                return;
+            }
+            if let Err(e) = launcher.populate(run_id, &prepared.jobs).await {
+                launcher.metrics.publish_failures.inc();
+                tracing::warn!(%run_id, error = ?e, "creating the run's rows failed; the sweeper will finish it");
+            }
+        });
+        if let Err(e) = task.await {
+            tracing::error!(%run_id, error = %e, "the run's creation task failed; the sweeper will finish it");
         }
     }
 

@@ -324,3 +324,58 @@ async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
     assert_eq!(app.state.launcher.release(run_id).await.unwrap(), 0);
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_creation_goes_on_when_its_caller_goes_away() {
+    let app = spawn_app().await;
+    let n = skilleval_coordinator::launch::RELEASE_PAGE * 2 + 7;
+    let upload: Value = app
+        .upload_zip(
+            given_package("left", &vec!["ok"; n], json!({})),
+            "?run=false",
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let request = RunRequest {
+        version_id: upload["version_id"].as_str().unwrap().parse().unwrap(),
+        kind: "manual",
+        ..RunRequest::default()
+    };
+    let launcher = &app.state.launcher;
+    let mut tx = app.pool.begin().await.unwrap();
+    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
+    let inserted = launcher.insert(&mut tx, &prepared).await.unwrap();
+    tx.commit().await.unwrap();
+    // The caller (an HTTP request whose client disconnected) is dropped at once.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), launcher.start(prepared, inserted))
+            .await
+            .is_err(),
+        "the creation of {n} rows takes longer than 1 ms"
+    );
+    let run_id = inserted.run_id();
+    let mut state = (0, true, 0);
+    for _ in 0..100 {
+        state = sqlx::query_as::<_, (i64, bool, i32)>(
+            "SELECT (SELECT count(*) FROM eval_results WHERE run_id = $1), creating, published_through
+             FROM runs WHERE id = $1",
+        )
+        .bind(run_id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        if state == (n as i64, false, n as i32) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        state,
+        (n as i64, false, n as i32),
+        "every row in and confirmed"
+    );
+    assert_eq!(app.wait_for_jobs(n as u32).await, n as u32);
+    app.cleanup().await;
+}
