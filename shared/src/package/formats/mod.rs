@@ -149,14 +149,14 @@ pub fn convert(file: &str, bytes: &[u8]) -> Result<Converted, PackageError> {
     Ok(match file {
         "eval/eval_metadata.json" => eval_metadata::convert(&value, file),
         "evals/evals.json" => skill_creator::convert(&value, file),
-        _ => convert_tests_json(&value, file),
+        _ => convert_tests_json(value, file),
     })
 }
 
 /// `tests.json`, at the root or in `eval/`: v2 when `version` starts with `2` or there are
 /// `testCases`, v1 when it is a list or has `tests`.
-fn convert_tests_json(value: &Value, file: &str) -> Converted {
-    match value {
+fn convert_tests_json(value: Value, file: &str) -> Converted {
+    match &value {
         Value::Object(obj) => {
             let is_v2 = obj.contains_key("testCases")
                 || obj
@@ -166,7 +166,7 @@ fn convert_tests_json(value: &Value, file: &str) -> Converted {
             if is_v2 {
                 v2::convert(value, file)
             } else if obj.contains_key("tests") {
-                v1::convert(value, file)
+                v1::convert(&value, file)
             } else {
                 let mut converted = Converted::empty(EvalFormat::V2, "/testCases");
                 converted.problems.push(Problem::error(
@@ -178,7 +178,7 @@ fn convert_tests_json(value: &Value, file: &str) -> Converted {
                 converted
             }
         }
-        Value::Array(_) => v1::convert(value, file),
+        Value::Array(_) => v1::convert(&value, file),
         _ => {
             let mut converted = Converted::empty(EvalFormat::V2, "/testCases");
             converted.problems.push(Problem::error(
@@ -229,28 +229,45 @@ fn strip_position(message: &str) -> &str {
 /// Decodes `value` (found at `base` in `file`) into `T`; a type error becomes a problem at the
 /// pointer of the offending value.
 pub fn typed<T: DeserializeOwned>(value: &Value, file: &str, base: &str) -> Result<T, Problem> {
-    serde_path_to_error::deserialize(value).map_err(|err| {
-        let mut pointer = base.to_string();
-        for segment in err.path().iter() {
-            match segment {
-                serde_path_to_error::Segment::Seq { index } => {
-                    pointer.push('/');
-                    pointer.push_str(&index.to_string());
-                }
-                serde_path_to_error::Segment::Map { key } => {
-                    pointer.push('/');
-                    pointer.push_str(&escape_token(key));
-                }
-                serde_path_to_error::Segment::Enum { .. }
-                | serde_path_to_error::Segment::Unknown => break,
+    serde_path_to_error::deserialize(value).map_err(|err| path_problem(&err, file, base))
+}
+
+/// [`typed`] consuming the value: its strings move into `T` instead of being copied.
+pub fn typed_owned<T: DeserializeOwned>(
+    value: Value,
+    file: &str,
+    base: &str,
+) -> Result<T, Problem> {
+    serde_path_to_error::deserialize(value).map_err(|err| path_problem(&err, file, base))
+}
+
+/// A decoding error as a problem at its JSON pointer (`base` + the error's path).
+fn path_problem(
+    err: &serde_path_to_error::Error<serde_json::Error>,
+    file: &str,
+    base: &str,
+) -> Problem {
+    let mut pointer = base.to_string();
+    for segment in err.path().iter() {
+        match segment {
+            serde_path_to_error::Segment::Seq { index } => {
+                pointer.push('/');
+                pointer.push_str(&index.to_string());
+            }
+            serde_path_to_error::Segment::Map { key } => {
+                pointer.push('/');
+                pointer.push_str(&escape_token(key));
+            }
+            serde_path_to_error::Segment::Enum { .. } | serde_path_to_error::Segment::Unknown => {
+                break
             }
         }
-        Problem::error(
-            file,
-            pointer,
-            strip_position(&err.inner().to_string()).to_string(),
-        )
-    })
+    }
+    Problem::error(
+        file,
+        pointer,
+        strip_position(&err.inner().to_string()).to_string(),
+    )
 }
 
 /// The top level of the `{skill_name, <list_key>: [...]}` formats (skill-creator,

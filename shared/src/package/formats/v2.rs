@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::{typed, warn_unknown_keys, CaseSource, Converted, EvalFormat};
+use super::{typed_owned, warn_unknown_keys, CaseSource, Converted, EvalFormat};
 use crate::model::{EvalConfig, TestCase};
 use crate::problem::Problem;
 
@@ -32,9 +32,13 @@ const CASE_KEYS: &[&str] = &[
     "given",
 ];
 
-pub fn convert(value: &Value, file: &str) -> Converted {
+/// Takes the parsed document by value: each case's JSON is moved into its typed form (no
+/// string copied) and freed as soon as it is converted, so loading never holds the whole
+/// document twice (as JSON values and as the model).
+pub fn convert(value: Value, file: &str) -> Converted {
     let mut out = Converted::empty(EvalFormat::V2, "/testCases");
-    let Value::Object(obj) = value else {
+    warn_unknown_keys(&value, TOP_KEYS, file, "", "top-level", &mut out.problems);
+    let Value::Object(mut obj) = value else {
         out.problems.push(Problem::error(
             file,
             "",
@@ -42,7 +46,6 @@ pub fn convert(value: &Value, file: &str) -> Converted {
         ));
         return out;
     };
-    warn_unknown_keys(value, TOP_KEYS, file, "", "top-level", &mut out.problems);
     if let Some(version) = obj.get("version").and_then(Value::as_str) {
         if !version.starts_with('2') {
             out.problems.push(Problem::warning(
@@ -53,15 +56,9 @@ pub fn convert(value: &Value, file: &str) -> Converted {
         }
     }
 
-    // Everything but the cases in one go (copied without the cases: cloning the whole object
-    // copied every case, a fifth of loading 100,000 of them); the cases one by one.
-    let top: serde_json::Map<String, Value> = obj
-        .iter()
-        .filter(|(k, _)| k.as_str() != "testCases")
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let cases = obj.get("testCases");
-    match typed::<EvalConfig>(&Value::Object(top), file, "") {
+    // Everything but the cases in one go; the cases one by one.
+    let cases = obj.remove("testCases");
+    match typed_owned::<EvalConfig>(Value::Object(obj), file, "") {
         Ok(config) => out.config = config,
         Err(problem) => out.problems.push(problem),
     }
@@ -71,7 +68,8 @@ pub fn convert(value: &Value, file: &str) -> Converted {
     match cases {
         None => {}
         Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
+            out.config.test_cases.reserve(items.len());
+            for (i, item) in items.into_iter().enumerate() {
                 let at = format!("/testCases/{i}");
                 if !item.is_object() {
                     out.problems.push(Problem::error(
@@ -81,8 +79,8 @@ pub fn convert(value: &Value, file: &str) -> Converted {
                     ));
                     continue;
                 }
-                warn_unknown_keys(item, CASE_KEYS, file, &at, "test case", &mut out.problems);
-                match typed::<TestCase>(item, file, &at) {
+                warn_unknown_keys(&item, CASE_KEYS, file, &at, "test case", &mut out.problems);
+                match typed_owned::<TestCase>(item, file, &at) {
                     Ok(mut case) => {
                         merge_metadata_tags(&mut case);
                         out.config.test_cases.push(case);
@@ -130,7 +128,7 @@ mod tests {
                 {"id": "c", "metadata": {"tags": ["pii"], "priority": "critical"}, "tags": ["x"], "expectd": {}}
             ]
         });
-        let out = convert(&value, "eval/tests.json");
+        let out = convert(value, "eval/tests.json");
         let ids: Vec<&str> = out
             .config
             .test_cases
@@ -160,7 +158,7 @@ mod tests {
     #[test]
     fn bad_top_level_field_still_reads_cases() {
         let value = json!({"version": "2.0", "profile": "artsy", "testCases": [{"id": "a"}]});
-        let out = convert(&value, "eval/tests.json");
+        let out = convert(value, "eval/tests.json");
         assert_eq!(out.config.test_cases.len(), 1);
         assert_eq!(out.problems.len(), 1);
         assert_eq!(out.problems[0].pointer, "/profile");
