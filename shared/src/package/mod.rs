@@ -342,7 +342,7 @@ impl Package {
         }
         if converted.format == EvalFormat::V2 {
             let (resolved, problems) =
-                template::resolve(&converted.config, file, &self.case_pointers);
+                template::resolve(converted.config, file, &self.case_pointers);
             self.problems.extend(problems);
             self.config = resolved;
         } else {
