@@ -7,10 +7,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use skilleval::executor::CaseStatus;
 use skilleval::plan::CaseFilter;
+use skilleval::plan::Job;
 use skilleval_coordinator::db;
-use skilleval_coordinator::launch::RunRequest;
+use skilleval_coordinator::launch::{PreparedRun, RunRequest};
+use uuid::Uuid;
 
-use crate::helpers::{record_as_worker, spawn_app, spawn_app_with, AppOptions};
+use crate::helpers::{record_as_worker, spawn_app, spawn_app_with, AppOptions, TestApp};
 use crate::packages::given_package;
 
 #[tokio::test]
@@ -20,31 +22,13 @@ async fn a_run_committed_but_never_published_is_published_by_the_sweeper_after_t
         ..AppOptions::default()
     })
     .await;
-    let upload: Value = app
-        .upload_zip(
-            given_package("crashy", &["ok", "ok", "ok"], json!({})),
-            "?run=false",
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    let version_id = upload["version_id"].as_str().unwrap().parse().unwrap();
-
+    let version_id = stored_version(&app, "crashy", 3).await;
     // What a coordinator killed right after the commit leaves behind: the run committed,
     // still `creating`, none of its rows inserted, nothing published.
-    let request = RunRequest {
-        version_id,
-        filter: CaseFilter::default(),
-        kind: "manual",
-        ..RunRequest::default()
-    };
-    let mut tx = app.pool.begin().await.unwrap();
-    let launcher = &app.state.launcher;
-    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
+    let (prepared, inserted) = committed_run(&app, version_id).await;
     assert!(prepared.streamed);
-    let run_id = launcher.insert(&mut tx, &prepared).await.unwrap().run_id();
-    tx.commit().await.unwrap();
+    let run_id = inserted.run_id();
+    let launcher = &app.state.launcher;
 
     let rows = || async {
         sqlx::query_as::<_, (i64, i64, bool)>(
@@ -86,30 +70,14 @@ async fn a_creation_cut_off_midway_is_finished_by_the_sweeper_and_publishes_what
         ..AppOptions::default()
     })
     .await;
-    let upload: Value = app
-        .upload_zip(given_package("midway", &["ok"; 5], json!({})), "?run=false")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let request = RunRequest {
-        version_id: upload["version_id"].as_str().unwrap().parse().unwrap(),
-        kind: "manual",
-        ..RunRequest::default()
-    };
+    let version_id = stored_version(&app, "midway", 5).await;
+    let (prepared, inserted) = committed_run(&app, version_id).await;
+    let run_id = inserted.run_id();
     let launcher = &app.state.launcher;
-    let mut tx = app.pool.begin().await.unwrap();
-    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
-    let run_id = launcher.insert(&mut tx, &prepared).await.unwrap().run_id();
-    tx.commit().await.unwrap();
     // The creator committed a first chunk of two rows, published it, recorded the confirm of
     // the first one only, and died.
     let mut conn = app.pool.acquire().await.unwrap();
-    let first = &prepared.jobs[..2];
-    let texts = db::encode_jobs(first).unwrap();
-    assert!(db::insert_chunk(&mut conn, run_id, first, &texts, false)
-        .await
-        .unwrap());
+    insert_first_chunk(&mut conn, run_id, &prepared.jobs[..2]).await;
     db::advance_published(&mut conn, run_id, 1).await.unwrap();
     // A live creator holds the run's lock: the sweeper leaves the run alone, grace or not.
     db::lock_run_release(&mut conn, run_id).await.unwrap();
@@ -144,30 +112,13 @@ async fn a_creation_cut_off_midway_is_finished_by_the_sweeper_and_publishes_what
 #[tokio::test]
 async fn a_run_cancelled_while_it_is_created_skips_the_cases_not_yet_queued_and_finalises() {
     let app = spawn_app().await;
-    let upload: Value = app
-        .upload_zip(given_package("cut", &["ok"; 5], json!({})), "?run=false")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let request = RunRequest {
-        version_id: upload["version_id"].as_str().unwrap().parse().unwrap(),
-        kind: "manual",
-        ..RunRequest::default()
-    };
-    let launcher = &app.state.launcher;
-    let mut tx = app.pool.begin().await.unwrap();
-    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
-    let inserted = launcher.insert(&mut tx, &prepared).await.unwrap();
+    let version_id = stored_version(&app, "cut", 5).await;
+    let (prepared, inserted) = committed_run(&app, version_id).await;
     let run_id = inserted.run_id();
-    tx.commit().await.unwrap();
+    let launcher = &app.state.launcher;
     // Two rows are in when the run is cancelled; the creator then goes on.
     let mut conn = app.pool.acquire().await.unwrap();
-    let first = &prepared.jobs[..2];
-    let texts = db::encode_jobs(first).unwrap();
-    assert!(db::insert_chunk(&mut conn, run_id, first, &texts, false)
-        .await
-        .unwrap());
+    insert_first_chunk(&mut conn, run_id, &prepared.jobs[..2]).await;
     assert_eq!(
         db::cancel_run(&app.pool, run_id).await.unwrap(),
         db::CancelOutcome::Cancelled { skipped: 2 }
@@ -208,25 +159,8 @@ async fn the_background_sweeper_publishes_on_its_own() {
         ..AppOptions::default()
     })
     .await;
-    let upload: Value = app
-        .upload_zip(
-            given_package("swept", &["ok", "ok"], json!({})),
-            "?run=false",
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    let request = RunRequest {
-        version_id: upload["version_id"].as_str().unwrap().parse().unwrap(),
-        kind: "manual",
-        ..RunRequest::default()
-    };
-    let mut tx = app.pool.begin().await.unwrap();
-    let launcher = &app.state.launcher;
-    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
-    launcher.insert(&mut tx, &prepared).await.unwrap();
-    tx.commit().await.unwrap();
+    let version_id = stored_version(&app, "swept", 2).await;
+    committed_run(&app, version_id).await;
     let mut depth = 0;
     for _ in 0..60 {
         depth = app.queue_depth(&app.topology.jobs_queue()).await;
@@ -329,25 +263,9 @@ async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
 async fn a_creation_goes_on_when_its_caller_goes_away() {
     let app = spawn_app().await;
     let n = skilleval_coordinator::launch::RELEASE_PAGE * 2 + 7;
-    let upload: Value = app
-        .upload_zip(
-            given_package("left", &vec!["ok"; n], json!({})),
-            "?run=false",
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    let request = RunRequest {
-        version_id: upload["version_id"].as_str().unwrap().parse().unwrap(),
-        kind: "manual",
-        ..RunRequest::default()
-    };
+    let version_id = stored_version(&app, "left", n).await;
+    let (prepared, inserted) = committed_run(&app, version_id).await;
     let launcher = &app.state.launcher;
-    let mut tx = app.pool.begin().await.unwrap();
-    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
-    let inserted = launcher.insert(&mut tx, &prepared).await.unwrap();
-    tx.commit().await.unwrap();
     // The caller (an HTTP request whose client disconnected) is dropped at once.
     assert!(
         tokio::time::timeout(Duration::from_millis(1), launcher.start(prepared, inserted))
@@ -378,4 +296,40 @@ async fn a_creation_goes_on_when_its_caller_goes_away() {
     );
     assert_eq!(app.wait_for_jobs(n as u32).await, n as u32);
     app.cleanup().await;
+}
+
+/// Uploads a version of `n` passing cases without running it; returns its id.
+async fn stored_version(app: &TestApp, name: &str, n: usize) -> Uuid {
+    let upload: Value = app
+        .upload_zip(given_package(name, &vec!["ok"; n], json!({})), "?run=false")
+        .await
+        .json()
+        .await
+        .unwrap();
+    upload["version_id"].as_str().unwrap().parse().unwrap()
+}
+
+/// A manual run of the version planned and committed as `POST /v1/runs` does before it starts
+/// it: a streamed run is left `creating`, without rows; nothing is published.
+async fn committed_run(app: &TestApp, version_id: Uuid) -> (PreparedRun, db::RunInsert) {
+    let request = RunRequest {
+        version_id,
+        filter: CaseFilter::default(),
+        kind: "manual",
+        ..RunRequest::default()
+    };
+    let launcher = &app.state.launcher;
+    let mut tx = app.pool.begin().await.unwrap();
+    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
+    let inserted = launcher.insert(&mut tx, &prepared).await.unwrap();
+    tx.commit().await.unwrap();
+    (prepared, inserted)
+}
+
+/// What a creator does with its first chunk: `jobs` inserted `queued`, the creation not ended.
+async fn insert_first_chunk(conn: &mut sqlx::PgConnection, run_id: Uuid, jobs: &[Job]) {
+    let texts = db::encode_jobs(jobs).unwrap();
+    assert!(db::insert_chunk(conn, run_id, jobs, &texts, false)
+        .await
+        .unwrap());
 }
