@@ -21,7 +21,8 @@ use serde_json::json;
 use skilleval::model::{EvalConfig, RunnerConfig, RunnerSpec};
 use skilleval::plan::{plan, CaseFilter, Job, PlanError};
 use skilleval_infra::messages::EncodedJob;
-use sqlx::{PgConnection, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres};
 use uuid::Uuid;
 
 use crate::error::ApiError;
@@ -133,11 +134,7 @@ impl RunLauncher {
             idempotency_key: request.idempotency_key.clone(),
             max_in_flight,
             fail_fast,
-            request: json!({
-                "tags": request.filter.tags,
-                "suite": request.filter.suite,
-                "test_cases": request.filter.case_ids,
-            }),
+            request: json!(RecordedFilter::from(&request.filter)),
             max_cost_usd: request.max_cost_usd,
             max_tokens: request.max_tokens,
             // A cap or failFast decides which jobs go out as results come in: those runs are
@@ -220,20 +217,24 @@ impl RunLauncher {
     /// creation under way from one whose coordinator died). A run stopped meanwhile (cancel,
     /// budget) is settled: its remaining cases are inserted `skipped`.
     async fn populate(&self, run_id: Uuid, jobs: &[Job]) -> anyhow::Result<()> {
+        let mut conn = self.locked(run_id).await?;
+        let populated = self.populate_locked(&mut conn, run_id, jobs).await;
+        unlock(conn, run_id).await;
+        populated
+    }
+
+    /// A connection holding the run's release lock (waiting for it); give it back with
+    /// [`unlock`].
+    async fn locked(&self, run_id: Uuid) -> anyhow::Result<PoolConnection<Postgres>> {
         let mut conn = self
             .pool
             .acquire()
             .await
-            .context("taking a connection to create the run")?;
+            .context("taking a connection to lock the run")?;
         runs::lock_run_release(&mut conn, run_id)
             .await
-            .context("locking the run for its creation")?;
-        let populated = self.populate_locked(&mut conn, run_id, jobs).await;
-        if let Err(e) = runs::unlock_run_release(&mut conn, run_id).await {
-            tracing::warn!(%run_id, error = %e, "unlocking the run failed; closing the connection");
-            drop(conn.detach());
-        }
-        populated
+            .context("locking the run")?;
+        Ok(conn)
     }
 
     async fn populate_locked(
@@ -346,10 +347,7 @@ impl RunLauncher {
                 continue; // its creator is alive
             }
             let outcome = self.resume_locked(&mut conn, run_id).await;
-            if let Err(e) = runs::unlock_run_release(&mut conn, run_id).await {
-                tracing::warn!(%run_id, error = %e, "unlocking the run failed; closing the connection");
-                drop(conn.detach());
-            }
+            unlock(conn, run_id).await;
             match outcome {
                 Ok(published) => {
                     resumed += published;
@@ -370,12 +368,9 @@ impl RunLauncher {
             .with_context(|| format!("version {} of the run is gone", stored.version_id))?;
         let config: EvalConfig = serde_json::from_str(&version.config)
             .context("the stored eval config does not parse")?;
-        let filter: CaseFilter = serde_json::from_value(json!({
-            "tags": stored.request.get("tags").cloned().unwrap_or_else(|| json!([])),
-            "suite": stored.request.get("suite").cloned().unwrap_or(serde_json::Value::Null),
-            "case_ids": stored.request.get("test_cases").cloned().unwrap_or_else(|| json!([])),
-        }))
-        .context("the run's stored request does not parse")?;
+        let filter: CaseFilter = serde_json::from_value::<RecordedFilter>(stored.request)
+            .context("the run's stored request does not parse")?
+            .into();
         let runner: Option<RunnerConfig> = stored
             .runner
             .map(serde_json::from_value)
@@ -418,20 +413,9 @@ impl RunLauncher {
     /// A page with a failed publish ends the release; the sweeper retries the rest.
     #[tracing::instrument(skip(self))]
     pub async fn release(&self, run_id: Uuid) -> anyhow::Result<usize> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .context("taking a connection for the release")?;
-        runs::lock_run_release(&mut conn, run_id)
-            .await
-            .context("locking the run for release")?;
+        let mut conn = self.locked(run_id).await?;
         let released = self.release_locked(&mut conn, run_id).await;
-        if let Err(e) = runs::unlock_run_release(&mut conn, run_id).await {
-            // Closing the connection is what frees a session lock for sure.
-            tracing::warn!(%run_id, error = %e, "unlocking the run failed; closing the connection");
-            drop(conn.detach());
-        }
+        unlock(conn, run_id).await;
         released
     }
 
@@ -522,6 +506,47 @@ pub struct PlannedVersion<'a> {
     pub version_id: Uuid,
     pub package_hash: &'a str,
     pub config: &'a EvalConfig,
+}
+
+/// A run's filter as `runs.request` records it (the API's field names): written at creation,
+/// read back to plan the run again.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct RecordedFilter {
+    #[serde(default)]
+    tags: Vec<String>,
+    #[serde(default)]
+    suite: Option<String>,
+    #[serde(default)]
+    test_cases: Vec<String>,
+}
+
+impl From<&CaseFilter> for RecordedFilter {
+    fn from(filter: &CaseFilter) -> Self {
+        RecordedFilter {
+            tags: filter.tags.clone(),
+            suite: filter.suite.clone(),
+            test_cases: filter.case_ids.clone(),
+        }
+    }
+}
+
+impl From<RecordedFilter> for CaseFilter {
+    fn from(recorded: RecordedFilter) -> Self {
+        CaseFilter {
+            tags: recorded.tags,
+            case_ids: recorded.test_cases,
+            suite: recorded.suite,
+        }
+    }
+}
+
+/// Frees the run's release lock held by `conn`; if that fails the connection is closed, which
+/// is what frees a session lock for sure.
+async fn unlock(mut conn: PoolConnection<Postgres>, run_id: Uuid) {
+    if let Err(e) = runs::unlock_run_release(&mut conn, run_id).await {
+        tracing::warn!(%run_id, error = %e, "unlocking the run failed; closing the connection");
+        drop(conn.detach());
+    }
 }
 
 /// A planned run, ready to insert ([`RunLauncher::insert`]) and start ([`RunLauncher::start`]).
@@ -661,4 +686,33 @@ fn plan_error(e: &PlanError) -> ApiError {
         rule.clone(),
     )
     .with_details(json!({ "field": field, "rule": rule }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CaseFilter, RecordedFilter};
+    use serde_json::json;
+
+    #[test]
+    fn a_recorded_filter_uses_the_api_names_and_plans_the_same_cases_again() {
+        let filter = CaseFilter {
+            tags: vec!["smoke".into()],
+            case_ids: vec!["a".into(), "b".into()],
+            suite: Some("nightly".into()),
+        };
+        let recorded = json!(RecordedFilter::from(&filter));
+        assert_eq!(
+            recorded,
+            json!({"tags": ["smoke"], "suite": "nightly", "test_cases": ["a", "b"]})
+        );
+        let back: CaseFilter = serde_json::from_value::<RecordedFilter>(recorded)
+            .unwrap()
+            .into();
+        assert_eq!(back, filter);
+        // Runs recorded before a field existed read it as empty.
+        let old: CaseFilter = serde_json::from_value::<RecordedFilter>(json!({}))
+            .unwrap()
+            .into();
+        assert_eq!(old, CaseFilter::default());
+    }
 }
