@@ -302,7 +302,7 @@ pub fn encode_jobs(jobs: &[Job]) -> Result<Vec<String>, sqlx::Error> {
 
 /// How [`insert_rows`] creates rows.
 #[derive(Debug, Clone, Copy)]
-pub enum RowsAs<'a> {
+enum RowsAs<'a> {
     /// `queued`, as a run is created.
     Queued,
     /// `queued`, leaving alone the cases that already have a row (resuming a creation).
@@ -312,15 +312,14 @@ pub enum RowsAs<'a> {
     SkippedIfMissing(&'a str),
 }
 
-/// Inserts rows for `jobs` (their JSON `texts` alongside) in one statement. Returns how many
-/// rows it created.
-pub async fn insert_rows(
+/// Inserts rows for `jobs` (their JSON `texts` alongside) in one statement.
+async fn insert_rows(
     conn: &mut PgConnection,
     run_id: Uuid,
     jobs: &[Job],
     texts: &[String],
     how: RowsAs<'_>,
-) -> Result<u64, sqlx::Error> {
+) -> Result<(), sqlx::Error> {
     let mut ids = Vec::with_capacity(jobs.len());
     let mut names = Vec::with_capacity(jobs.len());
     let mut indexes = Vec::with_capacity(jobs.len());
@@ -362,43 +361,26 @@ pub async fn insert_rows(
              RETURNING 1
          ), n AS (SELECT count(*)::int AS n FROM added)
          UPDATE runs SET completed = completed + n.n, skipped = skipped + n.n
-         FROM n WHERE runs.id = $1
-         RETURNING n.n::int8"
+         FROM n WHERE runs.id = $1"
     );
     let (sql, reason) = match how {
         RowsAs::Queued => (QUEUED, None),
         RowsAs::QueuedIfMissing => (QUEUED_IF_MISSING, None),
         RowsAs::SkippedIfMissing(reason) => (SKIPPED_IF_MISSING, Some(reason)),
     };
-    match reason {
-        Some(reason) => {
-            let added: Option<i64> = sqlx::query_scalar(sql)
-                .bind(run_id)
-                .bind(&ids)
-                .bind(&names)
-                .bind(&indexes)
-                .bind(&strategies)
-                .bind(&weights)
-                .bind(texts)
-                .bind(reason)
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(added.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
-        }
-        None => {
-            let done = sqlx::query(sql)
-                .bind(run_id)
-                .bind(&ids)
-                .bind(&names)
-                .bind(&indexes)
-                .bind(&strategies)
-                .bind(&weights)
-                .bind(texts)
-                .execute(&mut *conn)
-                .await?;
-            Ok(done.rows_affected())
-        }
+    let mut query = sqlx::query(sql)
+        .bind(run_id)
+        .bind(&ids)
+        .bind(&names)
+        .bind(&indexes)
+        .bind(&strategies)
+        .bind(&weights)
+        .bind(texts);
+    if let Some(reason) = reason {
+        query = query.bind(reason);
     }
+    query.execute(&mut *conn).await?;
+    Ok(())
 }
 
 /// Streamed creation: inserts one chunk of a `creating` run's rows as `queued` in a
