@@ -32,8 +32,8 @@ async fn a_run_committed_but_never_published_is_published_by_the_sweeper_after_t
 
     let rows = || async {
         sqlx::query_as::<_, (i64, i64, bool)>(
-            "SELECT count(e.id),
-                    count(e.id) FILTER (WHERE e.status = 'queued' AND e.published_at IS NULL
+            "SELECT count(e.test_case_id),
+                    count(e.test_case_id) FILTER (WHERE e.status = 'queued' AND e.published_at IS NULL
                                           AND e.case_index >= r.published_through),
                     bool_or(r.creating)
              FROM runs r LEFT JOIN eval_results e ON e.run_id = r.id WHERE r.id = $1",

@@ -55,7 +55,7 @@ WITH input AS (
         $8::text[], $9::bool[], $10::text[], $11::jsonb[], $12::jsonb[], $13::int8[], $14::jsonb[],
         $15::jsonb[], $16::int8[], $17::int8[], $18::float8[], $19::int8[], $20::int8[],
         $21::float8[], $22::jsonb[], $23::jsonb[], $24::jsonb[], $25::float8[], $26::bool[],
-        $27::jsonb[], $28::timestamptz[], $29::timestamptz[]
+        $27::text[], $28::timestamptz[], $29::timestamptz[]
     ) AS t(run_id, test_case_id, status, strategy, score, rubric_scores, feedback,
            output, output_truncated, expected_output, matched_patterns, schema_errors,
            duration_ms, attempts, error, produce_input_tokens, produce_output_tokens,
@@ -90,14 +90,16 @@ changed AS (
         weight = i.weight,
         critical = i.critical,
         result = i.result,
+        -- Nothing reads a recorded case's job again (see the migration that made it nullable).
+        job = NULL,
         started_at = i.started_at,
         finished_at = i.finished_at,
         updated_at = now()
     FROM input i
-    -- `status || ''` keeps the planner off `eval_results_run_status` for this join: a new
-    -- run's rows look rare to it, so it would walk every queued row of the run for each input
-    -- row (seen: 1 s per 200-row batch at 30,000 cases) instead of the unique
-    -- (run_id, test_case_id) index, one row each.
+    -- `status || ''` keeps the planner off any index on `status` for this join (there was a
+    -- `(run_id, status)` one: a new run's rows looked rare to it, so it walked every queued row
+    -- of the run for each input row, 1 s per 200-row batch at 30,000 cases) and on the
+    -- primary key (run_id, test_case_id), one row each.
     WHERE e.run_id = i.run_id AND e.test_case_id = i.test_case_id AND e.status || '' = 'queued'
     RETURNING e.run_id, e.test_case_id, e.status,
               e.produce_input_tokens + e.produce_output_tokens
@@ -207,7 +209,7 @@ struct Columns {
     suites: Vec<Value>,
     weight: Vec<f64>,
     critical: Vec<bool>,
-    result: Vec<Value>,
+    result: Vec<String>,
     started_at: Vec<DateTime<Utc>>,
     finished_at: Vec<DateTime<Utc>>,
 }
@@ -257,7 +259,11 @@ impl Columns {
         self.suites.push(json(&r.suites)?);
         self.weight.push(r.weight);
         self.critical.push(r.critical);
-        self.result.push(json(r)?);
+        self.result
+            .push(serde_json::to_string(r).map_err(|e| StoreError::Query {
+                context: "serialising a result",
+                source: sqlx::Error::Encode(Box::new(e)),
+            })?);
         self.started_at.push(r.started_at);
         self.finished_at.push(r.finished_at);
         Ok(())

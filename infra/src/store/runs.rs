@@ -642,9 +642,11 @@ pub async fn mark_published(
     }
     let done = sqlx::query(
         "UPDATE eval_results SET published_at = COALESCE($3, now())
-         WHERE id IN (SELECT id FROM eval_results
-                      WHERE run_id = $1 AND test_case_id = ANY($2) AND published_at IS NULL
-                      FOR UPDATE SKIP LOCKED)",
+         WHERE run_id = $1
+           AND test_case_id IN (SELECT test_case_id FROM eval_results
+                                WHERE run_id = $1 AND test_case_id = ANY($2)
+                                  AND published_at IS NULL
+                                FOR UPDATE SKIP LOCKED)",
     )
     .bind(run_id)
     .bind(case_ids)
@@ -866,6 +868,7 @@ pub struct CaseRow {
     pub result: Option<String>,
     /// Only read when there is no result (the job describes a case that never ran).
     pub job: Option<String>,
+    /// Likewise only when there is no result (why the case was skipped).
     pub details: Option<Value>,
 }
 
@@ -880,8 +883,9 @@ pub fn case_rows(
 ) -> impl futures::Stream<Item = Result<CaseRow, sqlx::Error>> + Send + '_ {
     use futures::StreamExt as _;
     sqlx::query(
-        "SELECT case_index, test_case_id, status, NULLIF(result, 'null'::jsonb)::text,
-                CASE WHEN result IS NULL OR result = 'null'::jsonb THEN job END, details
+        "SELECT case_index, test_case_id, status, NULLIF(result, 'null'),
+                CASE WHEN NULLIF(result, 'null') IS NULL THEN job END,
+                CASE WHEN NULLIF(result, 'null') IS NULL THEN details END
          FROM eval_results
          WHERE run_id = $1 ORDER BY case_index",
     )
@@ -1050,7 +1054,11 @@ pub async fn list_results(
                 name: r.try_get(2)?,
                 status: r.try_get(3)?,
                 strategy: r.try_get(4)?,
-                result: r.try_get(5)?,
+                result: r
+                    .try_get::<Option<String>, _>(5)?
+                    .map(|text| serde_json::from_str(&text))
+                    .transpose()
+                    .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
                 details: r.try_get(6)?,
                 finished_at: r.try_get(7)?,
             })

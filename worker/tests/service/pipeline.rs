@@ -32,8 +32,8 @@ async fn two_workers_share_a_thousand_case_run() {
     assert!(pa > 0 && pb > 0, "both workers took jobs: a={pa} b={pb}");
 
     // Stored results are whole: the summary input parses back.
-    let (result,): (serde_json::Value,) = sqlx::query_as(
-        "SELECT result FROM eval_results WHERE run_id = $1 AND test_case_id = 'tc-0009'",
+    let (result, job): (serde_json::Value, Option<String>) = sqlx::query_as(
+        "SELECT result::jsonb, job FROM eval_results WHERE run_id = $1 AND test_case_id = 'tc-0009'",
     )
     .bind(seeded.run_id)
     .fetch_one(env.store.pool())
@@ -42,6 +42,7 @@ async fn two_workers_share_a_thousand_case_run() {
     let parsed: JobResult = serde_json::from_value(result).unwrap();
     assert_eq!(parsed.status, CaseStatus::Failed);
     assert_eq!(parsed.output.as_deref(), Some("wrong"));
+    assert_eq!(job, None, "a recorded case's job is cleared");
 
     a.stop().await.unwrap();
     b.stop().await.unwrap();
