@@ -31,9 +31,12 @@ struct JobOut<'a> {
 }
 
 #[derive(Debug, Deserialize)]
-struct JobIn {
+struct JobIn<'a> {
     schema: u32,
-    job: serde_json::Value,
+    /// Kept as text until the schema version is known to be ours (then parsed once, straight
+    /// into [`Job`]: no intermediate `Value` per delivery).
+    #[serde(borrow)]
+    job: &'a serde_json::value::RawValue,
 }
 
 /// The body of a job message.
@@ -87,7 +90,7 @@ pub fn decode_job(body: &[u8]) -> Result<Job, MessageError> {
             found: envelope.schema,
         });
     }
-    Ok(serde_json::from_value(envelope.job)?)
+    Ok(serde_json::from_str(envelope.job.get())?)
 }
 
 /// A case left `queued`.
