@@ -219,10 +219,14 @@ fn int8(n: u64) -> i64 {
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<Value, StoreError> {
-    serde_json::to_value(v).map_err(|e| StoreError::Query {
+    serde_json::to_value(v).map_err(serialising)
+}
+
+fn serialising(e: serde_json::Error) -> StoreError {
+    StoreError::Query {
         context: "serialising a result",
         source: sqlx::Error::Encode(Box::new(e)),
-    })
+    }
 }
 
 impl Columns {
@@ -260,10 +264,7 @@ impl Columns {
         self.weight.push(r.weight);
         self.critical.push(r.critical);
         self.result
-            .push(serde_json::to_string(r).map_err(|e| StoreError::Query {
-                context: "serialising a result",
-                source: sqlx::Error::Encode(Box::new(e)),
-            })?);
+            .push(serde_json::to_string(r).map_err(serialising)?);
         self.started_at.push(r.started_at);
         self.finished_at.push(r.finished_at);
         Ok(())
