@@ -19,7 +19,7 @@ use crate::db::{self as runs, NewRun, RunInsert};
 use anyhow::Context as _;
 use serde_json::json;
 use skilleval::model::{EvalConfig, RunnerConfig, RunnerSpec};
-use skilleval::plan::{plan, CaseFilter, Job, PlanError};
+use skilleval::plan::{plan_owned, CaseFilter, Job, PlanError};
 use skilleval_infra::messages::EncodedJob;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
@@ -82,49 +82,51 @@ impl RunLauncher {
         let version = runs::version_for_run(conn, request.version_id)
             .await?
             .ok_or_else(|| ApiError::not_found("version", request.version_id))?;
-        let config: EvalConfig = serde_json::from_str(&version.config).with_context(|| {
+        let mut config: EvalConfig = serde_json::from_str(&version.config).with_context(|| {
             format!(
                 "stored eval config of version {} does not parse",
                 version.version_id
             )
         })?;
-        let planned = PlannedVersion {
+        drop(version.config);
+        let mut planned = PlannedVersion {
             version_id: version.version_id,
             package_hash: &version.package_hash,
-            config: &config,
+            config: &mut config,
         };
-        self.prepare(&planned, request)
+        self.prepare(&mut planned, request)
     }
 
-    /// Plans a run of a version whose definition is in hand (an upload).
+    /// Plans a run of a version whose definition is in hand (an upload). The definition's
+    /// cases move into the run's jobs: `version.config` is left without them.
     pub fn prepare(
         &self,
-        version: &PlannedVersion<'_>,
+        version: &mut PlannedVersion<'_>,
         request: &RunRequest,
     ) -> Result<PreparedRun, ApiError> {
-        let config = version.config;
         let runner_override = request
             .runner
             .as_ref()
-            .map(|spec| resolve_runner(spec, config));
+            .map(|spec| resolve_runner(spec, version.config));
         let run_id = Uuid::now_v7();
-        let jobs = plan(
-            config,
+        let jobs = plan_owned(
+            version.config,
             version.package_hash,
             run_id,
             &request.filter,
             runner_override.as_ref(),
         )
         .map_err(|e| plan_error(&e))?;
-        let max_in_flight = match config.settings.parallel_execution {
+        let max_in_flight = match version.config.settings.parallel_execution {
             Some(false) => Some(1),
-            _ => config
+            _ => version
+                .config
                 .settings
                 .max_concurrent_tests
                 .filter(|n| *n > 0)
                 .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
         };
-        let fail_fast = config.settings.fail_fast;
+        let fail_fast = version.config.settings.fail_fast;
         Ok(PreparedRun {
             run_id,
             version_id: version.version_id,
@@ -366,7 +368,7 @@ impl RunLauncher {
         let version = runs::version_for_run(conn, stored.version_id)
             .await?
             .with_context(|| format!("version {} of the run is gone", stored.version_id))?;
-        let config: EvalConfig = serde_json::from_str(&version.config)
+        let mut config: EvalConfig = serde_json::from_str(&version.config)
             .context("the stored eval config does not parse")?;
         let filter: CaseFilter = serde_json::from_value::<RecordedFilter>(stored.request)
             .context("the run's stored request does not parse")?
@@ -376,8 +378,8 @@ impl RunLauncher {
             .map(serde_json::from_value)
             .transpose()
             .context("the run's stored runner does not parse")?;
-        let jobs = plan(
-            &config,
+        let jobs = plan_owned(
+            &mut config,
             &version.package_hash,
             run_id,
             &filter,
@@ -500,12 +502,12 @@ impl RunLauncher {
     }
 }
 
-/// A version to plan a run of.
-#[derive(Debug, Clone, Copy)]
+/// A version to plan a run of; planning moves its definition's cases into the jobs.
+#[derive(Debug)]
 pub struct PlannedVersion<'a> {
     pub version_id: Uuid,
     pub package_hash: &'a str,
-    pub config: &'a EvalConfig,
+    pub config: &'a mut EvalConfig,
 }
 
 /// A run's filter as `runs.request` records it (the API's field names): written at creation,

@@ -4,6 +4,7 @@
 //! runner, the timeout and the package's content hash — so a worker needs no database read to
 //! start it and the CLI needs nothing else to execute it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -104,10 +105,54 @@ pub fn plan(
     filter: &CaseFilter,
     runner_override: Option<&RunnerConfig>,
 ) -> Result<Vec<Job>, PlanError> {
-    let suite_ids: Option<Vec<&str>> = match &filter.suite {
+    let suite_ids = check_filter(config, &config.test_cases, filter)?;
+    let cases = config.test_cases.iter().map(Cow::Borrowed);
+    let planner = Planner {
+        config,
+        package_hash,
+        run_id,
+        runner_override,
+    };
+    planner.plan(cases, filter, suite_ids.as_deref())
+}
+
+/// [`plan`] for a caller done with the definition's cases: they are moved into the jobs, not
+/// copied, and `config.test_cases` is left empty (also on an error). A large upload then holds
+/// its cases once, as jobs, instead of twice.
+pub fn plan_owned(
+    config: &mut EvalConfig,
+    package_hash: &str,
+    run_id: Uuid,
+    filter: &CaseFilter,
+    runner_override: Option<&RunnerConfig>,
+) -> Result<Vec<Job>, PlanError> {
+    let cases = std::mem::take(&mut config.test_cases);
+    let config = &*config;
+    let suite_ids = check_filter(config, &cases, filter)?;
+    let planner = Planner {
+        config,
+        package_hash,
+        run_id,
+        runner_override,
+    };
+    planner.plan(
+        cases.into_iter().map(Cow::Owned),
+        filter,
+        suite_ids.as_deref(),
+    )
+}
+
+/// Checks that the filter's suite and cases exist; returns the suite's case ids when it names
+/// one.
+fn check_filter(
+    config: &EvalConfig,
+    cases: &[TestCase],
+    filter: &CaseFilter,
+) -> Result<Option<Vec<String>>, PlanError> {
+    let suite_ids = match &filter.suite {
         None => None,
         Some(name) => match config.suites.iter().find(|s| &s.name == name) {
-            Some(s) => Some(s.test_ids.iter().map(String::as_str).collect()),
+            Some(s) => Some(s.test_ids.clone()),
             None => {
                 let names: Vec<&str> = config.suites.iter().map(|s| s.name.as_str()).collect();
                 let known = if names.is_empty() {
@@ -120,60 +165,84 @@ pub fn plan(
         },
     };
     for id in &filter.case_ids {
-        if !config.test_cases.iter().any(|c| &c.id == id) {
+        if !cases.iter().any(|c| &c.id == id) {
             return Err(PlanError::UnknownCase(id.clone()));
         }
     }
-    let retry_default = u32::from(config.settings.retry_failed);
-    let environment = config
-        .setup
-        .as_ref()
-        .map(|s| s.environment.clone())
-        .unwrap_or_default();
-    let jobs: Vec<Job> = config
-        .test_cases
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| filter.case_ids.is_empty() || filter.case_ids.contains(&c.id))
-        .filter(|(_, c)| filter.tags.is_empty() || c.tags.iter().any(|t| filter.tags.contains(t)))
-        .filter(|(_, c)| {
-            suite_ids
-                .as_ref()
-                .is_none_or(|ids| ids.contains(&c.id.as_str()))
-        })
-        .map(|(index, c)| {
-            let mut case = c.clone();
-            case.evaluation.strategy = c.strategy_name(config.profile).to_string();
-            Job {
-                run_id,
-                case_index: u32::try_from(index).unwrap_or(u32::MAX),
-                profile: config.profile,
-                runner: runner_override
+    Ok(suite_ids)
+}
+
+/// What every job of a run shares.
+struct Planner<'a> {
+    config: &'a EvalConfig,
+    package_hash: &'a str,
+    run_id: Uuid,
+    runner_override: Option<&'a RunnerConfig>,
+}
+
+impl Planner<'_> {
+    /// One job per selected case, in definition order (the index is the case's position in
+    /// the definition, whatever the filter leaves out).
+    fn plan<'c>(
+        &self,
+        cases: impl Iterator<Item = Cow<'c, TestCase>>,
+        filter: &CaseFilter,
+        suite_ids: Option<&[String]>,
+    ) -> Result<Vec<Job>, PlanError> {
+        let config = self.config;
+        let retry_default = u32::from(config.settings.retry_failed);
+        let environment = config
+            .setup
+            .as_ref()
+            .map(|s| s.environment.clone())
+            .unwrap_or_default();
+        let jobs: Vec<Job> = cases
+            .enumerate()
+            .filter(|(_, c)| filter.case_ids.is_empty() || filter.case_ids.contains(&c.id))
+            .filter(|(_, c)| {
+                filter.tags.is_empty() || c.tags.iter().any(|t| filter.tags.contains(t))
+            })
+            .filter(|(_, c)| suite_ids.is_none_or(|ids| ids.contains(&c.id)))
+            .map(|(index, c)| {
+                let runner = self
+                    .runner_override
                     .cloned()
-                    .unwrap_or_else(|| default_runner(config, c)),
-                timeout_ms: c.timeout_ms(&config.settings),
-                retry_count: c.evaluation.retry_count.unwrap_or(retry_default),
-                package_hash: package_hash.to_string(),
-                environment: environment.clone(),
-                given: None,
-                suites: config
+                    .unwrap_or_else(|| default_runner(config, &c));
+                let timeout_ms = c.timeout_ms(&config.settings);
+                let retry_count = c.evaluation.retry_count.unwrap_or(retry_default);
+                let suites = config
                     .suites_of(&c.id)
                     .into_iter()
                     .map(str::to_string)
-                    .collect(),
-                attempt: 1,
-                case,
-            }
-        })
-        .collect();
-    if jobs.is_empty() {
-        return Err(PlanError::Empty {
-            tags: filter.tags.clone(),
-            cases: filter.case_ids.clone(),
-            suite: filter.suite.clone(),
-        });
+                    .collect();
+                let strategy = c.strategy_name(config.profile).to_string();
+                let mut case = c.into_owned();
+                case.evaluation.strategy = strategy;
+                Job {
+                    run_id: self.run_id,
+                    case_index: u32::try_from(index).unwrap_or(u32::MAX),
+                    profile: config.profile,
+                    runner,
+                    timeout_ms,
+                    retry_count,
+                    package_hash: self.package_hash.to_string(),
+                    environment: environment.clone(),
+                    given: None,
+                    suites,
+                    attempt: 1,
+                    case,
+                }
+            })
+            .collect();
+        if jobs.is_empty() {
+            return Err(PlanError::Empty {
+                tags: filter.tags.clone(),
+                cases: filter.case_ids.clone(),
+                suite: filter.suite.clone(),
+            });
+        }
+        Ok(jobs)
     }
-    Ok(jobs)
 }
 
 #[cfg(test)]
@@ -222,6 +291,38 @@ mod tests {
         assert_eq!(jobs[0].runner.kind, "command");
         assert_eq!(jobs[0].suites, vec!["core".to_string()]);
         assert!(jobs[2].suites.is_empty());
+    }
+
+    #[test]
+    fn planning_owned_moves_the_cases_into_the_same_jobs() {
+        let filters = [
+            CaseFilter::default(),
+            CaseFilter {
+                tags: vec!["edge".into()],
+                ..CaseFilter::default()
+            },
+            CaseFilter {
+                suite: Some("core".into()),
+                ..CaseFilter::default()
+            },
+        ];
+        for filter in filters {
+            let borrowed = plan(&config(), "h", Uuid::nil(), &filter, None).unwrap();
+            let mut owned_config = config();
+            let owned = plan_owned(&mut owned_config, "h", Uuid::nil(), &filter, None).unwrap();
+            assert_eq!(owned, borrowed, "{filter:?}");
+            assert!(owned_config.test_cases.is_empty());
+            assert_eq!(owned_config.suites, config().suites, "the rest stays");
+        }
+        // Errors are the same too.
+        let unknown = CaseFilter {
+            case_ids: vec!["zz".into()],
+            ..CaseFilter::default()
+        };
+        assert_eq!(
+            plan_owned(&mut config(), "h", Uuid::nil(), &unknown, None).unwrap_err(),
+            plan(&config(), "h", Uuid::nil(), &unknown, None).unwrap_err()
+        );
     }
 
     #[test]

@@ -111,6 +111,9 @@ pub async fn upload(
             .with_details(json!({ "field": "SKILL.md#/metadata/version", "rule": "a version label names one package content" })),
         VersionError::Db(db) => ApiError::from(db),
     })?;
+    // Stored: the definition's JSON text (tens of MB for a large upload) is not needed again.
+    drop(new_version);
+    drop(config_json);
     let inserted = if query.run {
         let request = RunRequest {
             version_id: stored.version_id,
@@ -123,13 +126,14 @@ pub async fn upload(
             max_tokens: None,
         };
         // Planned from the definition in hand (the one just stored, or the identical one of
-        // the version with the same content), not read back from the database.
-        let version = PlannedVersion {
+        // the version with the same content), not read back from the database; its cases
+        // move into the jobs, so they are held once.
+        let mut version = PlannedVersion {
             version_id: stored.version_id,
             package_hash: &package.content_hash,
-            config: &package.config,
+            config: &mut package.config,
         };
-        let prepared = state.launcher.prepare(&version, &request)?;
+        let prepared = state.launcher.prepare(&mut version, &request)?;
         let inserted = state.launcher.insert(&mut tx, &prepared).await?;
         Some((prepared, inserted))
     } else {
@@ -138,9 +142,7 @@ pub async fn upload(
     tx.commit().await?;
     let committed = started.elapsed();
     // Stored and planned: what remains to do needs only the jobs. A large upload's
-    // definition (its text, the model) and ZIP are freed before the rows are created.
-    drop(new_version);
-    drop(config_json);
+    // definition and ZIP are freed before the rows are created.
     drop(zip);
     package.config.test_cases = Vec::new();
     package.case_pointers = Vec::new();
