@@ -189,7 +189,7 @@ impl RunLauncher {
                 launcher.release_logged(run_id).await;
                 return;
             }
-            if let Err(e) = launcher.populate(run_id, &prepared.jobs).await {
+            if let Err(e) = launcher.populate(run_id, prepared.jobs).await {
                 launcher.metrics.publish_failures.inc();
                 tracing::warn!(%run_id, error = ?e, "creating the run's rows failed; the sweeper will finish it");
             }
@@ -218,7 +218,7 @@ impl RunLauncher {
     /// Holds the run's release lock throughout (a live creator is how the sweeper tells a
     /// creation under way from one whose coordinator died). A run stopped meanwhile (cancel,
     /// budget) is settled: its remaining cases are inserted `skipped`.
-    async fn populate(&self, run_id: Uuid, jobs: &[Job]) -> anyhow::Result<()> {
+    async fn populate(&self, run_id: Uuid, jobs: Vec<Job>) -> anyhow::Result<()> {
         let mut conn = self.locked(run_id).await?;
         let populated = self.populate_locked(&mut conn, run_id, jobs).await;
         unlock(conn, run_id).await;
@@ -239,35 +239,42 @@ impl RunLauncher {
         Ok(conn)
     }
 
+    /// Each chunk's jobs are dropped once the chunk is handed to the publisher (which keeps
+    /// only their encoded text until confirmed), so a large run's memory shrinks as it is
+    /// created.
     async fn populate_locked(
         &self,
         conn: &mut PgConnection,
         run_id: Uuid,
-        jobs: &[Job],
+        jobs: Vec<Job>,
     ) -> anyhow::Result<()> {
-        let chunks = jobs.len().div_ceil(RELEASE_PAGE);
+        let total = jobs.len();
+        let chunks = total.div_ceil(RELEASE_PAGE);
+        let mut remaining = jobs.into_iter();
         let mut in_flight: VecDeque<(tokio::task::JoinHandle<ChunkOutcome>, i32)> = VecDeque::new();
         // Every chunk settled so far was confirmed whole: the watermark may advance.
         let mut whole = true;
         // Where the time goes (logged at the end): inserting, and waiting for confirms.
         let started = std::time::Instant::now();
         let mut inserting = Duration::ZERO;
-        for (n, chunk) in jobs.chunks(RELEASE_PAGE).enumerate() {
+        for n in 0..chunks {
+            let chunk: Vec<Job> = remaining.by_ref().take(RELEASE_PAGE).collect();
             while in_flight.len() >= PAGES_IN_FLIGHT {
                 if let Some(oldest) = in_flight.pop_front() {
                     whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
                 }
             }
-            let texts = runs::encode_jobs(chunk).context("encoding jobs")?;
+            let texts = runs::encode_jobs(&chunk).context("encoding jobs")?;
             let insert_started = std::time::Instant::now();
-            let queued = runs::insert_chunk(conn, run_id, chunk, &texts, n + 1 == chunks)
+            let queued = runs::insert_chunk(conn, run_id, &chunk, &texts, n + 1 == chunks)
                 .await
                 .context("inserting a chunk of the run's rows")?;
             inserting += insert_started.elapsed();
             if !queued {
-                let rest = &jobs[n * RELEASE_PAGE..];
-                let texts = runs::encode_jobs(rest).context("encoding jobs")?;
-                runs::settle_creation(conn, run_id, rest, &texts)
+                let mut rest = chunk;
+                rest.extend(remaining);
+                let texts = runs::encode_jobs(&rest).context("encoding jobs")?;
+                runs::settle_creation(conn, run_id, &rest, &texts)
                     .await
                     .context("settling a run stopped while it was created")?;
                 tracing::info!(%run_id, unqueued = rest.len(), "the run stopped while it was created");
@@ -291,7 +298,7 @@ impl RunLauncher {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             %run_id,
-            jobs = jobs.len(),
+            jobs = total,
             chunks,
             create_ms = ms(started.elapsed()),
             insert_ms = ms(inserting),

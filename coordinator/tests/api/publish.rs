@@ -151,6 +151,42 @@ async fn a_run_cancelled_while_it_is_created_skips_the_cases_not_yet_queued_and_
 }
 
 #[tokio::test]
+async fn a_run_cancelled_before_its_creation_starts_skips_every_chunk() {
+    let app = spawn_app().await;
+    // More than one chunk: the stop is seen at the first, and the cases of the chunks never
+    // reached are skipped with it.
+    let n = skilleval_coordinator::launch::RELEASE_PAGE + 3;
+    let version_id = stored_version(&app, "cut-large", n).await;
+    let (prepared, inserted) = committed_run(&app, version_id).await;
+    let run_id = inserted.run_id();
+    assert_eq!(
+        db::cancel_run(&app.pool, run_id).await.unwrap(),
+        db::CancelOutcome::Cancelled { skipped: 0 }
+    );
+    app.state.launcher.start(prepared, inserted).await;
+
+    assert_eq!(app.queue_depth(&app.topology.jobs_queue()).await, 0);
+    let (rows, skipped, first, last): (i64, i64, i32, i32) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'skipped'
+                                              AND details->>'skipped' = 'the run was cancelled'),
+                min(case_index), max(case_index)
+         FROM eval_results WHERE run_id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let n = i64::try_from(n).unwrap();
+    assert_eq!((rows, skipped), (n, n));
+    assert_eq!((i64::from(first), i64::from(last)), (0, n - 1));
+    assert_eq!(app.state.aggregator.sweep().await.unwrap(), 1);
+    let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    assert_eq!(run["counters"]["skipped"], n, "{run}");
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn the_background_sweeper_publishes_on_its_own() {
     let app = spawn_app_with(AppOptions {
         background: true,
