@@ -1,8 +1,10 @@
 -- A result row is written whole once, by a worker's batch, and read back whole (the
 -- summary, the results page): `result` is JSON the service itself produced, so storing it as
 -- `text` spares PostgreSQL a parse on every write and a print on every read (the batch
--- statement spent a fifth of its time in `jsonb_recv` at 100,000 cases).
-ALTER TABLE eval_results ALTER COLUMN result TYPE text USING result::text;
+-- statement spent a fifth of its time in `jsonb_recv` at 100,000 cases). A JSON `null` (no
+-- writer ever stored one; the readers guarded against it) becomes SQL NULL here, once, so a
+-- row has a result exactly when `result IS NOT NULL`.
+ALTER TABLE eval_results ALTER COLUMN result TYPE text USING NULLIF(result, 'null'::jsonb)::text;
 
 -- A row's `job` is what the coordinator publishes (and republishes) while the case is
 -- queued, and what describes a case that never ran. Once a worker records a result nothing

@@ -883,9 +883,9 @@ pub fn case_rows(
 ) -> impl futures::Stream<Item = Result<CaseRow, sqlx::Error>> + Send + '_ {
     use futures::StreamExt as _;
     sqlx::query(
-        "SELECT case_index, test_case_id, status, NULLIF(result, 'null'),
-                CASE WHEN NULLIF(result, 'null') IS NULL THEN job END,
-                CASE WHEN NULLIF(result, 'null') IS NULL THEN details END
+        "SELECT case_index, test_case_id, status, result,
+                CASE WHEN result IS NULL THEN job END,
+                CASE WHEN result IS NULL THEN details END
          FROM eval_results
          WHERE run_id = $1 ORDER BY case_index",
     )
