@@ -319,9 +319,14 @@ mod tests {
             case_ids: vec!["zz".into()],
             ..CaseFilter::default()
         };
+        let mut refused = config();
         assert_eq!(
-            plan_owned(&mut config(), "h", Uuid::nil(), &unknown, None).unwrap_err(),
+            plan_owned(&mut refused, "h", Uuid::nil(), &unknown, None).unwrap_err(),
             plan(&config(), "h", Uuid::nil(), &unknown, None).unwrap_err()
+        );
+        assert!(
+            refused.test_cases.is_empty(),
+            "taken also on an error, as documented"
         );
     }
 
