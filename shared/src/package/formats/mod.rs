@@ -133,13 +133,15 @@ pub fn source_suffix(renames: Renames, is_v2: bool, suffix: &str) -> Option<Stri
 
 /// Converts the content of eval file `file` (one of [`EVAL_FILES`]).
 pub fn convert(file: &str, bytes: &[u8]) -> Result<Converted, PackageError> {
+    if !matches!(file, "eval/eval_metadata.json" | "evals/evals.json") {
+        return convert_tests_json_streamed(file, bytes);
+    }
     let value = match parse_json(file, bytes)? {
         Ok(v) => v,
         Err(problem) => {
             let format = match file {
                 "eval/eval_metadata.json" => EvalFormat::EvalMetadata,
-                "evals/evals.json" => EvalFormat::SkillCreator,
-                _ => EvalFormat::V2,
+                _ => EvalFormat::SkillCreator,
             };
             let mut converted = Converted::empty(format, "");
             converted.problems.push(problem);
@@ -148,9 +150,201 @@ pub fn convert(file: &str, bytes: &[u8]) -> Result<Converted, PackageError> {
     };
     Ok(match file {
         "eval/eval_metadata.json" => eval_metadata::convert(&value, file),
-        "evals/evals.json" => skill_creator::convert(&value, file),
-        _ => convert_tests_json(value, file),
+        _ => skill_creator::convert(&value, file),
     })
+}
+
+/// `tests.json` in one pass, without building the document: a v2 file's `testCases` are
+/// converted one by one as the parser reaches them (the largest definitions are v2, and their
+/// parsed `Value` tree was several times the size of the model), everything else is read as
+/// JSON values and converted as [`convert_tests_json`] does. Gives the same result as parsing
+/// the whole file and calling [`convert_tests_json`].
+fn convert_tests_json_streamed(file: &str, bytes: &[u8]) -> Result<Converted, PackageError> {
+    use serde::de::DeserializeSeed as _;
+
+    let text = json_text(file, bytes)?;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let read = streamed::Seed { file }
+        .deserialize(&mut de)
+        .and_then(|read| de.end().map(|()| read));
+    let read = match read {
+        Ok(read) => read,
+        Err(e) => {
+            let mut converted = Converted::empty(EvalFormat::V2, "");
+            converted.problems.push(syntax_problem(file, &e));
+            return Ok(converted);
+        }
+    };
+    Ok(match read {
+        streamed::Document::Object { top, cases } => {
+            let is_v2 = cases.is_some()
+                || top
+                    .get("version")
+                    .and_then(Value::as_str)
+                    .is_some_and(|v| v.starts_with('2'));
+            if is_v2 {
+                v2::convert_parts(top, cases, file)
+            } else {
+                convert_tests_json(Value::Object(top), file)
+            }
+        }
+        streamed::Document::Other(value) => convert_tests_json(value, file),
+    })
+}
+
+/// The serde visitors of [`convert_tests_json_streamed`], written here because converting a
+/// list's items while it is parsed is what serde's `DeserializeSeed` is for; no crate does it
+/// for one large field of a JSON document.
+mod streamed {
+    use std::fmt;
+
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde_json::{Map, Value};
+
+    use super::v2::CaseList;
+
+    /// Reads a `tests.json` named `file` (for the problems of its cases).
+    pub(super) struct Seed<'f> {
+        pub file: &'f str,
+    }
+
+    /// A `tests.json` as read.
+    pub(super) enum Document {
+        /// An object: its fields but `testCases`, and `testCases` converted (if present).
+        Object {
+            top: Map<String, Value>,
+            cases: Option<CaseList>,
+        },
+        /// Anything else (a v1 list, or not a definition at all), as JSON.
+        Other(Value),
+    }
+
+    impl<'de> DeserializeSeed<'de> for Seed<'_> {
+        type Value = Document;
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Document, D::Error> {
+            deserializer.deserialize_any(DocumentVisitor { file: self.file })
+        }
+    }
+
+    struct DocumentVisitor<'f> {
+        file: &'f str,
+    }
+
+    impl<'de> Visitor<'de> for DocumentVisitor<'_> {
+        type Value = Document;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Document, A::Error> {
+            let mut top = Map::new();
+            let mut cases = None;
+            // A repeated key replaces the earlier value, as in `serde_json::Value`.
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "testCases" {
+                    cases = Some(map.next_value_seed(CasesSeed { file: self.file })?);
+                } else {
+                    let value: Value = map.next_value()?;
+                    top.insert(key, value);
+                }
+            }
+            Ok(Document::Object { top, cases })
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Document, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element::<Value>()? {
+                items.push(item);
+            }
+            Ok(Document::Other(Value::Array(items)))
+        }
+
+        fn visit_bool<E>(self, v: bool) -> Result<Document, E> {
+            Ok(Document::Other(Value::Bool(v)))
+        }
+
+        fn visit_i64<E>(self, v: i64) -> Result<Document, E> {
+            Ok(Document::Other(Value::from(v)))
+        }
+
+        fn visit_u64<E>(self, v: u64) -> Result<Document, E> {
+            Ok(Document::Other(Value::from(v)))
+        }
+
+        fn visit_f64<E>(self, v: f64) -> Result<Document, E> {
+            Ok(Document::Other(Value::from(v)))
+        }
+
+        fn visit_str<E>(self, v: &str) -> Result<Document, E> {
+            Ok(Document::Other(Value::String(v.to_string())))
+        }
+
+        fn visit_unit<E>(self) -> Result<Document, E> {
+            Ok(Document::Other(Value::Null))
+        }
+    }
+
+    /// `testCases`: a list is converted item by item; anything else is consumed and noted.
+    struct CasesSeed<'f> {
+        file: &'f str,
+    }
+
+    impl<'de> DeserializeSeed<'de> for CasesSeed<'_> {
+        type Value = CaseList;
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<CaseList, D::Error> {
+            deserializer.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for CasesSeed<'_> {
+        type Value = CaseList;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<CaseList, A::Error> {
+            let mut list = CaseList::default();
+            let mut index = 0;
+            while let Some(item) = seq.next_element::<Value>()? {
+                list.push(index, item, self.file);
+                index += 1;
+            }
+            Ok(list)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CaseList, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(CaseList::not_a_list())
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<CaseList, E> {
+            Ok(CaseList::not_a_list())
+        }
+
+        fn visit_i64<E>(self, _: i64) -> Result<CaseList, E> {
+            Ok(CaseList::not_a_list())
+        }
+
+        fn visit_u64<E>(self, _: u64) -> Result<CaseList, E> {
+            Ok(CaseList::not_a_list())
+        }
+
+        fn visit_f64<E>(self, _: f64) -> Result<CaseList, E> {
+            Ok(CaseList::not_a_list())
+        }
+
+        fn visit_str<E>(self, _: &str) -> Result<CaseList, E> {
+            Ok(CaseList::not_a_list())
+        }
+
+        fn visit_unit<E>(self) -> Result<CaseList, E> {
+            Ok(CaseList::not_a_list())
+        }
+    }
 }
 
 /// `tests.json`, at the root or in `eval/`: v2 when `version` starts with `2` or there are
@@ -194,6 +388,12 @@ fn convert_tests_json(value: Value, file: &str) -> Converted {
 /// Parses JSON: `Err` refuses a non-UTF-8 file; `Ok(Err)` is a syntax problem with line and
 /// column. A UTF-8 byte-order mark is accepted.
 pub fn parse_json(file: &str, bytes: &[u8]) -> Result<Result<Value, Problem>, PackageError> {
+    let text = json_text(file, bytes)?;
+    Ok(serde_json::from_str(text).map_err(|e| syntax_problem(file, &e)))
+}
+
+/// The file as text: `Err` refuses a non-UTF-8 file; a byte-order mark is dropped.
+fn json_text<'b>(file: &str, bytes: &'b [u8]) -> Result<&'b str, PackageError> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
         PackageError::refused(
             "non_utf8_json",
@@ -204,19 +404,21 @@ pub fn parse_json(file: &str, bytes: &[u8]) -> Result<Result<Value, Problem>, Pa
             ),
         )
     })?;
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    Ok(serde_json::from_str(text).map_err(|e| {
-        Problem::error(
-            file,
-            "",
-            format!(
-                "invalid JSON at line {}, column {}: {}",
-                e.line(),
-                e.column(),
-                strip_position(&e.to_string())
-            ),
-        )
-    }))
+    Ok(text.strip_prefix('\u{feff}').unwrap_or(text))
+}
+
+/// A JSON syntax error as a problem that says where it is.
+fn syntax_problem(file: &str, e: &serde_json::Error) -> Problem {
+    Problem::error(
+        file,
+        "",
+        format!(
+            "invalid JSON at line {}, column {}: {}",
+            e.line(),
+            e.column(),
+            strip_position(&e.to_string())
+        ),
+    )
 }
 
 /// serde_json appends ` at line L column C`; we say it first.
@@ -445,6 +647,71 @@ pub fn convert_triggers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `tests.json` converted the way it was before the streamed reader: the whole document
+    /// parsed, then converted.
+    fn by_value(file: &str, bytes: &[u8]) -> Converted {
+        match parse_json(file, bytes).expect("utf-8") {
+            Ok(value) => convert_tests_json(value, file),
+            Err(problem) => {
+                let mut converted = Converted::empty(EvalFormat::V2, "");
+                converted.problems.push(problem);
+                converted
+            }
+        }
+    }
+
+    #[test]
+    fn the_streamed_tests_json_reader_converts_as_the_whole_document_does() {
+        let documents: &[&str] = &[
+            // v2, cases first, every kind of case problem, fields after the cases.
+            r#"{"testCases": [
+                 {"id": "a", "input": {"prompt": "x"}, "metadata": {"tags": ["pii"]}},
+                 {"id": "b", "weight": "heavy"},
+                 7,
+                 {"name": "no id"},
+                 {"id": "c", "expectd": {}}
+               ],
+               "version": "2.0", "profile": "structured", "colour": "blue",
+               "settings": {"runner": "given"}, "suites": [{"name": "s", "tests": ["a"]}]}"#,
+            // A bad top-level field, a version that is not 2, the cases last.
+            r#"{"version": "1.5", "profile": "artsy", "testCases": [{"id": "a"}]}"#,
+            // `testCases` that are not a list.
+            r#"{"version": "2.0", "testCases": {"id": "a"}}"#,
+            r#"{"testCases": "a"}"#,
+            r#"{"testCases": null}"#,
+            r#"{"testCases": 3, "version": "2.0"}"#,
+            // A repeated `testCases`: the last one counts.
+            r#"{"testCases": [{"id": "a"}], "testCases": [{"id": "b"}, {"id": "c"}]}"#,
+            // v2 by its version alone; v1 as an object and as a list; neither.
+            r#"{"version": "2.1", "settings": {}}"#,
+            r#"{"tests": [{"name": "t", "input": "hi", "expectedOutput": "hello"}]}"#,
+            r#"[{"name": "t", "input": "hi", "expectedPatterns": ["h.*"]}]"#,
+            r#"{"cases": []}"#,
+            r#""tests""#,
+            "42",
+            "-1.5",
+            "null",
+            "true",
+            // Syntax errors: inside a case, after the document, an empty file.
+            "{\"testCases\": [\n  {\"id\": \"a\"},\n  {\"id\": }\n]}",
+            r#"{"testCases": []} x"#,
+            "",
+            // A byte-order mark.
+            "\u{feff}{\"testCases\": [{\"id\": \"a\"}]}",
+        ];
+        for document in documents {
+            for file in ["eval/tests.json", "tests.json"] {
+                let streamed = convert(file, document.as_bytes()).expect("utf-8");
+                assert_eq!(streamed, by_value(file, document.as_bytes()), "{document}");
+            }
+        }
+        // The comparison is not vacuous: the first document has cases and problems.
+        let first = convert("eval/tests.json", documents[0].as_bytes()).expect("utf-8");
+        assert_eq!(first.config.test_cases.len(), 2);
+        assert_eq!(first.config.test_cases[0].tags, ["pii"]);
+        assert_eq!(first.problems.len(), 5, "{:?}", first.problems);
+    }
 
     #[test]
     fn syntax_error_has_line_and_column() {

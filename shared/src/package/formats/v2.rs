@@ -34,11 +34,12 @@ const CASE_KEYS: &[&str] = &[
 
 /// Takes the parsed document by value: each case's JSON is moved into its typed form (no
 /// string copied) and freed as soon as it is converted, so loading never holds the whole
-/// document twice (as JSON values and as the model).
+/// document twice (as JSON values and as the model). [`super::convert`] does not build the
+/// document at all: it converts each case as the parser reaches it ([`CaseList::push`]) and
+/// hands the rest to [`convert_parts`].
 pub fn convert(value: Value, file: &str) -> Converted {
-    let mut out = Converted::empty(EvalFormat::V2, "/testCases");
-    warn_unknown_keys(&value, TOP_KEYS, file, "", "top-level", &mut out.problems);
     let Value::Object(mut obj) = value else {
+        let mut out = Converted::empty(EvalFormat::V2, "/testCases");
         out.problems.push(Problem::error(
             file,
             "",
@@ -46,7 +47,75 @@ pub fn convert(value: Value, file: &str) -> Converted {
         ));
         return out;
     };
-    if let Some(version) = obj.get("version").and_then(Value::as_str) {
+    let cases = obj.remove("testCases").map(|cases| match cases {
+        Value::Array(items) => {
+            let mut list = CaseList::default();
+            for (i, item) in items.into_iter().enumerate() {
+                list.push(i, item, file);
+            }
+            list
+        }
+        _ => CaseList::not_a_list(),
+    });
+    convert_parts(obj, cases, file)
+}
+
+/// A v2 document's `testCases`, converted case by case.
+#[derive(Debug, Default)]
+pub struct CaseList {
+    cases: Vec<TestCase>,
+    sources: Vec<CaseSource>,
+    problems: Vec<Problem>,
+    not_a_list: bool,
+}
+
+impl CaseList {
+    /// `testCases` was there but not a list.
+    pub fn not_a_list() -> Self {
+        CaseList {
+            not_a_list: true,
+            ..CaseList::default()
+        }
+    }
+
+    /// Converts the case at `index` of the list (its JSON moved in and freed here); a broken
+    /// case becomes a problem and the next is read all the same.
+    pub fn push(&mut self, index: usize, item: Value, file: &str) {
+        let at = format!("/testCases/{index}");
+        if !item.is_object() {
+            self.problems.push(Problem::error(
+                file,
+                &at,
+                "a test case must be a JSON object",
+            ));
+            return;
+        }
+        warn_unknown_keys(&item, CASE_KEYS, file, &at, "test case", &mut self.problems);
+        match typed_owned::<TestCase>(item, file, &at) {
+            Ok(mut case) => {
+                merge_metadata_tags(&mut case);
+                self.cases.push(case);
+                self.sources.push(CaseSource {
+                    pointer: at,
+                    renames: &[],
+                });
+            }
+            Err(problem) => self.problems.push(problem),
+        }
+    }
+}
+
+/// A v2 document from its top level without `testCases` (`top`) and its cases, converted
+/// already (`None` when the document has no `testCases`).
+pub fn convert_parts(
+    top: serde_json::Map<String, Value>,
+    cases: Option<CaseList>,
+    file: &str,
+) -> Converted {
+    let mut out = Converted::empty(EvalFormat::V2, "/testCases");
+    let top = Value::Object(top);
+    warn_unknown_keys(&top, TOP_KEYS, file, "", "top-level", &mut out.problems);
+    if let Some(version) = top.get("version").and_then(Value::as_str) {
         if !version.starts_with('2') {
             out.problems.push(Problem::warning(
                 file,
@@ -56,48 +125,26 @@ pub fn convert(value: Value, file: &str) -> Converted {
         }
     }
 
-    // Everything but the cases in one go; the cases one by one.
-    let cases = obj.remove("testCases");
-    match typed_owned::<EvalConfig>(Value::Object(obj), file, "") {
+    // Everything but the cases in one go; the cases were converted one by one.
+    match typed_owned::<EvalConfig>(top, file, "") {
         Ok(config) => out.config = config,
         Err(problem) => out.problems.push(problem),
     }
     out.config.version = "2.0".to_string();
-    out.config.test_cases.clear();
-
-    match cases {
-        None => {}
-        Some(Value::Array(items)) => {
-            out.config.test_cases.reserve(items.len());
-            for (i, item) in items.into_iter().enumerate() {
-                let at = format!("/testCases/{i}");
-                if !item.is_object() {
-                    out.problems.push(Problem::error(
-                        file,
-                        &at,
-                        "a test case must be a JSON object",
-                    ));
-                    continue;
-                }
-                warn_unknown_keys(&item, CASE_KEYS, file, &at, "test case", &mut out.problems);
-                match typed_owned::<TestCase>(item, file, &at) {
-                    Ok(mut case) => {
-                        merge_metadata_tags(&mut case);
-                        out.config.test_cases.push(case);
-                        out.sources.push(CaseSource {
-                            pointer: at,
-                            renames: &[],
-                        });
-                    }
-                    Err(problem) => out.problems.push(problem),
-                }
-            }
-        }
-        Some(_) => out.problems.push(Problem::error(
+    let Some(mut list) = cases else {
+        out.config.test_cases.clear();
+        return out;
+    };
+    list.cases.shrink_to_fit();
+    out.config.test_cases = list.cases;
+    out.sources = list.sources;
+    out.problems.append(&mut list.problems);
+    if list.not_a_list {
+        out.problems.push(Problem::error(
             file,
             "/testCases",
             "`testCases` must be a list of test cases",
-        )),
+        ));
     }
     out
 }
