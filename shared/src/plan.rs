@@ -65,7 +65,7 @@ pub struct CaseFilter {
     pub suite: Option<String>,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum PlanError {
     #[error("unknown suite `{0}`; the eval definition has: {1}")]
     UnknownSuite(String, String),
@@ -189,59 +189,432 @@ impl Planner<'_> {
         filter: &CaseFilter,
         suite_ids: Option<&[String]>,
     ) -> Result<Vec<Job>, PlanError> {
-        let config = self.config;
-        let retry_default = u32::from(config.settings.retry_failed);
-        let environment = config
-            .setup
-            .as_ref()
-            .map(|s| s.environment.clone())
-            .unwrap_or_default();
         let jobs: Vec<Job> = cases
             .enumerate()
-            .filter(|(_, c)| filter.case_ids.is_empty() || filter.case_ids.contains(&c.id))
-            .filter(|(_, c)| {
-                filter.tags.is_empty() || c.tags.iter().any(|t| filter.tags.contains(t))
-            })
-            .filter(|(_, c)| suite_ids.is_none_or(|ids| ids.contains(&c.id)))
-            .map(|(index, c)| {
-                let runner = self
-                    .runner_override
-                    .cloned()
-                    .unwrap_or_else(|| default_runner(config, &c));
-                let timeout_ms = c.timeout_ms(&config.settings);
-                let retry_count = c.evaluation.retry_count.unwrap_or(retry_default);
-                let suites = config
-                    .suites_of(&c.id)
-                    .into_iter()
-                    .map(str::to_string)
-                    .collect();
-                let strategy = c.strategy_name(config.profile).to_string();
-                let mut case = c.into_owned();
-                case.evaluation.strategy = strategy;
-                Job {
-                    run_id: self.run_id,
-                    case_index: u32::try_from(index).unwrap_or(u32::MAX),
-                    profile: config.profile,
-                    runner,
-                    timeout_ms,
-                    retry_count,
-                    package_hash: self.package_hash.to_string(),
-                    environment: environment.clone(),
-                    given: None,
-                    suites,
-                    attempt: 1,
-                    case,
-                }
-            })
+            .filter(|(_, c)| selected(filter, suite_ids, &c.id, &c.tags))
+            .map(|(index, c)| self.job(index, c))
             .collect();
         if jobs.is_empty() {
-            return Err(PlanError::Empty {
-                tags: filter.tags.clone(),
-                cases: filter.case_ids.clone(),
-                suite: filter.suite.clone(),
-            });
+            return Err(empty(filter));
         }
         Ok(jobs)
+    }
+
+    /// The job of the case at `index` of the definition.
+    fn job(&self, index: usize, c: Cow<'_, TestCase>) -> Job {
+        let config = self.config;
+        let runner = self
+            .runner_override
+            .cloned()
+            .unwrap_or_else(|| default_runner(config, &c));
+        let timeout_ms = c.timeout_ms(&config.settings);
+        let retry_count = c
+            .evaluation
+            .retry_count
+            .unwrap_or(u32::from(config.settings.retry_failed));
+        let suites = config
+            .suites_of(&c.id)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let strategy = c.strategy_name(config.profile).to_string();
+        let mut case = c.into_owned();
+        case.evaluation.strategy = strategy;
+        Job {
+            run_id: self.run_id,
+            case_index: u32::try_from(index).unwrap_or(u32::MAX),
+            profile: config.profile,
+            runner,
+            timeout_ms,
+            retry_count,
+            package_hash: self.package_hash.to_string(),
+            environment: config
+                .setup
+                .as_ref()
+                .map(|s| s.environment.clone())
+                .unwrap_or_default(),
+            given: None,
+            suites,
+            attempt: 1,
+            case,
+        }
+    }
+}
+
+/// Whether the filter selects the case with this id and tags (`suite_ids`: the ids of the
+/// filter's suite, when it names one).
+fn selected(filter: &CaseFilter, suite_ids: Option<&[String]>, id: &str, tags: &[String]) -> bool {
+    (filter.case_ids.is_empty() || filter.case_ids.iter().any(|c| c == id))
+        && (filter.tags.is_empty() || tags.iter().any(|t| filter.tags.contains(t)))
+        && suite_ids.is_none_or(|ids| ids.iter().any(|c| c == id))
+}
+
+fn empty(filter: &CaseFilter) -> PlanError {
+    PlanError::Empty {
+        tags: filter.tags.clone(),
+        cases: filter.case_ids.clone(),
+        suite: filter.suite.clone(),
+    }
+}
+
+/// A stored definition planned from its JSON text, case by case: what a service holds for a
+/// large definition instead of the model (whose in-memory form is several times the text),
+/// so planning a run needs the text and one chunk of jobs, whatever the number of cases.
+///
+/// The text is the definition as stored (the serialised [`EvalConfig`]); it is parsed once for
+/// everything but the cases ([`DefinitionText::parse`]), and again, a case at a time, by each
+/// pass over the cases ([`DefinitionText::count`], [`DefinitionText::plan_chunks`]).
+#[derive(Debug)]
+pub struct DefinitionText {
+    text: String,
+    /// The definition without its cases.
+    header: EvalConfig,
+    cases: usize,
+}
+
+/// A definition's text that does not parse as one.
+#[derive(Debug, thiserror::Error)]
+#[error("the stored eval definition does not parse: {0}")]
+pub struct TextError(#[from] serde_json::Error);
+
+impl DefinitionText {
+    /// Reads a stored definition's text: everything but its cases now.
+    pub fn parse(text: String) -> Result<Self, TextError> {
+        let (header, cases) = stored::header(&text)?;
+        Ok(DefinitionText {
+            text,
+            header,
+            cases,
+        })
+    }
+
+    /// Serialises a definition for storing, dropping each case once it is written (the
+    /// definition is held once, as the model or as text, never both whole); `config` is left
+    /// without its cases.
+    pub fn from_config(config: &mut EvalConfig) -> Result<Self, TextError> {
+        let cases = std::mem::take(&mut config.test_cases);
+        let count = cases.len();
+        let mut text = stored::write(config, cases)?;
+        text.shrink_to_fit();
+        Ok(DefinitionText {
+            text,
+            header: config.clone(),
+            cases: count,
+        })
+    }
+
+    /// The JSON text, as stored.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The definition without its cases.
+    pub fn header(&self) -> &EvalConfig {
+        &self.header
+    }
+
+    /// How many cases the definition has.
+    pub fn cases(&self) -> usize {
+        self.cases
+    }
+
+    /// Checks a filter as [`plan`] does (its suite and cases exist, it selects something)
+    /// and counts the jobs it selects, reading each case's id and tags only.
+    pub fn count(&self, filter: &CaseFilter) -> Result<Result<usize, PlanError>, TextError> {
+        let suite_ids = match suite_ids(&self.header, filter) {
+            Ok(ids) => ids,
+            Err(e) => return Ok(Err(e)),
+        };
+        if filter.case_ids.is_empty() && filter.tags.is_empty() && suite_ids.is_none() {
+            return Ok(if self.cases == 0 {
+                Err(empty(filter))
+            } else {
+                Ok(self.cases)
+            });
+        }
+        let mut seen = vec![false; filter.case_ids.len()];
+        let mut count = 0;
+        stored::each_case::<stored::CaseKey>(&self.text, |_, key| {
+            for (seen, id) in seen.iter_mut().zip(&filter.case_ids) {
+                *seen |= *id == key.id;
+            }
+            if selected(filter, suite_ids.as_deref(), &key.id, &key.tags) {
+                count += 1;
+            }
+            true
+        })?;
+        if let Some((_, id)) = seen.iter().zip(&filter.case_ids).find(|(seen, _)| !**seen) {
+            return Ok(Err(PlanError::UnknownCase(id.clone())));
+        }
+        Ok(if count == 0 {
+            Err(empty(filter))
+        } else {
+            Ok(count)
+        })
+    }
+
+    /// Plans the jobs of a run in definition order, as [`plan`] does, handing them to `each`
+    /// in chunks of at most `chunk` (the last one shorter); `each` returns `false` to stop.
+    /// Check the filter with [`DefinitionText::count`] first: a filter naming a suite the
+    /// definition lacks plans nothing.
+    pub fn plan_chunks(
+        &self,
+        package_hash: &str,
+        run_id: Uuid,
+        filter: &CaseFilter,
+        runner_override: Option<&RunnerConfig>,
+        chunk: usize,
+        mut each: impl FnMut(Vec<Job>) -> bool,
+    ) -> Result<(), TextError> {
+        let Ok(suite_ids) = suite_ids(&self.header, filter) else {
+            return Ok(());
+        };
+        let planner = Planner {
+            config: &self.header,
+            package_hash,
+            run_id,
+            runner_override,
+        };
+        let chunk = chunk.max(1);
+        let mut jobs = Vec::with_capacity(chunk);
+        let mut going = true;
+        stored::each_case::<TestCase>(&self.text, |index, case| {
+            if selected(filter, suite_ids.as_deref(), &case.id, &case.tags) {
+                jobs.push(planner.job(index, Cow::Owned(case)));
+                if jobs.len() == chunk {
+                    going = each(std::mem::replace(&mut jobs, Vec::with_capacity(chunk)));
+                }
+            }
+            going
+        })?;
+        if going && !jobs.is_empty() {
+            each(jobs);
+        }
+        Ok(())
+    }
+}
+
+/// The ids of the filter's suite when it names one; an unknown suite is an error.
+fn suite_ids(config: &EvalConfig, filter: &CaseFilter) -> Result<Option<Vec<String>>, PlanError> {
+    check_filter(
+        config,
+        &[],
+        &CaseFilter {
+            suite: filter.suite.clone(),
+            ..CaseFilter::default()
+        },
+    )
+}
+
+/// Reading and writing a definition's text case by case. Hand-written serde visitors: reading
+/// one large field of a JSON document item by item is what `DeserializeSeed` is for, and no
+/// crate does it.
+mod stored {
+    use std::cell::RefCell;
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{
+        DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+    };
+    use serde::ser::{SerializeMap, SerializeSeq};
+    use serde::{Deserialize, Serialize, Serializer};
+    use serde_json::Value;
+
+    use crate::model::{EvalConfig, TestCase};
+
+    /// What [`super::DefinitionText::count`] reads of a case.
+    #[derive(Deserialize)]
+    pub(super) struct CaseKey {
+        pub id: String,
+        #[serde(default)]
+        pub tags: Vec<String>,
+    }
+
+    /// The definition without its cases, and how many cases it has.
+    pub(super) fn header(text: &str) -> Result<(EvalConfig, usize), serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let (top, cases) = de.deserialize_map(HeaderVisitor)?;
+        de.end()?;
+        let config: EvalConfig = serde_json::from_value(Value::Object(top))?;
+        Ok((config, cases))
+    }
+
+    struct HeaderVisitor;
+
+    impl<'de> Visitor<'de> for HeaderVisitor {
+        type Value = (serde_json::Map<String, Value>, usize);
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an eval definition object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut top = serde_json::Map::new();
+            let mut cases = 0;
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "testCases" {
+                    cases = map.next_value_seed(CountSeed)?;
+                } else {
+                    top.insert(key, map.next_value()?);
+                }
+            }
+            Ok((top, cases))
+        }
+    }
+
+    /// Counts a list's items without building them.
+    struct CountSeed;
+
+    impl<'de> DeserializeSeed<'de> for CountSeed {
+        type Value = usize;
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<usize, D::Error> {
+            deserializer.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for CountSeed {
+        type Value = usize;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list of test cases")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+            let mut n = 0;
+            while seq.next_element::<IgnoredAny>()?.is_some() {
+                n += 1;
+            }
+            Ok(n)
+        }
+    }
+
+    /// Calls `each(index, case)` for each case of the text, read as a `T`, until it returns
+    /// `false`.
+    pub(super) fn each_case<T: DeserializeOwned>(
+        text: &str,
+        each: impl FnMut(usize, T) -> bool,
+    ) -> Result<(), serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        de.deserialize_map(CasesVisitor {
+            each,
+            case: PhantomData,
+        })
+    }
+
+    struct CasesVisitor<F, T> {
+        each: F,
+        case: PhantomData<fn() -> T>,
+    }
+
+    impl<'de, F: FnMut(usize, T) -> bool, T: DeserializeOwned> Visitor<'de> for CasesVisitor<F, T> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an eval definition object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "testCases" {
+                    map.next_value_seed(ItemsSeed {
+                        each: &mut self.each,
+                        case: PhantomData,
+                    })?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// The case list; once `each` says stop, the rest is read without being built (the
+    /// parser must still reach the end of the document).
+    struct ItemsSeed<'f, F, T> {
+        each: &'f mut F,
+        case: PhantomData<fn() -> T>,
+    }
+
+    impl<'de, F: FnMut(usize, T) -> bool, T: DeserializeOwned> DeserializeSeed<'de>
+        for ItemsSeed<'_, F, T>
+    {
+        type Value = ();
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+            deserializer.deserialize_seq(self)
+        }
+    }
+
+    impl<'de, F: FnMut(usize, T) -> bool, T: DeserializeOwned> Visitor<'de> for ItemsSeed<'_, F, T> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list of test cases")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let mut index = 0;
+            while let Some(case) = seq.next_element::<T>()? {
+                if !(self.each)(index, case) {
+                    while seq.next_element::<IgnoredAny>()?.is_some() {}
+                    break;
+                }
+                index += 1;
+            }
+            Ok(())
+        }
+    }
+
+    /// `config` (whose cases are `cases`) as JSON text; each case is dropped once written.
+    pub(super) fn write(
+        config: &EvalConfig,
+        cases: Vec<TestCase>,
+    ) -> Result<String, serde_json::Error> {
+        let Value::Object(fields) = serde_json::to_value(config)? else {
+            return Err(serde::ser::Error::custom(
+                "a definition serialises as an object",
+            ));
+        };
+        let document = Document {
+            fields,
+            cases: RefCell::new(cases),
+        };
+        serde_json::to_string(&document)
+    }
+
+    /// The definition's fields in their order, `testCases` written from `cases`.
+    struct Document {
+        fields: serde_json::Map<String, Value>,
+        cases: RefCell<Vec<TestCase>>,
+    }
+
+    impl Serialize for Document {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let mut map = serializer.serialize_map(Some(self.fields.len()))?;
+            for (key, value) in &self.fields {
+                if key == "testCases" {
+                    map.serialize_entry(key, &Drain(&self.cases))?;
+                } else {
+                    map.serialize_entry(key, value)?;
+                }
+            }
+            map.end()
+        }
+    }
+
+    struct Drain<'a>(&'a RefCell<Vec<TestCase>>);
+
+    impl Serialize for Drain<'_> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let mut cases = self.0.borrow_mut();
+            let mut seq = serializer.serialize_seq(Some(cases.len()))?;
+            for case in cases.drain(..) {
+                seq.serialize_element(&case)?;
+            }
+            seq.end()
+        }
     }
 }
 
@@ -385,5 +758,95 @@ mod tests {
         )
         .unwrap();
         assert!(jobs.iter().all(|j| j.runner.kind == "given"));
+    }
+
+    fn filters() -> Vec<CaseFilter> {
+        let f = |tags: &[&str], ids: &[&str], suite: Option<&str>| CaseFilter {
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            case_ids: ids.iter().map(|t| t.to_string()).collect(),
+            suite: suite.map(str::to_string),
+        };
+        vec![
+            f(&[], &[], None),
+            f(&["edge"], &[], None),
+            f(&[], &["c", "a"], None),
+            f(&[], &[], Some("core")),
+            f(&["smoke"], &[], Some("core")),
+            f(&[], &["zz"], None),
+            f(&[], &[], Some("nope")),
+            f(&["none"], &[], None),
+            f(&["edge"], &["a"], None),
+        ]
+    }
+
+    #[test]
+    fn the_stored_text_holds_the_whole_definition() {
+        let mut config = config();
+        let text = DefinitionText::from_config(&mut config).unwrap();
+        assert!(config.test_cases.is_empty(), "the cases were taken");
+        assert_eq!(text.cases(), 3);
+        let back: EvalConfig = serde_json::from_str(text.text()).unwrap();
+        assert_eq!(back, self::config());
+        let parsed = DefinitionText::parse(text.text().to_string()).unwrap();
+        assert_eq!(parsed.cases(), 3);
+        assert_eq!(parsed.header(), text.header());
+        assert!(parsed.header().test_cases.is_empty());
+        assert_eq!(parsed.header().suites, self::config().suites);
+        // A text with its cases before the rest reads the same (stored definitions of earlier
+        // versions, or any key order).
+        let reordered = format!(
+            r#"{{"testCases": {}, "version": "2.0", "profile": "structured", "settings": {}, "suites": {}}}"#,
+            serde_json::to_string(&self::config().test_cases).unwrap(),
+            serde_json::to_string(&self::config().settings).unwrap(),
+            serde_json::to_string(&self::config().suites).unwrap(),
+        );
+        let reordered = DefinitionText::parse(reordered).unwrap();
+        assert_eq!(reordered.header(), parsed.header());
+        assert!(DefinitionText::parse("{\"testCases\": [".to_string()).is_err());
+        assert!(DefinitionText::parse("[]".to_string()).is_err());
+    }
+
+    #[test]
+    fn planning_from_the_text_gives_the_jobs_and_errors_of_planning_the_model() {
+        let text = DefinitionText::from_config(&mut config()).unwrap();
+        let runner = RunnerConfig {
+            kind: "given".into(),
+            ..RunnerConfig::default()
+        };
+        for filter in filters() {
+            for runner in [None, Some(&runner)] {
+                let expected = plan(&config(), "h", Uuid::nil(), &filter, runner);
+                let counted = text.count(&filter).unwrap();
+                assert_eq!(
+                    counted,
+                    expected.as_ref().map(Vec::len).map_err(Clone::clone),
+                    "{filter:?}"
+                );
+                let mut chunks = Vec::new();
+                text.plan_chunks("h", Uuid::nil(), &filter, runner, 2, |jobs| {
+                    chunks.push(jobs);
+                    true
+                })
+                .unwrap();
+                assert!(chunks.iter().all(|c| !c.is_empty() && c.len() <= 2));
+                let planned: Vec<Job> = chunks.into_iter().flatten().collect();
+                match expected {
+                    Ok(jobs) => assert_eq!(planned, jobs, "{filter:?}"),
+                    Err(_) => assert!(planned.is_empty(), "{filter:?}: nothing matches"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn planning_from_the_text_stops_when_told() {
+        let text = DefinitionText::from_config(&mut config()).unwrap();
+        let mut chunks = Vec::new();
+        text.plan_chunks("h", Uuid::nil(), &CaseFilter::default(), None, 2, |jobs| {
+            chunks.push(jobs.len());
+            false
+        })
+        .unwrap();
+        assert_eq!(chunks, [2]);
     }
 }
