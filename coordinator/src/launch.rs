@@ -19,7 +19,7 @@ use crate::db::{self as runs, NewRun, RunInsert};
 use anyhow::Context as _;
 use serde_json::json;
 use skilleval::model::{EvalConfig, RunnerConfig, RunnerSpec};
-use skilleval::plan::{plan_owned, CaseFilter, Job, PlanError};
+use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
 use skilleval_infra::messages::EncodedJob;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
@@ -82,53 +82,49 @@ impl RunLauncher {
         let version = runs::version_for_run(conn, request.version_id)
             .await?
             .ok_or_else(|| ApiError::not_found("version", request.version_id))?;
-        let mut config: EvalConfig = serde_json::from_str(&version.config).with_context(|| {
+        let definition = DefinitionText::parse(version.config).with_context(|| {
             format!(
-                "stored eval config of version {} does not parse",
+                "reading the stored eval config of version {}",
                 version.version_id
             )
         })?;
-        drop(version.config);
-        let mut planned = PlannedVersion {
+        let planned = PlannedVersion {
             version_id: version.version_id,
-            package_hash: &version.package_hash,
-            config: &mut config,
+            package_hash: version.package_hash,
+            definition: Arc::new(definition),
         };
-        self.prepare(&mut planned, request)
+        self.prepare(planned, request)
     }
 
-    /// Plans a run of a version whose definition is in hand (an upload). The definition's
-    /// cases move into the run's jobs: `version.config` is left without them.
+    /// Plans a run: checks the request's filter against the definition and counts its jobs.
+    /// The jobs themselves are planned from the definition's text while the run is created
+    /// ([`PreparedRun::job_chunks`]), a chunk at a time.
     pub fn prepare(
         &self,
-        version: &mut PlannedVersion<'_>,
+        version: PlannedVersion,
         request: &RunRequest,
     ) -> Result<PreparedRun, ApiError> {
+        let header = version.definition.header();
         let runner_override = request
             .runner
             .as_ref()
-            .map(|spec| resolve_runner(spec, version.config));
-        let run_id = Uuid::now_v7();
-        let jobs = plan_owned(
-            version.config,
-            version.package_hash,
-            run_id,
-            &request.filter,
-            runner_override.as_ref(),
-        )
-        .map_err(|e| plan_error(&e))?;
-        let max_in_flight = match version.config.settings.parallel_execution {
+            .map(|spec| resolve_runner(spec, header));
+        let total = version
+            .definition
+            .count(&request.filter)
+            .context("counting the run's jobs")?
+            .map_err(|e| plan_error(&e))?;
+        let max_in_flight = match header.settings.parallel_execution {
             Some(false) => Some(1),
-            _ => version
-                .config
+            _ => header
                 .settings
                 .max_concurrent_tests
                 .filter(|n| *n > 0)
                 .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
         };
-        let fail_fast = version.config.settings.fail_fast;
+        let fail_fast = header.settings.fail_fast;
         Ok(PreparedRun {
-            run_id,
+            run_id: Uuid::now_v7(),
             version_id: version.version_id,
             kind: request.kind,
             runner: runner_override.as_ref().map(|r| json!(r)),
@@ -142,7 +138,11 @@ impl RunLauncher {
             // A cap or failFast decides which jobs go out as results come in: those runs are
             // created whole and released by the cap. Any other is streamed.
             streamed: max_in_flight.is_none() && !fail_fast,
-            jobs,
+            total,
+            definition: version.definition,
+            package_hash: version.package_hash,
+            filter: request.filter.clone(),
+            runner_override,
         })
     }
 
@@ -168,7 +168,15 @@ impl RunLauncher {
             max_tokens: prepared.max_tokens,
             creating: prepared.streamed,
         };
-        Ok(runs::insert_run(conn, &new_run, &prepared.jobs).await?)
+        let inserted = runs::insert_run(conn, &new_run, prepared.total).await?;
+        if let (RunInsert::Created(run_id), false) = (inserted, prepared.streamed) {
+            let mut chunks = prepared.job_chunks();
+            while let Some(jobs) = chunks.recv().await {
+                let jobs = jobs.context("planning the run's jobs")?;
+                runs::insert_queued(conn, run_id, &jobs).await?;
+            }
+        }
+        Ok(inserted)
     }
 
     /// After the commit of [`RunLauncher::insert`]: a run created whole is released; a
@@ -189,7 +197,7 @@ impl RunLauncher {
                 launcher.release_logged(run_id).await;
                 return;
             }
-            if let Err(e) = launcher.populate(run_id, prepared.jobs).await {
+            if let Err(e) = launcher.populate(run_id, &prepared).await {
                 launcher.metrics.publish_failures.inc();
                 tracing::warn!(%run_id, error = ?e, "creating the run's rows failed; the sweeper will finish it");
             }
@@ -218,9 +226,9 @@ impl RunLauncher {
     /// Holds the run's release lock throughout (a live creator is how the sweeper tells a
     /// creation under way from one whose coordinator died). A run stopped meanwhile (cancel,
     /// budget) is settled: its remaining cases are inserted `skipped`.
-    async fn populate(&self, run_id: Uuid, jobs: Vec<Job>) -> anyhow::Result<()> {
+    async fn populate(&self, run_id: Uuid, prepared: &PreparedRun) -> anyhow::Result<()> {
         let mut conn = self.locked(run_id).await?;
-        let populated = self.populate_locked(&mut conn, run_id, jobs).await;
+        let populated = self.populate_locked(&mut conn, run_id, prepared).await;
         unlock(conn, run_id).await;
         populated
     }
@@ -239,47 +247,56 @@ impl RunLauncher {
         Ok(conn)
     }
 
-    /// Each chunk's jobs are dropped once the chunk is handed to the publisher (which keeps
-    /// only their encoded text until confirmed), so a large run's memory shrinks as it is
-    /// created.
+    /// The jobs are planned from the definition's text a chunk at a time while earlier
+    /// chunks are inserted and published, and each chunk's jobs are dropped once it is
+    /// handed to the publisher (which keeps only their encoded text until confirmed): a
+    /// creation holds the text and a few chunks, whatever the run's size.
     async fn populate_locked(
         &self,
         conn: &mut PgConnection,
         run_id: Uuid,
-        jobs: Vec<Job>,
+        prepared: &PreparedRun,
     ) -> anyhow::Result<()> {
-        let total = jobs.len();
-        let chunks = total.div_ceil(RELEASE_PAGE);
-        let mut remaining = jobs.into_iter();
+        let total = prepared.total;
+        let mut planned = prepared.job_chunks();
         let mut in_flight: VecDeque<(tokio::task::JoinHandle<ChunkOutcome>, i32)> = VecDeque::new();
         // Every chunk settled so far was confirmed whole: the watermark may advance.
         let mut whole = true;
         // Where the time goes (logged at the end): inserting, and waiting for confirms.
         let started = std::time::Instant::now();
         let mut inserting = Duration::ZERO;
-        for n in 0..chunks {
-            let chunk: Vec<Job> = remaining.by_ref().take(RELEASE_PAGE).collect();
+        let mut queued_so_far = 0;
+        let mut chunks = 0;
+        let mut stopped = false;
+        while let Some(chunk) = planned.recv().await {
+            let chunk = chunk.context("planning the run's jobs")?;
+            chunks += 1;
             while in_flight.len() >= PAGES_IN_FLIGHT {
                 if let Some(oldest) = in_flight.pop_front() {
                     whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
                 }
             }
             let texts = runs::encode_jobs(&chunk).context("encoding jobs")?;
+            let last = queued_so_far + chunk.len() >= total;
             let insert_started = std::time::Instant::now();
-            let queued = runs::insert_chunk(conn, run_id, &chunk, &texts, n + 1 == chunks)
+            let queued = runs::insert_chunk(conn, run_id, &chunk, &texts, last)
                 .await
                 .context("inserting a chunk of the run's rows")?;
             inserting += insert_started.elapsed();
             if !queued {
                 let mut rest = chunk;
-                rest.extend(remaining);
+                while let Some(more) = planned.recv().await {
+                    rest.extend(more.context("planning the run's jobs")?);
+                }
                 let texts = runs::encode_jobs(&rest).context("encoding jobs")?;
                 runs::settle_creation(conn, run_id, &rest, &texts)
                     .await
                     .context("settling a run stopped while it was created")?;
                 tracing::info!(%run_id, unqueued = rest.len(), "the run stopped while it was created");
+                stopped = true;
                 break;
             }
+            queued_so_far += chunk.len();
             let next_index = chunk.last().map_or(0, |job| {
                 i32::try_from(job.case_index).unwrap_or(i32::MAX - 1) + 1
             });
@@ -289,11 +306,20 @@ impl RunLauncher {
                 .map(|(job, text)| EncodedJob::from_stored(run_id, job.case.id.clone(), text))
                 .collect();
             drop(texts);
+            drop(chunk);
             let sink = self.sink.clone();
             in_flight.push_back((tokio::spawn(publish_chunk(sink, page)), next_index));
+            if last {
+                break;
+            }
         }
         while let Some(oldest) = in_flight.pop_front() {
             whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
+        }
+        if queued_so_far < total && !stopped {
+            // The planner gave fewer jobs than it counted (it cannot, planning the same text
+            // with the same filter): the run stays `creating` and the sweeper settles it.
+            anyhow::bail!("planned {queued_so_far} of the run's {total} jobs");
         }
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
@@ -375,8 +401,7 @@ impl RunLauncher {
         let version = runs::version_for_run(conn, stored.version_id)
             .await?
             .with_context(|| format!("version {} of the run is gone", stored.version_id))?;
-        let mut config: EvalConfig = serde_json::from_str(&version.config)
-            .context("the stored eval config does not parse")?;
+        let definition = DefinitionText::parse(version.config)?;
         let filter: CaseFilter = serde_json::from_value::<RecordedFilter>(stored.request)
             .context("the run's stored request does not parse")?
             .into();
@@ -385,15 +410,23 @@ impl RunLauncher {
             .map(serde_json::from_value)
             .transpose()
             .context("the run's stored runner does not parse")?;
-        let jobs = plan_owned(
-            &mut config,
-            &version.package_hash,
-            run_id,
-            &filter,
-            runner.as_ref(),
-        )
-        .map_err(|e| anyhow::anyhow!("planning the run again: {e}"))?;
-        drop(config);
+        // Every job at once (the cases that have a row are left alone in one transaction):
+        // a crashed creation's rare recovery holds the whole run's jobs, not one chunk.
+        let mut jobs = Vec::new();
+        definition
+            .plan_chunks(
+                &version.package_hash,
+                run_id,
+                &filter,
+                runner.as_ref(),
+                RELEASE_PAGE,
+                |chunk| {
+                    jobs.extend(chunk);
+                    true
+                },
+            )
+            .context("planning the run again")?;
+        drop(definition);
         let texts = runs::encode_jobs(&jobs).context("encoding jobs")?;
         if runs::settle_creation(conn, run_id, &jobs, &texts).await? {
             self.release_locked(conn, run_id).await
@@ -509,12 +542,12 @@ impl RunLauncher {
     }
 }
 
-/// A version to plan a run of; planning moves its definition's cases into the jobs.
+/// A version to plan a run of: its definition as text.
 #[derive(Debug)]
-pub struct PlannedVersion<'a> {
+pub struct PlannedVersion {
     pub version_id: Uuid,
-    pub package_hash: &'a str,
-    pub config: &'a mut EvalConfig,
+    pub package_hash: String,
+    pub definition: Arc<DefinitionText>,
 }
 
 /// A run's filter as `runs.request` records it (the API's field names): written at creation,
@@ -574,7 +607,51 @@ pub struct PreparedRun {
     max_tokens: Option<i64>,
     /// Created chunk by chunk (see [`RunLauncher::start`]).
     pub streamed: bool,
-    pub jobs: Vec<Job>,
+    /// How many jobs the filter selects.
+    pub total: usize,
+    definition: Arc<DefinitionText>,
+    package_hash: String,
+    filter: CaseFilter,
+    runner_override: Option<RunnerConfig>,
+}
+
+impl PreparedRun {
+    /// The run's jobs in chunks of [`RELEASE_PAGE`], in case order, planned from the
+    /// definition's text in a blocking thread (parsing is CPU work) a chunk or two ahead of
+    /// the receiver; dropping the receiver stops the planning.
+    pub fn job_chunks(&self) -> tokio::sync::mpsc::Receiver<Result<Vec<Job>, TextError>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let definition = Arc::clone(&self.definition);
+        let package_hash = self.package_hash.clone();
+        let filter = self.filter.clone();
+        let runner = self.runner_override.clone();
+        let run_id = self.run_id;
+        tokio::task::spawn_blocking(move || {
+            let planned = definition.plan_chunks(
+                &package_hash,
+                run_id,
+                &filter,
+                runner.as_ref(),
+                RELEASE_PAGE,
+                |jobs| tx.blocking_send(Ok(jobs)).is_ok(),
+            );
+            if let Err(e) = planned {
+                // The receiver may be gone; then nobody needs the error either.
+                let _ = tx.blocking_send(Err(e));
+            }
+        });
+        rx
+    }
+
+    /// Every job of the run at once (tests).
+    pub async fn plan_all(&self) -> Result<Vec<Job>, TextError> {
+        let mut chunks = self.job_chunks();
+        let mut jobs = Vec::with_capacity(self.total);
+        while let Some(chunk) = chunks.recv().await {
+            jobs.extend(chunk?);
+        }
+        Ok(jobs)
+    }
 }
 
 /// Pages of one release (or chunks of a creation) publishing at the same time.

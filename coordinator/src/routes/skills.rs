@@ -17,7 +17,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 use skilleval::package::{check, Package, PackageError, PackageLimits};
-use skilleval::plan::CaseFilter;
+use skilleval::plan::{CaseFilter, DefinitionText};
 use skilleval::problem::Problem;
 use skilleval::strategy::StrategyRegistry;
 
@@ -84,11 +84,13 @@ pub async fn upload(
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     });
-    let config_json = serde_json::to_string(&package.config)
+    // The definition as the text that is stored and planned from: each case is dropped
+    // once written, so a large definition is held once (as the model, then as text).
+    let definition = DefinitionText::from_config(&mut package.config)
         .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
     let manifest_json =
         serde_json::to_value(manifest).map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
-    let test_cases = package.config.test_cases.len();
+    let test_cases = definition.cases();
     let new_version = NewVersion {
         skill_name: &manifest.name,
         description: &manifest.description,
@@ -99,7 +101,7 @@ pub async fn upload(
         version_label,
         eval_version: &package.config.version,
         profile: package.config.profile.as_str(),
-        config: &config_json,
+        config: definition.text(),
         settings: serde_json::to_value(&package.config.settings)
             .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
         test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),
@@ -111,9 +113,7 @@ pub async fn upload(
             .with_details(json!({ "field": "SKILL.md#/metadata/version", "rule": "a version label names one package content" })),
         VersionError::Db(db) => ApiError::from(db),
     })?;
-    // Stored: the definition's JSON text (tens of MB for a large upload) is not needed again.
     drop(new_version);
-    drop(config_json);
     let inserted = if query.run {
         let request = RunRequest {
             version_id: stored.version_id,
@@ -126,14 +126,13 @@ pub async fn upload(
             max_tokens: None,
         };
         // Planned from the definition in hand (the one just stored, or the identical one of
-        // the version with the same content), not read back from the database; its cases
-        // move into the jobs, so they are held once.
-        let mut version = PlannedVersion {
+        // the version with the same content), not read back from the database.
+        let version = PlannedVersion {
             version_id: stored.version_id,
-            package_hash: &package.content_hash,
-            config: &mut package.config,
+            package_hash: package.content_hash.clone(),
+            definition: Arc::new(definition),
         };
-        let prepared = state.launcher.prepare(&mut version, &request)?;
+        let prepared = state.launcher.prepare(version, &request)?;
         let inserted = state.launcher.insert(&mut tx, &prepared).await?;
         Some((prepared, inserted))
     } else {
@@ -141,10 +140,9 @@ pub async fn upload(
     };
     tx.commit().await?;
     let committed = started.elapsed();
-    // Stored and planned: what remains to do needs only the jobs. A large upload's
-    // definition and ZIP are freed before the rows are created.
+    // Stored and planned: what remains to do needs only the definition's text. A large
+    // upload's ZIP is freed before the rows are created.
     drop(zip);
-    package.config.test_cases = Vec::new();
     package.case_pointers = Vec::new();
     package.files = Vec::new();
     let run_id = inserted.as_ref().map(|(_, inserted)| inserted.run_id());

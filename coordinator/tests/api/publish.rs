@@ -77,7 +77,7 @@ async fn a_creation_cut_off_midway_is_finished_by_the_sweeper_and_publishes_what
     // The creator committed a first chunk of two rows, published it, recorded the confirm of
     // the first one only, and died.
     let mut conn = app.pool.acquire().await.unwrap();
-    insert_first_chunk(&mut conn, run_id, &prepared.jobs[..2]).await;
+    insert_first_chunk(&mut conn, run_id, &prepared.plan_all().await.unwrap()[..2]).await;
     db::advance_published(&mut conn, run_id, 1).await.unwrap();
     // A live creator holds the run's lock: the sweeper leaves the run alone, grace or not.
     db::lock_run_release(&mut conn, run_id).await.unwrap();
@@ -118,7 +118,7 @@ async fn a_run_cancelled_while_it_is_created_skips_the_cases_not_yet_queued_and_
     let launcher = &app.state.launcher;
     // Two rows are in when the run is cancelled; the creator then goes on.
     let mut conn = app.pool.acquire().await.unwrap();
-    insert_first_chunk(&mut conn, run_id, &prepared.jobs[..2]).await;
+    insert_first_chunk(&mut conn, run_id, &prepared.plan_all().await.unwrap()[..2]).await;
     assert_eq!(
         db::cancel_run(&app.pool, run_id).await.unwrap(),
         db::CancelOutcome::Cancelled { skipped: 2 }
@@ -292,6 +292,64 @@ async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
     assert!(jobs.iter().all(|j| j.run_id == run_id));
     // A second release finds nothing left to publish.
     assert_eq!(app.state.launcher.release(run_id).await.unwrap(), 0);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_filtered_run_of_a_large_stored_definition_gets_exactly_its_cases_each_once() {
+    let app = spawn_app().await;
+    let n = skilleval_coordinator::launch::RELEASE_PAGE * 2 + 7;
+    // Every third case tagged `slow`: the run's chunks are planned from the stored text
+    // across the definition's pages, and the last one is short.
+    let mut tests = crate::packages::given_tests(&vec!["ok"; n], json!({}));
+    for (i, case) in tests["testCases"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
+        if i % 3 == 0 {
+            case["tags"] = json!(["slow"]);
+        }
+    }
+    let zip = crate::packages::zip_of(&[
+        ("SKILL.md", crate::packages::skill_md("filtered").as_bytes()),
+        ("eval/tests.json", &serde_json::to_vec(&tests).unwrap()),
+    ]);
+    let upload: Value = app
+        .upload_zip(zip, "?run=false")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let created = app
+        .post_json(
+            "/v1/runs",
+            &json!({ "version_id": upload["version_id"], "tags": ["slow"] }),
+        )
+        .await;
+    assert_eq!(created.status().as_u16(), 202);
+    let created: Value = created.json().await.unwrap();
+    let run_id: Uuid = created["run_id"].as_str().unwrap().parse().unwrap();
+    let expected: Vec<u32> = (0..n as u32).filter(|i| i % 3 == 0).collect();
+    let want = expected.len();
+    assert_eq!(app.wait_for_jobs(want as u32).await, want as u32);
+    let jobs = app.drain_jobs().await;
+    let mut indexes: Vec<u32> = jobs.iter().map(|j| j.case_index).collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, expected, "the tagged cases, each once");
+    assert!(jobs
+        .iter()
+        .all(|j| j.run_id == run_id && j.case.tags == ["slow"]));
+    let (total, rows, creating): (i32, i64, bool) = sqlx::query_as(
+        "SELECT total, (SELECT count(*) FROM eval_results WHERE run_id = $1), creating
+         FROM runs WHERE id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!((total, rows, creating), (want as i32, want as i64, false));
     app.cleanup().await;
 }
 

@@ -2,7 +2,8 @@
 //! the publish sweeper and finalisation. Workers' SQL (result upserts, counters) lives in
 //! [`super::results`]; the two meet on `eval_results` rows and `runs` counters:
 //!
-//! - a run is created with one `queued` row per case, in one transaction ([`insert_run`]) or,
+//! - a run is created with one `queued` row per case, in one transaction ([`insert_run`],
+//!   [`insert_queued`]) or,
 //!   streamed, chunk by chunk while it is `creating` ([`insert_chunk`], [`settle_creation`]);
 //! - a queued row is published once the broker confirmed it: `published_at` set, or its
 //!   `case_index` under the run's `published_through` watermark;
@@ -240,15 +241,16 @@ impl RunInsert {
     }
 }
 
-/// Inserts the run and one `queued` row per job (one multi-row statement), in the caller's
-/// transaction. With an idempotency key already used, changes nothing and returns that run.
-#[tracing::instrument(skip_all, fields(run_id = %run.id, jobs = jobs.len()))]
+/// Inserts the run (of `total` jobs), in the caller's transaction; a run not `creating` gets
+/// its rows from [`insert_queued`] in the same transaction. With an idempotency key already
+/// used, changes nothing and returns that run.
+#[tracing::instrument(skip_all, fields(run_id = %run.id, jobs = total))]
 pub async fn insert_run(
     conn: &mut PgConnection,
     run: &NewRun<'_>,
-    jobs: &[Job],
+    total: usize,
 ) -> Result<RunInsert, sqlx::Error> {
-    let total = i32::try_from(jobs.len()).unwrap_or(i32::MAX);
+    let total = i32::try_from(total).unwrap_or(i32::MAX);
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO runs
             (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
@@ -279,17 +281,22 @@ pub async fn insert_run(
             .await?;
         return Ok(RunInsert::Existing(existing));
     };
-    if run.creating {
-        // Streamed creation: the creator inserts the rows chunk by chunk (`insert_chunk`).
-        return Ok(RunInsert::Created(run_id));
-    }
-    // In chunks, so the encoded rows of a large run are never all in memory at once (the
-    // chunks share the caller's transaction: the run appears whole or not at all).
+    Ok(RunInsert::Created(run_id))
+}
+
+/// Inserts `queued` rows for `jobs` of a run created by [`insert_run`] (not `creating`), in
+/// the caller's transaction (the run appears whole or not at all).
+pub async fn insert_queued(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    jobs: &[Job],
+) -> Result<(), sqlx::Error> {
+    // In chunks, so a large chunk's encoded rows are never all in memory at once.
     for chunk in jobs.chunks(INSERT_CHUNK) {
         let texts = encode_jobs(chunk)?;
         insert_rows(&mut *conn, run_id, chunk, &texts, RowsAs::Queued).await?;
     }
-    Ok(RunInsert::Created(run_id))
+    Ok(())
 }
 
 /// Each job as the JSON text its row stores (and its message carries, see
