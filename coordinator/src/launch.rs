@@ -82,12 +82,9 @@ impl RunLauncher {
         let version = runs::version_for_run(conn, request.version_id)
             .await?
             .ok_or_else(|| ApiError::not_found("version", request.version_id))?;
-        let definition = DefinitionText::parse(version.config).with_context(|| {
-            format!(
-                "reading the stored eval config of version {}",
-                version.version_id
-            )
-        })?;
+        let version_id = version.version_id;
+        let definition = read_definition(version.config)
+            .with_context(|| format!("reading the stored eval config of version {version_id}"))?;
         let planned = PlannedVersion {
             version_id: version.version_id,
             package_hash: version.package_hash,
@@ -401,7 +398,7 @@ impl RunLauncher {
         let version = runs::version_for_run(conn, stored.version_id)
             .await?
             .with_context(|| format!("version {} of the run is gone", stored.version_id))?;
-        let definition = DefinitionText::parse(version.config)?;
+        let definition = read_definition(version.config)?;
         let filter: CaseFilter = serde_json::from_value::<RecordedFilter>(stored.request)
             .context("the run's stored request does not parse")?
             .into();
@@ -740,6 +737,14 @@ async fn next_page(
         page.push(EncodedJob::from_stored(run_id, id, &text));
     }
     Ok(page)
+}
+
+/// A version's stored definition, read for planning.
+fn read_definition(stored: runs::StoredDefinition) -> Result<DefinitionText, TextError> {
+    match stored {
+        runs::StoredDefinition::Deflated(bytes) => DefinitionText::from_deflated(bytes),
+        runs::StoredDefinition::Text(text) => DefinitionText::parse(text),
+    }
 }
 
 /// A runner named in a request keeps the definition's runner options (its script) unless the

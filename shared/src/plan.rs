@@ -259,53 +259,102 @@ fn empty(filter: &CaseFilter) -> PlanError {
 
 /// A stored definition planned from its JSON text, case by case: what a service holds for a
 /// large definition instead of the model (whose in-memory form is several times the text),
-/// so planning a run needs the text and one chunk of jobs, whatever the number of cases.
+/// so planning a run needs the stored form and one chunk of jobs, whatever the number of
+/// cases.
 ///
-/// The text is the definition as stored (the serialised [`EvalConfig`]); it is parsed once for
-/// everything but the cases ([`DefinitionText::parse`]), and again, a case at a time, by each
-/// pass over the cases ([`DefinitionText::count`], [`DefinitionText::plan_chunks`]).
+/// The stored form is the serialised [`EvalConfig`], deflated ([`DefinitionText::from_config`],
+/// [`DefinitionText::from_deflated`]: a 100,000-case definition is 44 MB of JSON and ~2 MB
+/// deflated) or as plain JSON text ([`DefinitionText::parse`], how earlier versions stored
+/// it). It is read once for everything but the cases, and again, a case at a time and
+/// inflated as it is read, by each pass over the cases ([`DefinitionText::count`],
+/// [`DefinitionText::plan_chunks`]).
 #[derive(Debug)]
 pub struct DefinitionText {
-    text: String,
+    source: Source,
     /// The definition without its cases.
     header: EvalConfig,
     cases: usize,
 }
 
-/// A definition's text that does not parse as one.
+#[derive(Debug)]
+enum Source {
+    Text(String),
+    Deflated(Vec<u8>),
+}
+
+/// A definition's text that does not parse as one (or does not inflate).
 #[derive(Debug, thiserror::Error)]
 #[error("the stored eval definition does not parse: {0}")]
 pub struct TextError(#[from] serde_json::Error);
 
+/// Runs `$pass` (a function of a `serde_json` deserializer) over the source, then checks that
+/// nothing follows the document. A macro because the two sources give two deserializer types.
+macro_rules! over_source {
+    ($source:expr, $pass:expr) => {
+        match $source {
+            Source::Text(text) => {
+                let mut de = serde_json::Deserializer::from_str(text);
+                let out = $pass(&mut de)?;
+                de.end()?;
+                out
+            }
+            Source::Deflated(bytes) => {
+                let inflated = std::io::BufReader::with_capacity(
+                    64 * 1024,
+                    flate2::read::DeflateDecoder::new(bytes.as_slice()),
+                );
+                let mut de = serde_json::Deserializer::from_reader(inflated);
+                let out = $pass(&mut de)?;
+                de.end()?;
+                out
+            }
+        }
+    };
+}
+
 impl DefinitionText {
-    /// Reads a stored definition's text: everything but its cases now.
+    /// Reads a definition stored as JSON text: everything but its cases now.
     pub fn parse(text: String) -> Result<Self, TextError> {
-        let (header, cases) = stored::header(&text)?;
+        DefinitionText::read(Source::Text(text))
+    }
+
+    /// Reads a definition stored deflated ([`DefinitionText::deflated`]).
+    pub fn from_deflated(bytes: Vec<u8>) -> Result<Self, TextError> {
+        DefinitionText::read(Source::Deflated(bytes))
+    }
+
+    fn read(source: Source) -> Result<Self, TextError> {
+        let (top, cases) = over_source!(&source, stored::header);
+        let header: EvalConfig = serde_json::from_value(serde_json::Value::Object(top))?;
         Ok(DefinitionText {
-            text,
+            source,
             header,
             cases,
         })
     }
 
-    /// Serialises a definition for storing, dropping each case once it is written (the
-    /// definition is held once, as the model or as text, never both whole); `config` is left
-    /// without its cases.
+    /// Serialises and deflates a definition for storing, dropping each case once it is
+    /// written (the definition is never held both as the model and as text); `config` is
+    /// left without its cases.
     pub fn from_config(config: &mut EvalConfig) -> Result<Self, TextError> {
         let cases = std::mem::take(&mut config.test_cases);
         let count = cases.len();
-        let mut text = stored::write(config, cases)?;
-        text.shrink_to_fit();
+        let mut bytes = stored::write_deflated(config, cases)?;
+        bytes.shrink_to_fit();
         Ok(DefinitionText {
-            text,
+            source: Source::Deflated(bytes),
             header: config.clone(),
             cases: count,
         })
     }
 
-    /// The JSON text, as stored.
-    pub fn text(&self) -> &str {
-        &self.text
+    /// The deflated JSON text to store, when the definition is held so (always, from
+    /// [`DefinitionText::from_config`]).
+    pub fn deflated(&self) -> Option<&[u8]> {
+        match &self.source {
+            Source::Deflated(bytes) => Some(bytes),
+            Source::Text(_) => None,
+        }
     }
 
     /// The definition without its cases.
@@ -334,7 +383,7 @@ impl DefinitionText {
         }
         let mut seen = vec![false; filter.case_ids.len()];
         let mut count = 0;
-        stored::each_case::<stored::CaseKey>(&self.text, |_, key| {
+        let each = |_, key: stored::CaseKey| {
             for (seen, id) in seen.iter_mut().zip(&filter.case_ids) {
                 *seen |= *id == key.id;
             }
@@ -342,7 +391,8 @@ impl DefinitionText {
                 count += 1;
             }
             true
-        })?;
+        };
+        over_source!(&self.source, |de| stored::each_case(de, each));
         if let Some((_, id)) = seen.iter().zip(&filter.case_ids).find(|(seen, _)| !**seen) {
             return Ok(Err(PlanError::UnknownCase(id.clone())));
         }
@@ -378,7 +428,7 @@ impl DefinitionText {
         let chunk = chunk.max(1);
         let mut jobs = Vec::with_capacity(chunk);
         let mut going = true;
-        stored::each_case::<TestCase>(&self.text, |index, case| {
+        let each_case = |index, case: TestCase| {
             if selected(filter, suite_ids.as_deref(), &case.id, &case.tags) {
                 jobs.push(planner.job(index, Cow::Owned(case)));
                 if jobs.len() == chunk {
@@ -386,7 +436,8 @@ impl DefinitionText {
                 }
             }
             going
-        })?;
+        };
+        over_source!(&self.source, |de| stored::each_case(de, each_case));
         if going && !jobs.is_empty() {
             each(jobs);
         }
@@ -431,13 +482,11 @@ mod stored {
         pub tags: Vec<String>,
     }
 
-    /// The definition without its cases, and how many cases it has.
-    pub(super) fn header(text: &str) -> Result<(EvalConfig, usize), serde_json::Error> {
-        let mut de = serde_json::Deserializer::from_str(text);
-        let (top, cases) = de.deserialize_map(HeaderVisitor)?;
-        de.end()?;
-        let config: EvalConfig = serde_json::from_value(Value::Object(top))?;
-        Ok((config, cases))
+    /// The definition without its cases (as JSON fields), and how many cases it has.
+    pub(super) fn header<'de, D: Deserializer<'de>>(
+        de: D,
+    ) -> Result<(serde_json::Map<String, Value>, usize), D::Error> {
+        de.deserialize_map(HeaderVisitor)
     }
 
     struct HeaderVisitor;
@@ -490,13 +539,12 @@ mod stored {
         }
     }
 
-    /// Calls `each(index, case)` for each case of the text, read as a `T`, until it returns
-    /// `false`.
-    pub(super) fn each_case<T: DeserializeOwned>(
-        text: &str,
+    /// Calls `each(index, case)` for each case of the document, read as a `T`, until it
+    /// returns `false`.
+    pub(super) fn each_case<'de, D: Deserializer<'de>, T: DeserializeOwned>(
+        de: D,
         each: impl FnMut(usize, T) -> bool,
-    ) -> Result<(), serde_json::Error> {
-        let mut de = serde_json::Deserializer::from_str(text);
+    ) -> Result<(), D::Error> {
         de.deserialize_map(CasesVisitor {
             each,
             case: PhantomData,
@@ -567,11 +615,12 @@ mod stored {
         }
     }
 
-    /// `config` (whose cases are `cases`) as JSON text; each case is dropped once written.
-    pub(super) fn write(
+    /// `config` (whose cases are `cases`) as deflated JSON text; each case is dropped once
+    /// written. The fastest deflate level: the text is mostly repeated field names.
+    pub(super) fn write_deflated(
         config: &EvalConfig,
         cases: Vec<TestCase>,
-    ) -> Result<String, serde_json::Error> {
+    ) -> Result<Vec<u8>, serde_json::Error> {
         let Value::Object(fields) = serde_json::to_value(config)? else {
             return Err(serde::ser::Error::custom(
                 "a definition serialises as an object",
@@ -581,7 +630,13 @@ mod stored {
             fields,
             cases: RefCell::new(cases),
         };
-        serde_json::to_string(&document)
+        let deflate = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut out = std::io::BufWriter::with_capacity(64 * 1024, deflate);
+        serde_json::to_writer(&mut out, &document)?;
+        let deflate = out
+            .into_inner()
+            .map_err(|e| serde_json::Error::io(e.into_error()))?;
+        deflate.finish().map_err(serde_json::Error::io)
     }
 
     /// The definition's fields in their order, `testCases` written from `cases`.
@@ -779,19 +834,43 @@ mod tests {
         ]
     }
 
+    /// The JSON text of deflated bytes.
+    fn inflate(bytes: &[u8]) -> String {
+        use std::io::Read as _;
+        let mut text = String::new();
+        flate2::read::DeflateDecoder::new(bytes)
+            .read_to_string(&mut text)
+            .unwrap();
+        text
+    }
+
+    /// The definition of [`config`] in both stored forms: deflated, and as plain text.
+    fn both_forms() -> [DefinitionText; 2] {
+        let deflated = DefinitionText::from_config(&mut config()).unwrap();
+        let text = inflate(deflated.deflated().unwrap());
+        [deflated, DefinitionText::parse(text).unwrap()]
+    }
+
     #[test]
     fn the_stored_text_holds_the_whole_definition() {
         let mut config = config();
-        let text = DefinitionText::from_config(&mut config).unwrap();
+        let stored = DefinitionText::from_config(&mut config).unwrap();
         assert!(config.test_cases.is_empty(), "the cases were taken");
-        assert_eq!(text.cases(), 3);
-        let back: EvalConfig = serde_json::from_str(text.text()).unwrap();
+        assert_eq!(stored.cases(), 3);
+        let bytes = stored.deflated().unwrap().to_vec();
+        let text = inflate(&bytes);
+        assert!(bytes.len() < text.len(), "deflated");
+        let back: EvalConfig = serde_json::from_str(&text).unwrap();
         assert_eq!(back, self::config());
-        let parsed = DefinitionText::parse(text.text().to_string()).unwrap();
-        assert_eq!(parsed.cases(), 3);
-        assert_eq!(parsed.header(), text.header());
-        assert!(parsed.header().test_cases.is_empty());
-        assert_eq!(parsed.header().suites, self::config().suites);
+        for read in [
+            DefinitionText::from_deflated(bytes).unwrap(),
+            DefinitionText::parse(text).unwrap(),
+        ] {
+            assert_eq!(read.cases(), 3);
+            assert_eq!(read.header(), stored.header());
+            assert!(read.header().test_cases.is_empty());
+            assert_eq!(read.header().suites, self::config().suites);
+        }
         // A text with its cases before the rest reads the same (stored definitions of earlier
         // versions, or any key order).
         let reordered = format!(
@@ -801,38 +880,43 @@ mod tests {
             serde_json::to_string(&self::config().suites).unwrap(),
         );
         let reordered = DefinitionText::parse(reordered).unwrap();
-        assert_eq!(reordered.header(), parsed.header());
+        assert_eq!(reordered.header(), stored.header());
+        assert_eq!(reordered.cases(), 3);
         assert!(DefinitionText::parse("{\"testCases\": [".to_string()).is_err());
         assert!(DefinitionText::parse("[]".to_string()).is_err());
+        assert!(DefinitionText::parse("{} {}".to_string()).is_err());
+        assert!(DefinitionText::from_deflated(b"not deflate".to_vec()).is_err());
     }
 
     #[test]
     fn planning_from_the_text_gives_the_jobs_and_errors_of_planning_the_model() {
-        let text = DefinitionText::from_config(&mut config()).unwrap();
         let runner = RunnerConfig {
             kind: "given".into(),
             ..RunnerConfig::default()
         };
-        for filter in filters() {
-            for runner in [None, Some(&runner)] {
-                let expected = plan(&config(), "h", Uuid::nil(), &filter, runner);
-                let counted = text.count(&filter).unwrap();
-                assert_eq!(
-                    counted,
-                    expected.as_ref().map(Vec::len).map_err(Clone::clone),
-                    "{filter:?}"
-                );
-                let mut chunks = Vec::new();
-                text.plan_chunks("h", Uuid::nil(), &filter, runner, 2, |jobs| {
-                    chunks.push(jobs);
-                    true
-                })
-                .unwrap();
-                assert!(chunks.iter().all(|c| !c.is_empty() && c.len() <= 2));
-                let planned: Vec<Job> = chunks.into_iter().flatten().collect();
-                match expected {
-                    Ok(jobs) => assert_eq!(planned, jobs, "{filter:?}"),
-                    Err(_) => assert!(planned.is_empty(), "{filter:?}: nothing matches"),
+        for stored in both_forms() {
+            for filter in filters() {
+                for runner in [None, Some(&runner)] {
+                    let expected = plan(&config(), "h", Uuid::nil(), &filter, runner);
+                    let counted = stored.count(&filter).unwrap();
+                    assert_eq!(
+                        counted,
+                        expected.as_ref().map(Vec::len).map_err(Clone::clone),
+                        "{filter:?}"
+                    );
+                    let mut chunks = Vec::new();
+                    stored
+                        .plan_chunks("h", Uuid::nil(), &filter, runner, 2, |jobs| {
+                            chunks.push(jobs);
+                            true
+                        })
+                        .unwrap();
+                    assert!(chunks.iter().all(|c| !c.is_empty() && c.len() <= 2));
+                    let planned: Vec<Job> = chunks.into_iter().flatten().collect();
+                    match expected {
+                        Ok(jobs) => assert_eq!(planned, jobs, "{filter:?}"),
+                        Err(_) => assert!(planned.is_empty(), "{filter:?}: nothing matches"),
+                    }
                 }
             }
         }
@@ -840,13 +924,15 @@ mod tests {
 
     #[test]
     fn planning_from_the_text_stops_when_told() {
-        let text = DefinitionText::from_config(&mut config()).unwrap();
-        let mut chunks = Vec::new();
-        text.plan_chunks("h", Uuid::nil(), &CaseFilter::default(), None, 2, |jobs| {
-            chunks.push(jobs.len());
-            false
-        })
-        .unwrap();
-        assert_eq!(chunks, [2]);
+        for stored in both_forms() {
+            let mut chunks = Vec::new();
+            stored
+                .plan_chunks("h", Uuid::nil(), &CaseFilter::default(), None, 2, |jobs| {
+                    chunks.push(jobs.len());
+                    false
+                })
+                .unwrap();
+            assert_eq!(chunks, [2]);
+        }
     }
 }

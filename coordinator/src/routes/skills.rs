@@ -84,10 +84,16 @@ pub async fn upload(
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     });
-    // The definition as the text that is stored and planned from: each case is dropped
-    // once written, so a large definition is held once (as the model, then as text).
+    // The definition as the deflated text that is stored and planned from: each case is
+    // dropped once written, so a large definition is held once (as the model, then as
+    // deflated text, a twentieth of its JSON).
     let definition = DefinitionText::from_config(&mut package.config)
         .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    let Some(config_deflate) = definition.deflated() else {
+        return Err(ApiError::internal(anyhow::anyhow!(
+            "a definition from the model is held deflated"
+        )));
+    };
     let manifest_json =
         serde_json::to_value(manifest).map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
     let test_cases = definition.cases();
@@ -101,7 +107,7 @@ pub async fn upload(
         version_label,
         eval_version: &package.config.version,
         profile: package.config.profile.as_str(),
-        config: definition.text(),
+        config_deflate,
         settings: serde_json::to_value(&package.config.settings)
             .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
         test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),

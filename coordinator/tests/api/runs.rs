@@ -258,3 +258,48 @@ async fn cancel_skips_the_queued_cases_and_finalises_once() {
     assert_eq!(missing.status().as_u16(), 404);
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_version_stored_before_definitions_were_deflated_still_runs() {
+    let app = spawn_app().await;
+    let version_id = stored_version(&app, "legacy", &["ok", "ok"]).await;
+    let deflated: Option<Vec<u8>> =
+        sqlx::query_scalar("SELECT config_deflate FROM eval_configs WHERE version_id = $1::uuid")
+            .bind(&version_id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert!(
+        deflated.is_some_and(|b| !b.is_empty()),
+        "uploads store it deflated"
+    );
+    // What an earlier coordinator stored: the definition as plain JSON text (three cases
+    // here, so the run shows which column was read).
+    let text = crate::packages::given_tests(&["ok", "ok", "no"], json!({})).to_string();
+    sqlx::query(
+        "UPDATE eval_configs SET config = $2, config_deflate = NULL WHERE version_id = $1::uuid",
+    )
+    .bind(&version_id)
+    .bind(&text)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let created = app
+        .post_json("/v1/runs", &json!({ "version_id": version_id }))
+        .await;
+    assert_eq!(created.status().as_u16(), 202);
+    assert_eq!(app.wait_for_jobs(3).await, 3);
+    let jobs = app.drain_jobs().await;
+    let mut ids: Vec<&str> = jobs.iter().map(|j| j.case.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["case-000", "case-001", "case-002"]);
+    // A row holds exactly one of the two forms.
+    let both = sqlx::query(
+        "UPDATE eval_configs SET config_deflate = '\\x00'::bytea WHERE version_id = $1::uuid",
+    )
+    .bind(&version_id)
+    .execute(&app.pool)
+    .await;
+    assert!(both.is_err(), "a row with both forms is refused");
+    app.cleanup().await;
+}

@@ -37,10 +37,10 @@ pub struct NewVersion<'a> {
     pub version_label: Option<String>,
     pub eval_version: &'a str,
     pub profile: &'a str,
-    /// The templated definition (`EvalConfig`) the runs are planned from, as JSON text
-    /// (serialised straight from the model: a definition of 100,000 cases is tens of MB, and
-    /// a `Value` of it several times that).
-    pub config: &'a str,
+    /// The templated definition (`EvalConfig`) the runs are planned from, as deflated JSON
+    /// text (`skilleval::plan::DefinitionText::deflated`: a definition of 100,000 cases is
+    /// 44 MB of JSON, about 2 MB deflated).
+    pub config_deflate: &'a [u8],
     /// The definition's `settings` alone (`null` when it has none): read on every poll of a
     /// run, so stored apart from the whole definition.
     pub settings: Value,
@@ -135,14 +135,15 @@ pub async fn upsert_version(
         });
     }
     sqlx::query(
-        "INSERT INTO eval_configs (id, version_id, version, profile, config, test_cases, settings)
+        "INSERT INTO eval_configs
+            (id, version_id, version, profile, config_deflate, test_cases, settings)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(Uuid::now_v7())
     .bind(version_id)
     .bind(v.eval_version)
     .bind(v.profile)
-    .bind(v.config)
+    .bind(v.config_deflate)
     .bind(v.test_cases)
     .bind(&v.settings)
     .execute(&mut *conn)
@@ -162,8 +163,16 @@ pub struct VersionForRun {
     pub skill_name: String,
     pub version: String,
     pub package_hash: String,
-    /// The definition as JSON text.
-    pub config: String,
+    /// The definition as stored.
+    pub config: StoredDefinition,
+}
+
+/// A version's definition as stored: deflated JSON text, or (versions stored before it was
+/// deflated) plain JSON text.
+#[derive(Debug, Clone)]
+pub enum StoredDefinition {
+    Deflated(Vec<u8>),
+    Text(String),
 }
 
 pub async fn version_for_run(
@@ -171,7 +180,7 @@ pub async fn version_for_run(
     version_id: Uuid,
 ) -> Result<Option<VersionForRun>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT v.id, s.name, v.version, v.package_hash, c.config
+        "SELECT v.id, s.name, v.version, v.package_hash, c.config_deflate, c.config
          FROM skill_versions v
          JOIN skills s ON s.id = v.skill_id
          JOIN eval_configs c ON c.version_id = v.id
@@ -186,7 +195,10 @@ pub async fn version_for_run(
             skill_name: r.try_get(1)?,
             version: r.try_get(2)?,
             package_hash: r.try_get(3)?,
-            config: r.try_get(4)?,
+            config: match r.try_get::<Option<Vec<u8>>, _>(4)? {
+                Some(bytes) => StoredDefinition::Deflated(bytes),
+                None => StoredDefinition::Text(r.try_get(5)?),
+            },
         })
     })
     .transpose()
