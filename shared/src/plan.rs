@@ -337,15 +337,9 @@ impl DefinitionText {
     /// written (the definition is never held both as the model and as text); `config` is
     /// left without its cases.
     pub fn from_config(config: &mut EvalConfig) -> Result<Self, TextError> {
-        let cases = std::mem::take(&mut config.test_cases);
-        let count = cases.len();
-        let mut bytes = stored::write_deflated(config, cases)?;
-        bytes.shrink_to_fit();
-        Ok(DefinitionText {
-            source: Source::Deflated(bytes),
-            header: config.clone(),
-            cases: count,
-        })
+        let mut writer = DefinitionWriter::new();
+        writer.write_cases(std::mem::take(&mut config.test_cases));
+        writer.finish(config)
     }
 
     /// The deflated JSON text to store, when the definition is held so (always, from
@@ -445,6 +439,100 @@ impl DefinitionText {
     }
 }
 
+/// Writes a definition's deflated text ([`DefinitionText::deflated`]) case by case: the
+/// cases as they come ([`DefinitionWriter::write_cases`], each dropped once written), the rest
+/// of the definition last ([`DefinitionWriter::finish`]). The text lists `testCases` first,
+/// which [`DefinitionText`] reads like any other key order.
+pub struct DefinitionWriter {
+    out: std::io::BufWriter<flate2::write::DeflateEncoder<Vec<u8>>>,
+    cases: usize,
+    /// The first write that failed (the rest are skipped); [`DefinitionWriter::finish`]
+    /// returns it.
+    failed: Option<serde_json::Error>,
+}
+
+impl Default for DefinitionWriter {
+    fn default() -> Self {
+        DefinitionWriter::new()
+    }
+}
+
+impl DefinitionWriter {
+    pub fn new() -> Self {
+        // The fastest level: the text is mostly repeated field names.
+        let deflate = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut writer = DefinitionWriter {
+            out: std::io::BufWriter::with_capacity(64 * 1024, deflate),
+            cases: 0,
+            failed: None,
+        };
+        writer.write_raw(br#"{"testCases":["#);
+        writer
+    }
+
+    fn write_raw(&mut self, bytes: &[u8]) {
+        use std::io::Write as _;
+        if self.failed.is_none() {
+            if let Err(e) = self.out.write_all(bytes) {
+                self.failed = Some(serde_json::Error::io(e));
+            }
+        }
+    }
+
+    fn write_json(&mut self, value: &impl Serialize) {
+        if self.failed.is_none() {
+            if let Err(e) = serde_json::to_writer(&mut self.out, value) {
+                self.failed = Some(e);
+            }
+        }
+    }
+
+    /// Appends cases (in definition order), dropping each once written.
+    pub fn write_cases(&mut self, cases: Vec<TestCase>) {
+        for case in cases {
+            if self.cases > 0 {
+                self.write_raw(b",");
+            }
+            self.write_json(&case);
+            self.cases += 1;
+        }
+    }
+
+    /// Ends the text with the rest of the definition (`config`, whose own cases are not
+    /// written).
+    pub fn finish(mut self, config: &EvalConfig) -> Result<DefinitionText, TextError> {
+        let mut header = config.clone();
+        header.test_cases = Vec::new();
+        let serde_json::Value::Object(fields) = serde_json::to_value(&header)? else {
+            return Err(TextError(serde::ser::Error::custom(
+                "a definition serialises as an object",
+            )));
+        };
+        self.write_raw(b"]");
+        for (key, value) in fields.iter().filter(|(key, _)| *key != "testCases") {
+            self.write_raw(b",");
+            self.write_json(key);
+            self.write_raw(b":");
+            self.write_json(value);
+        }
+        self.write_raw(b"}");
+        if let Some(e) = self.failed {
+            return Err(TextError(e));
+        }
+        let deflate = self
+            .out
+            .into_inner()
+            .map_err(|e| TextError(serde_json::Error::io(e.into_error())))?;
+        let mut bytes = deflate.finish().map_err(serde_json::Error::io)?;
+        bytes.shrink_to_fit();
+        Ok(DefinitionText {
+            source: Source::Deflated(bytes),
+            header,
+            cases: self.cases,
+        })
+    }
+}
+
 /// The ids of the filter's suite when it names one; an unknown suite is an error.
 fn suite_ids(config: &EvalConfig, filter: &CaseFilter) -> Result<Option<Vec<String>>, PlanError> {
     check_filter(
@@ -461,18 +549,14 @@ fn suite_ids(config: &EvalConfig, filter: &CaseFilter) -> Result<Option<Vec<Stri
 /// one large field of a JSON document item by item is what `DeserializeSeed` is for, and no
 /// crate does it.
 mod stored {
-    use std::cell::RefCell;
     use std::fmt;
     use std::marker::PhantomData;
 
     use serde::de::{
         DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
     };
-    use serde::ser::{SerializeMap, SerializeSeq};
-    use serde::{Deserialize, Serialize, Serializer};
+    use serde::Deserialize;
     use serde_json::Value;
-
-    use crate::model::{EvalConfig, TestCase};
 
     /// What [`super::DefinitionText::count`] reads of a case.
     #[derive(Deserialize)]
@@ -612,63 +696,6 @@ mod stored {
                 index += 1;
             }
             Ok(())
-        }
-    }
-
-    /// `config` (whose cases are `cases`) as deflated JSON text; each case is dropped once
-    /// written. The fastest deflate level: the text is mostly repeated field names.
-    pub(super) fn write_deflated(
-        config: &EvalConfig,
-        cases: Vec<TestCase>,
-    ) -> Result<Vec<u8>, serde_json::Error> {
-        let Value::Object(fields) = serde_json::to_value(config)? else {
-            return Err(serde::ser::Error::custom(
-                "a definition serialises as an object",
-            ));
-        };
-        let document = Document {
-            fields,
-            cases: RefCell::new(cases),
-        };
-        let deflate = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
-        let mut out = std::io::BufWriter::with_capacity(64 * 1024, deflate);
-        serde_json::to_writer(&mut out, &document)?;
-        let deflate = out
-            .into_inner()
-            .map_err(|e| serde_json::Error::io(e.into_error()))?;
-        deflate.finish().map_err(serde_json::Error::io)
-    }
-
-    /// The definition's fields in their order, `testCases` written from `cases`.
-    struct Document {
-        fields: serde_json::Map<String, Value>,
-        cases: RefCell<Vec<TestCase>>,
-    }
-
-    impl Serialize for Document {
-        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            let mut map = serializer.serialize_map(Some(self.fields.len()))?;
-            for (key, value) in &self.fields {
-                if key == "testCases" {
-                    map.serialize_entry(key, &Drain(&self.cases))?;
-                } else {
-                    map.serialize_entry(key, value)?;
-                }
-            }
-            map.end()
-        }
-    }
-
-    struct Drain<'a>(&'a RefCell<Vec<TestCase>>);
-
-    impl Serialize for Drain<'_> {
-        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            let mut cases = self.0.borrow_mut();
-            let mut seq = serializer.serialize_seq(Some(cases.len()))?;
-            for case in cases.drain(..) {
-                seq.serialize_element(&case)?;
-            }
-            seq.end()
         }
     }
 }

@@ -16,8 +16,8 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
-use skilleval::package::{check, Package, PackageError, PackageLimits};
-use skilleval::plan::{CaseFilter, DefinitionText};
+use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits};
+use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
 use skilleval::problem::Problem;
 use skilleval::strategy::StrategyRegistry;
 
@@ -65,7 +65,7 @@ pub async fn upload(
     let zip = zip_from_body(&headers, body).await?;
     let started = std::time::Instant::now();
     let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
-    let (mut package, warnings) = match opened {
+    let (mut package, definition, warnings) = match opened {
         Ok(ok) => ok,
         Err(e) => {
             let reason = if e.code == "package_refused" {
@@ -84,11 +84,7 @@ pub async fn upload(
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     });
-    // The definition as the deflated text that is stored and planned from: each case is
-    // dropped once written, so a large definition is held once (as the model, then as
-    // deflated text, a twentieth of its JSON).
-    let definition = DefinitionText::from_config(&mut package.config)
-        .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    // The definition as the deflated text that is stored and planned from.
     let Some(config_deflate) = definition.deflated() else {
         return Err(ApiError::internal(anyhow::anyhow!(
             "a definition from the model is held deflated"
@@ -307,22 +303,31 @@ async fn open_package(
     zip: Bytes,
     limits: Arc<PackageLimits>,
     strategies: Arc<StrategyRegistry>,
-) -> Result<(Package, Vec<Problem>), ApiError> {
-    let opened =
-        tokio::task::spawn_blocking(move || -> Result<(Package, Vec<Problem>), PackageError> {
-            let package = Package::from_zip_bytes(&zip, &limits, None)?;
-            let validation = check(&package, &strategies);
-            if validation.is_ok() {
-                let warnings = validation.problems;
-                Ok((package, warnings))
-            } else {
-                Err(PackageError::Invalid(validation.problems))
-            }
-        })
-        .await
-        .map_err(|e| ApiError::internal(anyhow::anyhow!("package validation task failed: {e}")))?;
-    opened.map_err(package_error)
+) -> Result<(Package, DefinitionText, Vec<Problem>), ApiError> {
+    type Opened = (Package, Result<DefinitionText, TextError>, Vec<Problem>);
+    let opened = tokio::task::spawn_blocking(move || -> Result<Opened, PackageError> {
+        let mut package = Package::from_zip_bytes_streamed(&zip, &limits)?;
+        // The cases are checked and written to the stored text a chunk at a time: a large
+        // definition is never held whole, as the model or as text.
+        let mut writer = DefinitionWriter::new();
+        let validation = check_in_chunks(&mut package, &strategies, CHECK_CHUNK, |cases| {
+            writer.write_cases(cases);
+        })?;
+        if !validation.is_ok() {
+            return Err(PackageError::Invalid(validation.problems));
+        }
+        let definition = writer.finish(&package.config);
+        Ok((package, definition, validation.problems))
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("package validation task failed: {e}")))?;
+    let (package, definition, warnings) = opened.map_err(package_error)?;
+    let definition = definition.map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    Ok((package, definition, warnings))
 }
+
+/// Cases checked (and converted, templated, written) at a time by an upload.
+const CHECK_CHUNK: usize = 2_000;
 
 fn package_error(e: PackageError) -> ApiError {
     match &e {

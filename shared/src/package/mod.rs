@@ -41,7 +41,7 @@ pub use formats::{EvalFormat, TriggerCase, EVAL_FILES, TRIGGER_FILES};
 pub use limits::PackageLimits;
 pub use skill_md::SkillManifest;
 pub use tree::PackageFile;
-pub use validate::{check, validate, Validation};
+pub use validate::{check, check_in_chunks, validate, Validation};
 
 use formats::{source_suffix, Renames};
 use skill_md::SKILL_MD;
@@ -77,6 +77,17 @@ pub struct Package {
     pub problems: Vec<Problem>,
     case_renames: Vec<Renames>,
     list_pointer: String,
+    /// A v2 definition opened without its cases ([`Package::from_zip_bytes_streamed`]), for
+    /// [`validate::check_in_chunks`] to read them.
+    streamed: Option<StreamedEval>,
+}
+
+/// A v2 eval file whose cases are still to read.
+#[derive(Debug)]
+struct StreamedEval {
+    bytes: Vec<u8>,
+    /// Where the loading problems of the cases go in `problems` (before the trigger file's).
+    problems_at: usize,
 }
 
 impl Package {
@@ -132,6 +143,24 @@ impl Package {
                 Package::load(temp.path().to_path_buf(), Some(temp), limits)
             }
         }
+    }
+
+    /// [`Package::from_zip_bytes`] into a temporary folder, but a v2 definition whose
+    /// `testCases` is a list is opened without its cases: only the rest of it is read, and
+    /// [`validate::check_in_chunks`] reads, checks and hands over the cases a chunk at a time.
+    /// For a service, whose memory must not grow with the size of a definition (the model of
+    /// a 100,000-case definition is ~250 MB). Any other definition is read whole.
+    pub fn from_zip_bytes_streamed(
+        bytes: &[u8],
+        limits: &PackageLimits,
+    ) -> Result<Package, PackageError> {
+        let temp = tempfile::Builder::new()
+            .prefix("skilleval-pkg-")
+            .tempdir()
+            .map_err(|e| PackageError::io(std::env::temp_dir(), e))?;
+        zip::set_mode(temp.path(), 0o755)?;
+        zip::extract(bytes, limits, temp.path())?;
+        Package::load_with(temp.path().to_path_buf(), Some(temp), limits, true)
     }
 
     /// Extracts a ZIP into `dest` with the same hardening as [`Package::from_zip_bytes`], but
@@ -238,6 +267,17 @@ impl Package {
         temp: Option<TempDir>,
         limits: &PackageLimits,
     ) -> Result<Package, PackageError> {
+        Package::load_with(root, temp, limits, false)
+    }
+
+    /// `streamed`: a v2 definition's cases are left in the file (see
+    /// [`Package::from_zip_bytes_streamed`]).
+    fn load_with(
+        root: PathBuf,
+        temp: Option<TempDir>,
+        limits: &PackageLimits,
+        streamed: bool,
+    ) -> Result<Package, PackageError> {
         let files = tree::scan(&root, limits)?;
         let content_hash = tree::content_hash(&root, &files, limits)?;
         let mut package = Package {
@@ -255,9 +295,10 @@ impl Package {
             problems: Vec::new(),
             case_renames: Vec::new(),
             list_pointer: String::new(),
+            streamed: None,
         };
         package.load_skill_md()?;
-        package.load_eval()?;
+        package.load_eval(streamed)?;
         package.load_triggers()?;
         Ok(package)
     }
@@ -294,7 +335,7 @@ impl Package {
         Ok(())
     }
 
-    fn load_eval(&mut self) -> Result<(), PackageError> {
+    fn load_eval(&mut self, streamed: bool) -> Result<(), PackageError> {
         let found: Vec<&'static str> = EVAL_FILES
             .iter()
             .copied()
@@ -319,6 +360,21 @@ impl Package {
             ));
         }
         let bytes = self.read(file)?;
+        if streamed {
+            if let Some((header, _cases)) = formats::v2_header(file, &bytes)? {
+                self.eval_file = file.to_string();
+                self.format = Some(header.format);
+                self.list_pointer = header.list_pointer;
+                self.problems.extend(header.problems);
+                self.config = header.config;
+                self.streamed = Some(StreamedEval {
+                    bytes,
+                    problems_at: self.problems.len(),
+                });
+                // The runner is inferred once the cases are read (it depends on them).
+                return Ok(());
+            }
+        }
         let converted = formats::convert(file, &bytes)?;
         self.eval_file = file.to_string();
         self.format = Some(converted.format);
@@ -348,7 +404,8 @@ impl Package {
         } else {
             self.config = converted.config;
         }
-        self.infer_runner();
+        let all_given = self.config.test_cases.iter().all(|c| c.given.is_some());
+        self.infer_runner(all_given);
         Ok(())
     }
 
@@ -356,10 +413,9 @@ impl Package {
     /// script (`scripts/run.py`, `.js`, `.sh`, or `run.*` at the root) when there is one: a
     /// v1 or skill-creator package has no field to name it, and running the skill's own script
     /// is what its author means. Cases with a recorded `given` output keep the `given` runner.
-    fn infer_runner(&mut self) {
-        if self.config.settings.runner.is_some()
-            || self.config.test_cases.iter().all(|c| c.given.is_some())
-        {
+    /// `all_given`: every case has a recorded output.
+    fn infer_runner(&mut self, all_given: bool) {
+        if self.config.settings.runner.is_some() || all_given {
             return;
         }
         let Some(script) = RUN_SCRIPTS.iter().copied().find(|f| self.has_file(f)) else {

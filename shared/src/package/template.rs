@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
-use crate::model::EvalConfig;
+use crate::model::{EvalConfig, TestCase};
 use crate::problem::Problem;
 
 /// One `{{name}}` in a text.
@@ -97,8 +97,14 @@ pub fn resolve(
 ) -> (EvalConfig, Vec<Problem>) {
     // In place: copying the whole definition to template it held a large suite twice.
     let mut resolved = config;
+    let problems = resolve_cases(&mut resolved.test_cases, file, case_pointers);
+    (resolved, problems)
+}
+
+/// [`resolve`] for some of a definition's cases (`case_pointers[i]` is `cases[i]`'s pointer).
+pub fn resolve_cases(cases: &mut [TestCase], file: &str, case_pointers: &[String]) -> Vec<Problem> {
     let mut problems = Vec::new();
-    for (i, case) in resolved.test_cases.iter_mut().enumerate() {
+    for (i, case) in cases.iter_mut().enumerate() {
         let at = case_pointers.get(i).map_or("", String::as_str);
         let vars = &case.input.variables;
         // The placeholders of the prompt as written (it is replaced by its rendering below).
@@ -140,13 +146,13 @@ pub fn resolve(
             ));
         }
     }
-    (resolved, problems)
+    problems
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Input, TestCase};
+    use crate::model::Input;
 
     fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

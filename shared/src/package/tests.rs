@@ -726,3 +726,173 @@ fn own_outputs_do_not_change_the_hash() {
     std::fs::write(dir.path().join("tests.json"), "[ ]").expect("write");
     assert_ne!(open(dir.path()).content_hash, before);
 }
+
+/// A ZIP of these files.
+fn zip_of(files: &[(&str, &str)]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut w = ::zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = ::zip::write::SimpleFileOptions::default();
+    for (path, content) in files {
+        w.start_file(*path, options).expect("entry");
+        w.write_all(content.as_bytes()).expect("write");
+    }
+    w.finish().expect("zip").into_inner()
+}
+
+/// The definition a stored text holds, parsed back.
+fn stored_config(text: &crate::plan::DefinitionText) -> crate::model::EvalConfig {
+    use std::io::Read as _;
+    let mut json = String::new();
+    flate2::read::DeflateDecoder::new(text.deflated().expect("deflated"))
+        .read_to_string(&mut json)
+        .expect("inflates");
+    serde_json::from_str(&json).expect("parses")
+}
+
+#[test]
+fn checking_in_chunks_gives_what_checking_the_whole_package_gives() {
+    let registry = registry();
+    let case = |id: &str, extra: Value| {
+        let mut case = json!({"id": id, "input": {"prompt": format!("say {id}")},
+                              "expected": {"output": "x"}, "evaluation": {"strategy": "exact_match"}});
+        if let (Value::Object(case), Value::Object(extra)) = (&mut case, extra) {
+            case.extend(extra);
+        }
+        case
+    };
+    let broken = json!({
+        "colour": "blue",
+        "testCases": [
+            case("a", json!({"input": {"prompt": "Hi {{name}}", "variables": {"name": "Ann", "spare": "x"}}})),
+            case("b", json!({"weight": "heavy"})),
+            7,
+            case("a", json!({})),
+            case(" ", json!({"input": {"prompt": "{{nope}}"}})),
+            case("c", json!({"expected": {}, "input": {"prompt": "p", "context": {"doc": "fixtures/missing.pdf"}}})),
+            case("d", json!({"evaluation": {"strategy": "regex_match", "timeout": 0},
+                               "expected": {"patterns": ["(unclosed"]}})),
+            case("e", json!({"metadata": {"tags": ["t"]}})),
+        ],
+        "version": "2.0",
+        "settings": {"defaultTimeout": 0},
+        "suites": [{"name": "s", "testIds": ["a", "zz", " "]}, {"name": "s", "testIds": []}]
+    });
+    let valid = json!({
+        "version": "2.0",
+        "profile": "deterministic",
+        "suites": [{"name": "core", "testIds": ["a", "c"]}],
+        "testCases": [
+            case("a", json!({"given": {"output": "x"}})),
+            case("b", json!({"input": {"prompt": "Hi {{who}}", "variables": {"who": "you"}}})),
+            case("c", json!({})),
+            case("d", json!({"tags": ["x"]})),
+            case("e", json!({})),
+        ]
+    });
+    let all_given = json!({"version": "2.0", "testCases": [
+        case("a", json!({"given": {"output": "x"}})), case("b", json!({"given": {"output": "y"}}))
+    ]});
+    let all_broken = json!({"testCases": [{"id": "a", "weight": "heavy"}, 3]});
+    let documents = [
+        broken.to_string(),
+        valid.to_string(),
+        all_given.to_string(),
+        all_broken.to_string(),
+        json!({"version": "2.0", "testCases": []}).to_string(),
+        // Read whole: not a list, not v2, not JSON.
+        json!({"version": "2.0", "testCases": {"id": "a"}}).to_string(),
+        json!([{"name": "t", "input": "hi", "expectedOutput": "hello"}]).to_string(),
+        "{\"testCases\": [".to_string(),
+    ];
+    for document in &documents {
+        let files = [
+            ("SKILL.md", SKILL),
+            ("eval/tests.json", document.as_str()),
+            ("scripts/run.py", "print('hi')"),
+            ("eval/fixtures/there.txt", "x"),
+            ("evals/triggers.json", r#"[{"query": "q"}]"#),
+        ];
+        let zip = zip_of(&files);
+        let limits = PackageLimits::default();
+        let mut whole = Package::from_zip_bytes(&zip, &limits, None).expect("opens");
+        let whole_check = check(&whole, &registry);
+        let whole_text = crate::plan::DefinitionText::from_config(&mut whole.config).expect("text");
+
+        let mut streamed = Package::from_zip_bytes_streamed(&zip, &limits).expect("opens");
+        let mut writer = crate::plan::DefinitionWriter::new();
+        let mut chunks = Vec::new();
+        let chunked = check_in_chunks(&mut streamed, &registry, 2, |cases| {
+            chunks.push(cases.len());
+            writer.write_cases(cases);
+        })
+        .expect("reads");
+        let chunked_text = writer.finish(&streamed.config).expect("text");
+
+        assert_eq!(chunked.problems, whole_check.problems, "{document}");
+        assert_eq!(streamed.problems, whole.problems, "{document}");
+        assert_eq!(streamed.config, whole.config, "{document}");
+        assert_eq!(chunked_text.cases(), whole_text.cases(), "{document}");
+        assert_eq!(chunked_text.header(), whole_text.header(), "{document}");
+        assert_eq!(
+            stored_config(&chunked_text),
+            stored_config(&whole_text),
+            "{document}"
+        );
+        assert!(chunks.iter().all(|n| *n <= 2), "{document}: {chunks:?}");
+    }
+    // Not vacuous: the broken definition has problems of every kind, read in chunks; the
+    // valid one is valid and got the inferred runner.
+    let zip = zip_of(&[
+        ("SKILL.md", SKILL),
+        ("eval/tests.json", &broken.to_string()),
+    ]);
+    let mut pkg = Package::from_zip_bytes_streamed(&zip, &PackageLimits::default()).expect("opens");
+    let mut chunks = 0;
+    let v = check_in_chunks(&mut pkg, &registry, 2, |_| chunks += 1).expect("reads");
+    assert_eq!(chunks, 4, "eight items, two at a time");
+    assert!(v.problems.len() >= 12, "{:#?}", v.problems);
+    let kinds: Vec<&str> = v.problems.iter().map(|p| p.pointer.as_str()).collect();
+    for pointer in [
+        "/colour",
+        "/testCases/1/weight",
+        "/testCases/2",
+        "/testCases/3/id",
+        "/testCases/4/input/prompt",
+        "/testCases/0/input/variables/spare",
+        "/testCases/5/input/context/doc",
+        "/testCases/6/expected/patterns/0",
+        "/settings/defaultTimeout",
+        "/suites/0/testIds/1",
+        "/suites/1/name",
+    ] {
+        assert!(kinds.contains(&pointer), "{pointer} in {kinds:?}");
+    }
+    let zip = zip_of(&[
+        ("SKILL.md", SKILL),
+        ("eval/tests.json", &valid.to_string()),
+        ("scripts/run.py", "print('hi')"),
+    ]);
+    let mut pkg = Package::from_zip_bytes_streamed(&zip, &PackageLimits::default()).expect("opens");
+    let mut writer = crate::plan::DefinitionWriter::new();
+    let v =
+        check_in_chunks(&mut pkg, &registry, 2, |cases| writer.write_cases(cases)).expect("reads");
+    assert!(v.is_ok(), "{:#?}", v.problems);
+    let text = writer.finish(&pkg.config).expect("text");
+    assert_eq!(text.cases(), 5);
+    let runner = pkg
+        .config
+        .settings
+        .runner
+        .as_ref()
+        .map(crate::model::RunnerSpec::config);
+    assert_eq!(
+        runner.and_then(|r| r.script).as_deref(),
+        Some("scripts/run.py")
+    );
+    let stored = stored_config(&text);
+    assert_eq!(stored.test_cases[1].input.prompt, "Hi you", "templated");
+    assert!(
+        pkg.config.test_cases.is_empty(),
+        "the cases were handed over"
+    );
+}

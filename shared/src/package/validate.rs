@@ -16,7 +16,7 @@
 //! Problems found in a converted format (v1, eval_metadata, skill-creator) point at the field
 //! the author wrote, not at the converted v2 field.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -77,7 +77,7 @@ fn validate_with(pkg: &Package, registry: &StrategyRegistry, keep_graders: bool)
         registry,
         problems: pkg.problems.clone(),
         graders: BTreeMap::new(),
-        compiled: HashMap::new(),
+        seen: Seen::default(),
         keep_graders,
     };
     if pkg.format.is_some() {
@@ -85,16 +85,83 @@ fn validate_with(pkg: &Package, registry: &StrategyRegistry, keep_graders: bool)
         v.settings();
         v.suites();
     }
-    let mut problems: Vec<Problem> = Vec::with_capacity(v.problems.len());
-    for p in v.problems {
-        if !problems.contains(&p) {
-            problems.push(p);
-        }
+    v.finish()
+}
+
+/// [`check`] for a package opened with [`Package::from_zip_bytes_streamed`], without holding
+/// its cases at once: a v2 definition's cases are read again from the eval file, `chunk` at
+/// a time, converted, templated and checked, then handed to `write` (in order) and dropped.
+/// Gives the problems [`check`] gives for the package opened whole, in the same order, and
+/// leaves the package as [`Package::from_zip_bytes`] would have, without its cases and their
+/// pointers. A package read whole (another format, a file that is not a v2 list) is checked
+/// by [`check`] and its cases handed to `write` at once.
+pub fn check_in_chunks(
+    pkg: &mut Package,
+    registry: &StrategyRegistry,
+    chunk: usize,
+    mut write: impl FnMut(Vec<TestCase>),
+) -> Result<Validation, super::PackageError> {
+    let Some(streamed) = pkg.streamed.take() else {
+        let validation = check(pkg, registry);
+        write(std::mem::take(&mut pkg.config.test_cases));
+        pkg.case_pointers = Vec::new();
+        return Ok(validation);
+    };
+    let file = pkg.eval_file.clone();
+    let mut converting = Vec::new();
+    let mut templating = Vec::new();
+    let mut checking = Vec::new();
+    let mut seen = Seen::default();
+    let mut converted = 0;
+    let mut all_given = true;
+    super::formats::v2_case_chunks(&file, &streamed.bytes, chunk, |list| {
+        let (mut cases, sources, problems) = list.into_parts();
+        converting.extend(problems);
+        let pointers: Vec<String> = sources.into_iter().map(|s| s.pointer).collect();
+        templating.extend(super::template::resolve_cases(&mut cases, &file, &pointers));
+        converted += cases.len();
+        all_given &= cases.iter().all(|c| c.given.is_some());
+        pkg.config.test_cases = cases;
+        pkg.case_pointers = pointers;
+        let mut v = Validator {
+            pkg,
+            registry,
+            problems: Vec::new(),
+            graders: BTreeMap::new(),
+            seen: std::mem::take(&mut seen),
+            keep_graders: false,
+        };
+        v.case_checks();
+        checking.append(&mut v.problems);
+        seen = v.seen;
+        write(std::mem::take(&mut pkg.config.test_cases));
+    })?;
+    drop(streamed.bytes);
+    pkg.case_pointers = Vec::new();
+    pkg.infer_runner(all_given);
+    // The loading problems where loading the whole file puts them: after the definition's
+    // own, before the trigger file's.
+    let triggers = pkg
+        .problems
+        .split_off(streamed.problems_at.min(pkg.problems.len()));
+    pkg.problems.extend(converting);
+    pkg.problems.extend(templating);
+    pkg.problems.extend(triggers);
+    let mut v = Validator {
+        pkg,
+        registry,
+        problems: pkg.problems.clone(),
+        graders: BTreeMap::new(),
+        seen,
+        keep_graders: false,
+    };
+    if converted == 0 {
+        v.no_cases();
     }
-    Validation {
-        problems,
-        graders: v.graders,
-    }
+    v.problems.append(&mut checking);
+    v.settings();
+    v.suites();
+    Ok(v.finish())
 }
 
 struct Validator<'a> {
@@ -102,9 +169,20 @@ struct Validator<'a> {
     registry: &'a StrategyRegistry,
     problems: Vec<Problem>,
     graders: BTreeMap<String, Arc<dyn Grader>>,
+    /// What earlier cases left for later ones (all of them, or earlier chunks).
+    seen: Seen,
+    keep_graders: bool,
+}
+
+/// What checking a case leaves for the next ones.
+#[derive(Default)]
+struct Seen {
     /// Definitions compiled without problems (with their grader when kept).
     compiled: HashMap<DefinitionKey, Option<Arc<dyn Grader>>>,
-    keep_graders: bool,
+    /// Each non-blank case id with the pointer of its first case.
+    first_use: HashMap<String, String>,
+    /// Blank case ids (each an error, but a suite may still name one).
+    blank_ids: HashSet<String>,
 }
 
 impl Validator<'_> {
@@ -126,36 +204,59 @@ impl Validator<'_> {
     }
 
     fn cases(&mut self) {
-        let pkg = self.pkg;
+        if self.pkg.config.test_cases.is_empty() {
+            self.no_cases();
+        }
+        self.case_checks();
+    }
+
+    /// A definition without cases is an error, unless the eval file has errors already
+    /// (its cases may have failed to load).
+    fn no_cases(&mut self) {
         let file = self.file().to_string();
-        let cases = &pkg.config.test_cases;
         let eval_file_has_errors = self.problems.iter().any(|p| p.is_error() && p.file == file);
-        if cases.is_empty() && !eval_file_has_errors {
+        if !eval_file_has_errors {
             self.error(
-                pkg.list_pointer(),
+                self.pkg.list_pointer(),
                 "the eval definition has no test cases; add at least one",
             );
         }
-        let mut first_use: BTreeMap<&str, usize> = BTreeMap::new();
-        for (i, case) in cases.iter().enumerate() {
+    }
+
+    /// Each case of `pkg.config.test_cases`, after those of [`Seen`].
+    fn case_checks(&mut self) {
+        let pkg = self.pkg;
+        for (i, case) in pkg.config.test_cases.iter().enumerate() {
             if case.id.trim().is_empty() {
                 self.case_error(i, "/id", "test case id must not be empty");
-            } else if let Some(&first) = first_use.get(case.id.as_str()) {
-                let first_at = pkg.case_pointers.get(first).cloned().unwrap_or_default();
-                self.case_error(
-                    i,
-                    "/id",
-                    format!(
-                        "duplicate test case id `{}` (first used by the case at {first_at})",
-                        case.id
-                    ),
+                self.seen.blank_ids.insert(case.id.clone());
+            } else if let Some(first_at) = self.seen.first_use.get(case.id.as_str()) {
+                let message = format!(
+                    "duplicate test case id `{}` (first used by the case at {first_at})",
+                    case.id
                 );
+                self.case_error(i, "/id", message);
             } else {
-                first_use.insert(&case.id, i);
+                let at = pkg.case_pointers.get(i).cloned().unwrap_or_default();
+                self.seen.first_use.insert(case.id.clone(), at);
             }
             self.compile(i, case);
             self.references(i, case);
             self.numbers(i, case);
+        }
+    }
+
+    /// The problems, each once, and the graders kept.
+    fn finish(self) -> Validation {
+        let mut problems: Vec<Problem> = Vec::with_capacity(self.problems.len());
+        for p in self.problems {
+            if !problems.contains(&p) {
+                problems.push(p);
+            }
+        }
+        Validation {
+            problems,
+            graders: self.graders,
         }
     }
 
@@ -168,7 +269,7 @@ impl Validator<'_> {
             return;
         }
         let key = DefinitionKey::of(&pkg.content_hash, profile, case);
-        if let Some(known) = self.compiled.get(&key) {
+        if let Some(known) = self.seen.compiled.get(&key) {
             if let Some(grader) = known {
                 self.graders
                     .entry(case.id.clone())
@@ -190,9 +291,9 @@ impl Validator<'_> {
                     self.graders
                         .entry(case.id.clone())
                         .or_insert_with(|| grader.clone());
-                    self.compiled.insert(key, Some(grader));
+                    self.seen.compiled.insert(key, Some(grader));
                 } else {
-                    self.compiled.insert(key, None);
+                    self.seen.compiled.insert(key, None);
                 }
             }
             Err(problems) => {
@@ -429,7 +530,7 @@ impl Validator<'_> {
                 names.insert(&suite.name, j);
             }
             for (k, id) in suite.test_ids.iter().enumerate() {
-                if !config.test_cases.iter().any(|c| &c.id == id) {
+                if !(self.seen.first_use.contains_key(id) || self.seen.blank_ids.contains(id)) {
                     self.error(
                         format!("/suites/{j}/testIds/{k}"),
                         format!("unknown test case id `{id}`"),

@@ -192,6 +192,58 @@ fn convert_tests_json_streamed(file: &str, bytes: &[u8]) -> Result<Converted, Pa
     })
 }
 
+/// A v2 `tests.json` whose `testCases` is a list, read without its cases: the rest converted
+/// as [`convert`] converts it (its problems), and how many items the list has. `None` for any
+/// other file (no `testCases` list, not v2, not JSON): read it whole with [`convert`].
+///
+/// With [`v2_case_chunks`], what a caller that must not hold every case at once reads
+/// instead of [`convert`]: the same definition and problems, the cases a chunk at a time.
+pub fn v2_header(file: &str, bytes: &[u8]) -> Result<Option<(Converted, usize)>, PackageError> {
+    if matches!(file, "eval/eval_metadata.json" | "evals/evals.json") {
+        return Ok(None);
+    }
+    let text = json_text(file, bytes)?;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let header = serde::Deserializer::deserialize_any(&mut de, streamed::HeaderVisitor)
+        .and_then(|header| de.end().map(|()| header));
+    let Ok(Some((top, cases))) = header else {
+        return Ok(None);
+    };
+    Ok(Some((
+        v2::convert_parts(top, Some(v2::CaseList::default()), file),
+        cases,
+    )))
+}
+
+/// The cases of a file [`v2_header`] read, converted as [`convert`] converts them, handed
+/// to `each` in lists of up to `chunk` consecutive cases (with the problems of the items
+/// that did not convert).
+pub fn v2_case_chunks(
+    file: &str,
+    bytes: &[u8],
+    chunk: usize,
+    each: impl FnMut(v2::CaseList),
+) -> Result<(), PackageError> {
+    let text = json_text(file, bytes)?;
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde::Deserializer::deserialize_map(
+        &mut de,
+        streamed::ChunksVisitor {
+            file,
+            chunk: chunk.max(1),
+            each,
+        },
+    )
+    .and_then(|()| de.end())
+    .map_err(|e| {
+        PackageError::refused(
+            "eval_definition_changed",
+            Some(file),
+            format!("the eval definition could not be read again: {e}"),
+        )
+    })
+}
+
 /// The serde visitors of [`convert_tests_json_streamed`], written here because converting a
 /// list's items while it is parsed is what serde's `DeserializeSeed` is for; no crate does it
 /// for one large field of a JSON document.
@@ -283,6 +335,189 @@ mod streamed {
 
         fn visit_unit<E>(self) -> Result<Document, E> {
             Ok(Document::Other(Value::Null))
+        }
+    }
+
+    /// The top level of a v2 file with a `testCases` list: its other fields, and how many
+    /// items the list has; `None` for anything else.
+    pub(super) struct HeaderVisitor;
+
+    impl<'de> Visitor<'de> for HeaderVisitor {
+        type Value = Option<(Map<String, Value>, usize)>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut top = Map::new();
+            let mut cases = None;
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "testCases" {
+                    cases = map.next_value_seed(ListLength)?;
+                } else {
+                    let value: Value = map.next_value()?;
+                    top.insert(key, value);
+                }
+            }
+            Ok(cases.map(|n| (top, n)))
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+
+    /// A list's length without building its items; `None` when it is not a list.
+    struct ListLength;
+
+    impl<'de> DeserializeSeed<'de> for ListLength {
+        type Value = Option<usize>;
+
+        fn deserialize<D: Deserializer<'de>>(
+            self,
+            deserializer: D,
+        ) -> Result<Self::Value, D::Error> {
+            // Anything but a list is read as a value and dropped.
+            struct Length;
+            impl<'de> Visitor<'de> for Length {
+                type Value = Option<usize>;
+
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("any JSON value")
+                }
+
+                fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                    let mut n = 0;
+                    while seq.next_element::<IgnoredAny>()?.is_some() {
+                        n += 1;
+                    }
+                    Ok(Some(n))
+                }
+
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                    Ok(None)
+                }
+
+                fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                    Ok(None)
+                }
+
+                fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                    Ok(None)
+                }
+
+                fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                    Ok(None)
+                }
+
+                fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                    Ok(None)
+                }
+
+                fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                    Ok(None)
+                }
+
+                fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                    Ok(None)
+                }
+            }
+            deserializer.deserialize_any(Length)
+        }
+    }
+
+    /// The second pass of a file [`HeaderVisitor`] accepted: its `testCases` in chunks.
+    pub(super) struct ChunksVisitor<'f, F> {
+        pub file: &'f str,
+        pub chunk: usize,
+        pub each: F,
+    }
+
+    impl<'de, F: FnMut(CaseList)> Visitor<'de> for ChunksVisitor<'_, F> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a v2 eval definition")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "testCases" {
+                    map.next_value_seed(ChunksSeed {
+                        file: self.file,
+                        chunk: self.chunk,
+                        each: &mut self.each,
+                    })?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    struct ChunksSeed<'f, 'e, F> {
+        file: &'f str,
+        chunk: usize,
+        each: &'e mut F,
+    }
+
+    impl<'de, F: FnMut(CaseList)> DeserializeSeed<'de> for ChunksSeed<'_, '_, F> {
+        type Value = ();
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+            deserializer.deserialize_seq(self)
+        }
+    }
+
+    impl<'de, F: FnMut(CaseList)> Visitor<'de> for ChunksSeed<'_, '_, F> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list of test cases")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let mut list = CaseList::default();
+            let mut index = 0;
+            while let Some(item) = seq.next_element::<Value>()? {
+                list.push(index, item, self.file);
+                index += 1;
+                if index % self.chunk == 0 {
+                    (self.each)(std::mem::take(&mut list));
+                }
+            }
+            if !list.is_empty() {
+                (self.each)(list);
+            }
+            Ok(())
         }
     }
 

@@ -70,6 +70,16 @@ pub struct CaseList {
 }
 
 impl CaseList {
+    /// The converted cases, their sources and the problems of the cases that did not convert.
+    pub fn into_parts(self) -> (Vec<TestCase>, Vec<CaseSource>, Vec<Problem>) {
+        (self.cases, self.sources, self.problems)
+    }
+
+    /// How many items were read into this list (converted or not).
+    pub fn is_empty(&self) -> bool {
+        self.cases.is_empty() && self.problems.is_empty()
+    }
+
     /// `testCases` was there but not a list.
     pub fn not_a_list() -> Self {
         CaseList {
