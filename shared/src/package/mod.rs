@@ -85,7 +85,8 @@ pub struct Package {
 /// A v2 eval file whose cases are still to read.
 #[derive(Debug)]
 struct StreamedEval {
-    bytes: Vec<u8>,
+    /// The file on disk (read again, as a stream, for its cases).
+    path: PathBuf,
     /// Where the loading problems of the cases go in `problems` (before the trigger file's).
     problems_at: usize,
 }
@@ -359,22 +360,24 @@ impl Package {
                 format!("ignored: `{file}` is the eval definition (first found wins)"),
             ));
         }
-        let bytes = self.read(file)?;
         if streamed {
-            if let Some((header, _cases)) = formats::v2_header(file, &bytes)? {
+            let path = paths::join(&self.root, file);
+            let opened = fs::File::open(&path).map_err(|e| PackageError::io(&path, e))?;
+            if let Some((header, _cases)) = formats::v2_header(file, opened) {
                 self.eval_file = file.to_string();
                 self.format = Some(header.format);
                 self.list_pointer = header.list_pointer;
                 self.problems.extend(header.problems);
                 self.config = header.config;
                 self.streamed = Some(StreamedEval {
-                    bytes,
+                    path,
                     problems_at: self.problems.len(),
                 });
                 // The runner is inferred once the cases are read (it depends on them).
                 return Ok(());
             }
         }
+        let bytes = self.read(file)?;
         let converted = formats::convert(file, &bytes)?;
         self.eval_file = file.to_string();
         self.format = Some(converted.format);

@@ -803,6 +803,11 @@ fn checking_in_chunks_gives_what_checking_the_whole_package_gives() {
         json!({"version": "2.0", "testCases": {"id": "a"}}).to_string(),
         json!([{"name": "t", "input": "hi", "expectedOutput": "hello"}]).to_string(),
         "{\"testCases\": [".to_string(),
+        // A byte-order mark; text that is not ASCII.
+        format!(
+            "\u{feff}{}",
+            json!({"testCases": [case("ü", json!({"name": "日本 🦀"}))]})
+        ),
     ];
     for document in &documents {
         let files = [
@@ -840,6 +845,25 @@ fn checking_in_chunks_gives_what_checking_the_whole_package_gives() {
         );
         assert!(chunks.iter().all(|n| *n <= 2), "{document}: {chunks:?}");
     }
+    // A file that is not UTF-8 is refused the same way.
+    let mut zip = Vec::new();
+    {
+        use std::io::Write as _;
+        let mut w = ::zip::ZipWriter::new(std::io::Cursor::new(&mut zip));
+        let options = ::zip::write::SimpleFileOptions::default();
+        w.start_file("SKILL.md", options).expect("entry");
+        w.write_all(SKILL.as_bytes()).expect("write");
+        w.start_file("eval/tests.json", options).expect("entry");
+        w.write_all(b"{\"testCases\": [{\"id\": \"\xff\"}]}")
+            .expect("write");
+        w.finish().expect("zip");
+    }
+    let whole =
+        Package::from_zip_bytes(&zip, &PackageLimits::default(), None).expect_err("refused");
+    let streamed =
+        Package::from_zip_bytes_streamed(&zip, &PackageLimits::default()).expect_err("refused");
+    assert_eq!(streamed.to_string(), whole.to_string());
+    assert!(whole.to_string().contains("not UTF-8"), "{whole}");
     // Not vacuous: the broken definition has problems of every kind, read in chunks; the
     // valid one is valid and got the inferred runner.
     let zip = zip_of(&[

@@ -227,20 +227,29 @@ pub(crate) fn content_hash(
     let mut sorted: Vec<&PackageFile> = files.iter().collect();
     sorted.sort_by(|a, b| a.path.cmp(&b.path));
     let mut hasher = Sha256::new();
-    let mut bytes = Vec::new();
     for file in sorted {
         let on_disk = super::paths::join(root, &file.path);
-        bytes.clear();
-        fs::File::open(&on_disk)
-            .and_then(|f| {
-                f.take(limits.max_file_bytes.saturating_add(1))
-                    .read_to_end(&mut bytes)
-            })
-            .map_err(|e| PackageError::io(&on_disk, e))?;
-        hasher.update(file.path.as_bytes());
-        hasher.update([0u8]);
-        hasher.update((bytes.len() as u64).to_le_bytes());
-        hasher.update(&bytes);
+        let hashed = fs::File::open(&on_disk).and_then(|f| {
+            // Streamed through the hasher (a package's largest file, its eval definition, can
+            // be tens of MB): the length, hashed first, is the file's size when opened, and the
+            // bytes read must match it.
+            let len = f
+                .metadata()?
+                .len()
+                .min(limits.max_file_bytes.saturating_add(1));
+            hasher.update(file.path.as_bytes());
+            hasher.update([0u8]);
+            hasher.update(len.to_le_bytes());
+            let copied = std::io::copy(&mut f.take(len), &mut hasher)?;
+            if copied == len {
+                Ok(())
+            } else {
+                Err(std::io::Error::other(format!(
+                    "the file changed while it was read ({copied} of {len} bytes)"
+                )))
+            }
+        });
+        hashed.map_err(|e| PackageError::io(&on_disk, e))?;
     }
     Ok(hex::encode(hasher.finalize()))
 }
@@ -275,6 +284,31 @@ mod tests {
             assert_eq!(err.limit(), Some("symlink"));
             assert_eq!(err.entry(), Some("leak"));
         }
+    }
+
+    #[test]
+    fn the_content_hash_is_the_documented_digest_of_the_sorted_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let big = "x".repeat(200_000);
+        for (path, content) in [("b.txt", "bee"), ("a/z.json", big.as_str()), ("empty", "")] {
+            let on_disk = dir.path().join(path);
+            fs::create_dir_all(on_disk.parent().expect("parent")).expect("mkdir");
+            fs::write(on_disk, content).expect("write");
+        }
+        let limits = PackageLimits::default();
+        let files = scan(dir.path(), &limits).expect("scan");
+        // By hand: path, NUL, length (u64 little-endian), bytes, for each file by path.
+        let mut hasher = Sha256::new();
+        for (path, content) in [("a/z.json", big.as_str()), ("b.txt", "bee"), ("empty", "")] {
+            hasher.update(path.as_bytes());
+            hasher.update([0u8]);
+            hasher.update((content.len() as u64).to_le_bytes());
+            hasher.update(content.as_bytes());
+        }
+        assert_eq!(
+            content_hash(dir.path(), &files, &limits).expect("hash"),
+            hex::encode(hasher.finalize())
+        );
     }
 
     #[test]

@@ -114,7 +114,9 @@ pub fn check_in_chunks(
     let mut seen = Seen::default();
     let mut converted = 0;
     let mut all_given = true;
-    super::formats::v2_case_chunks(&file, &streamed.bytes, chunk, |list| {
+    let opened = std::fs::File::open(&streamed.path)
+        .map_err(|e| super::PackageError::io(&streamed.path, e))?;
+    super::formats::v2_case_chunks(&file, opened, chunk, |list| {
         let (mut cases, sources, problems) = list.into_parts();
         converting.extend(problems);
         let pointers: Vec<String> = sources.into_iter().map(|s| s.pointer).collect();
@@ -136,7 +138,6 @@ pub fn check_in_chunks(
         seen = v.seen;
         write(std::mem::take(&mut pkg.config.test_cases));
     })?;
-    drop(streamed.bytes);
     pkg.case_pointers = Vec::new();
     pkg.infer_runner(all_given);
     // The loading problems where loading the whole file puts them: after the definition's

@@ -192,40 +192,42 @@ fn convert_tests_json_streamed(file: &str, bytes: &[u8]) -> Result<Converted, Pa
     })
 }
 
-/// A v2 `tests.json` whose `testCases` is a list, read without its cases: the rest converted
-/// as [`convert`] converts it (its problems), and how many items the list has. `None` for any
-/// other file (no `testCases` list, not v2, not JSON): read it whole with [`convert`].
+/// A v2 `tests.json` whose `testCases` is a list, read from `reader` without its cases: the
+/// rest converted as [`convert`] converts it (its problems), and how many items the list has.
+/// `None` for any other file (no `testCases` list, not v2, not JSON, not UTF-8): read it whole
+/// with [`convert`], which says what is wrong with it.
 ///
-/// With [`v2_case_chunks`], what a caller that must not hold every case at once reads
-/// instead of [`convert`]: the same definition and problems, the cases a chunk at a time.
-pub fn v2_header(file: &str, bytes: &[u8]) -> Result<Option<(Converted, usize)>, PackageError> {
+/// With [`v2_case_chunks`], what a caller that must not hold the definition in memory reads
+/// instead of [`convert`]: the same definition and problems, the cases a chunk at a time,
+/// the file itself read as a stream.
+pub fn v2_header(file: &str, reader: impl std::io::Read) -> Option<(Converted, usize)> {
     if matches!(file, "eval/eval_metadata.json" | "evals/evals.json") {
-        return Ok(None);
+        return None;
     }
-    let text = json_text(file, bytes)?;
-    let mut de = serde_json::Deserializer::from_str(text);
+    let mut de =
+        serde_json::Deserializer::from_reader(std::io::BufReader::new(Utf8Reader::new(reader)));
     let header = serde::Deserializer::deserialize_any(&mut de, streamed::HeaderVisitor)
         .and_then(|header| de.end().map(|()| header));
     let Ok(Some((top, cases))) = header else {
-        return Ok(None);
+        return None;
     };
-    Ok(Some((
+    Some((
         v2::convert_parts(top, Some(v2::CaseList::default()), file),
         cases,
-    )))
+    ))
 }
 
-/// The cases of a file [`v2_header`] read, converted as [`convert`] converts them, handed
-/// to `each` in lists of up to `chunk` consecutive cases (with the problems of the items
-/// that did not convert).
+/// The cases of a file [`v2_header`] read, read again from `reader` and converted as
+/// [`convert`] converts them, handed to `each` in lists of up to `chunk` consecutive cases
+/// (with the problems of the items that did not convert).
 pub fn v2_case_chunks(
     file: &str,
-    bytes: &[u8],
+    reader: impl std::io::Read,
     chunk: usize,
     each: impl FnMut(v2::CaseList),
 ) -> Result<(), PackageError> {
-    let text = json_text(file, bytes)?;
-    let mut de = serde_json::Deserializer::from_str(text);
+    let mut de =
+        serde_json::Deserializer::from_reader(std::io::BufReader::new(Utf8Reader::new(reader)));
     serde::Deserializer::deserialize_map(
         &mut de,
         streamed::ChunksVisitor {
@@ -242,6 +244,91 @@ pub fn v2_case_chunks(
             format!("the eval definition could not be read again: {e}"),
         )
     })
+}
+
+/// A reader that passes on only UTF-8 text (an error at the first invalid sequence) and drops
+/// a leading byte-order mark, as [`parse_json`] reads a file it holds whole. `serde_json` does
+/// not check the strings it skips, and no crate validates a stream this way; written here.
+struct Utf8Reader<R> {
+    inner: R,
+    buf: Box<[u8]>,
+    /// `buf[start..valid]` is checked text not yet passed on; `buf[valid..filled]` the start
+    /// of a character whose end is not read yet.
+    start: usize,
+    valid: usize,
+    filled: usize,
+    eof: bool,
+    first: bool,
+}
+
+impl<R: std::io::Read> Utf8Reader<R> {
+    fn new(inner: R) -> Self {
+        Utf8Reader {
+            inner,
+            buf: vec![0; 64 * 1024].into_boxed_slice(),
+            start: 0,
+            valid: 0,
+            filled: 0,
+            eof: false,
+            first: true,
+        }
+    }
+
+    /// Reads more into `buf` after the unfinished character; `false` at the end of input.
+    fn fill(&mut self) -> std::io::Result<bool> {
+        self.buf.copy_within(self.valid..self.filled, 0);
+        self.filled -= self.valid;
+        self.start = 0;
+        self.valid = 0;
+        loop {
+            let n = self.inner.read(&mut self.buf[self.filled..])?;
+            if n == 0 {
+                self.eof = true;
+            }
+            self.filled += n;
+            // The byte-order mark needs the first three bytes.
+            if self.first && self.filled < 3 && !self.eof {
+                continue;
+            }
+            break;
+        }
+        if self.first {
+            self.first = false;
+            if self.buf[..self.filled].starts_with(&[0xEF, 0xBB, 0xBF]) {
+                self.start = 3;
+            }
+        }
+        match std::str::from_utf8(&self.buf[self.start..self.filled]) {
+            Ok(_) => self.valid = self.filled,
+            Err(e) if e.error_len().is_none() && !self.eof => {
+                self.valid = self.start + e.valid_up_to();
+            }
+            Err(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the file is not UTF-8",
+                ))
+            }
+        }
+        Ok(self.valid > self.start || !self.eof)
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Utf8Reader<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.start == self.valid {
+            if self.eof && self.valid == self.filled {
+                return Ok(0);
+            }
+            if !self.fill()? {
+                return Ok(0);
+            }
+        }
+        let n = out.len().min(self.valid - self.start);
+        out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        Ok(n)
+    }
 }
 
 /// The serde visitors of [`convert_tests_json_streamed`], written here because converting a
@@ -894,6 +981,60 @@ mod tests {
                 converted
             }
         }
+    }
+
+    /// Gives its bytes one at a time: every character boundary falls between reads.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            match (self.0.split_first(), out.first_mut()) {
+                (Some((b, rest)), Some(slot)) => {
+                    *slot = *b;
+                    self.0 = rest;
+                    Ok(1)
+                }
+                _ => Ok(0),
+            }
+        }
+    }
+
+    fn through_utf8_reader(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+        use std::io::Read as _;
+        let mut out = Vec::new();
+        Utf8Reader::new(Trickle(bytes)).read_to_end(&mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn the_utf8_reader_passes_text_drops_a_bom_and_refuses_anything_else() {
+        let text = "{\"é\": \"日本 — 🦀\", \"a\": 1}";
+        assert_eq!(
+            through_utf8_reader(text.as_bytes()).unwrap(),
+            text.as_bytes()
+        );
+        let with_bom = format!("\u{feff}{text}");
+        assert_eq!(
+            through_utf8_reader(with_bom.as_bytes()).unwrap(),
+            text.as_bytes()
+        );
+        // A byte-order mark is dropped at the start only.
+        let inner = "a\u{feff}".to_string();
+        assert_eq!(
+            through_utf8_reader(inner.as_bytes()).unwrap(),
+            inner.as_bytes()
+        );
+        assert_eq!(through_utf8_reader(b"").unwrap(), b"");
+        assert_eq!(through_utf8_reader(b"ab").unwrap(), b"ab");
+        for bad in [&b"{\"a\": \"\xff\"}"[..], b"\xe6\x97", b"ok \xf0\x9f\xa6"] {
+            let err = through_utf8_reader(bad).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{bad:?}");
+        }
+        // Large reads go through whole.
+        let big = "🦀é".repeat(50_000);
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut Utf8Reader::new(big.as_bytes()), &mut out).unwrap();
+        assert_eq!(out, big.as_bytes());
     }
 
     #[test]
