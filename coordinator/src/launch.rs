@@ -83,17 +83,29 @@ impl RunLauncher {
             .await?
             .ok_or_else(|| ApiError::not_found("version", request.version_id))?;
         let version_id = version.version_id;
-        let definition = read_definition(version.config)
+        // Reading the definition (and counting a filter's jobs) parses all of it: CPU work,
+        // kept off the async threads.
+        let filter = request.filter.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let definition = read_definition(version.config)?;
+            let total = definition.count(&filter)?;
+            Ok::<_, TextError>((definition, total))
+        })
+        .await
+        .context("reading the stored eval config")?;
+        let (definition, total) = read
             .with_context(|| format!("reading the stored eval config of version {version_id}"))?;
         let planned = PlannedVersion {
-            version_id: version.version_id,
+            version_id,
             package_hash: version.package_hash,
             definition: Arc::new(definition),
         };
-        self.prepare(planned, request)
+        self.prepare_counted(planned, request, total.map_err(|e| plan_error(&e))?)
     }
 
-    /// Plans a run: checks the request's filter against the definition and counts its jobs.
+    /// Plans a run: checks the request's filter against the definition and counts its jobs
+    /// (a filter other than "everything" reads every case's id and tags: for a stored
+    /// definition use [`RunLauncher::prepare_stored`], which does that off the async threads).
     /// The jobs themselves are planned from the definition's text while the run is created
     /// ([`PreparedRun::job_chunks`]), a chunk at a time.
     pub fn prepare(
@@ -101,16 +113,26 @@ impl RunLauncher {
         version: PlannedVersion,
         request: &RunRequest,
     ) -> Result<PreparedRun, ApiError> {
-        let header = version.definition.header();
-        let runner_override = request
-            .runner
-            .as_ref()
-            .map(|spec| resolve_runner(spec, header));
         let total = version
             .definition
             .count(&request.filter)
             .context("counting the run's jobs")?
             .map_err(|e| plan_error(&e))?;
+        self.prepare_counted(version, request, total)
+    }
+
+    /// [`RunLauncher::prepare`] once the filter is checked and its jobs counted (`total`).
+    fn prepare_counted(
+        &self,
+        version: PlannedVersion,
+        request: &RunRequest,
+        total: usize,
+    ) -> Result<PreparedRun, ApiError> {
+        let header = version.definition.header();
+        let runner_override = request
+            .runner
+            .as_ref()
+            .map(|spec| resolve_runner(spec, header));
         let max_in_flight = match header.settings.parallel_execution {
             Some(false) => Some(1),
             _ => header
