@@ -19,6 +19,7 @@
 pub mod artifacts;
 pub mod executor;
 pub mod grade;
+mod json_stream;
 pub mod llm;
 pub mod model;
 pub mod package;

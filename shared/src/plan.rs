@@ -570,57 +570,12 @@ mod stored {
     pub(super) fn header<'de, D: Deserializer<'de>>(
         de: D,
     ) -> Result<(serde_json::Map<String, Value>, usize), D::Error> {
-        de.deserialize_map(HeaderVisitor)
-    }
-
-    struct HeaderVisitor;
-
-    impl<'de> Visitor<'de> for HeaderVisitor {
-        type Value = (serde_json::Map<String, Value>, usize);
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("an eval definition object")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut top = serde_json::Map::new();
-            let mut cases = 0;
-            while let Some(key) = map.next_key::<String>()? {
-                if key == "testCases" {
-                    cases = map.next_value_seed(CountSeed)?;
-                } else {
-                    top.insert(key, map.next_value()?);
-                }
-            }
-            Ok((top, cases))
-        }
-    }
-
-    /// Counts a list's items without building them.
-    struct CountSeed;
-
-    impl<'de> DeserializeSeed<'de> for CountSeed {
-        type Value = usize;
-
-        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<usize, D::Error> {
-            deserializer.deserialize_seq(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for CountSeed {
-        type Value = usize;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a list of test cases")
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
-            let mut n = 0;
-            while seq.next_element::<IgnoredAny>()?.is_some() {
-                n += 1;
-            }
-            Ok(n)
-        }
+        let split = crate::json_stream::SplitField {
+            key: "testCases",
+            seed: crate::json_stream::ListLength,
+        };
+        let (top, cases) = de.deserialize_map(split)?;
+        Ok((top, cases.unwrap_or(0)))
     }
 
     /// Calls `each(index, case)` for each case of the document, read as a `T`, until it

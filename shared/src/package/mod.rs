@@ -134,13 +134,7 @@ impl Package {
                 Package::load(dest.to_path_buf(), None, limits)
             }
             None => {
-                let temp = tempfile::Builder::new()
-                    .prefix("skilleval-pkg-")
-                    .tempdir()
-                    .map_err(|e| PackageError::io(std::env::temp_dir(), e))?;
-                // Readable by a sandbox running as another user.
-                zip::set_mode(temp.path(), 0o755)?;
-                zip::extract(bytes, limits, temp.path())?;
+                let temp = extract_to_temp(bytes, limits)?;
                 Package::load(temp.path().to_path_buf(), Some(temp), limits)
             }
         }
@@ -155,12 +149,7 @@ impl Package {
         bytes: &[u8],
         limits: &PackageLimits,
     ) -> Result<Package, PackageError> {
-        let temp = tempfile::Builder::new()
-            .prefix("skilleval-pkg-")
-            .tempdir()
-            .map_err(|e| PackageError::io(std::env::temp_dir(), e))?;
-        zip::set_mode(temp.path(), 0o755)?;
-        zip::extract(bytes, limits, temp.path())?;
+        let temp = extract_to_temp(bytes, limits)?;
         Package::load_with(temp.path().to_path_buf(), Some(temp), limits, true)
     }
 
@@ -454,6 +443,18 @@ const RUN_SCRIPTS: &[&str] = &[
     "run.js",
     "run.sh",
 ];
+
+/// Extracts a ZIP into a new temporary folder (removed when dropped).
+fn extract_to_temp(bytes: &[u8], limits: &PackageLimits) -> Result<TempDir, PackageError> {
+    let temp = tempfile::Builder::new()
+        .prefix("skilleval-pkg-")
+        .tempdir()
+        .map_err(|e| PackageError::io(std::env::temp_dir(), e))?;
+    // Readable by a sandbox running as another user.
+    zip::set_mode(temp.path(), 0o755)?;
+    zip::extract(bytes, limits, temp.path())?;
+    Ok(temp)
+}
 
 /// Removes everything inside `dir`, best effort (used after a failed extraction).
 /// Extracts into `dest`, created if missing and required empty; on failure leaves nothing

@@ -154,41 +154,41 @@ pub fn convert(file: &str, bytes: &[u8]) -> Result<Converted, PackageError> {
     })
 }
 
-/// `tests.json` in one pass, without building the document: a v2 file's `testCases` are
+/// `tests.json` in one pass, without building the document: an object's `testCases` are
 /// converted one by one as the parser reaches them (the largest definitions are v2, and their
-/// parsed `Value` tree was several times the size of the model), everything else is read as
-/// JSON values and converted as [`convert_tests_json`] does. Gives the same result as parsing
-/// the whole file and calling [`convert_tests_json`].
+/// parsed `Value` tree was several times the size of the model), its other fields are read as
+/// JSON values and converted as [`convert_tests_json`] does; any other file is parsed whole
+/// and given to [`convert_tests_json`]. Gives the same result as parsing every file whole.
 fn convert_tests_json_streamed(file: &str, bytes: &[u8]) -> Result<Converted, PackageError> {
-    use serde::de::DeserializeSeed as _;
-
     let text = json_text(file, bytes)?;
     let mut de = serde_json::Deserializer::from_str(text);
-    let read = streamed::Seed { file }
-        .deserialize(&mut de)
-        .and_then(|read| de.end().map(|()| read));
-    let read = match read {
-        Ok(read) => read,
-        Err(e) => {
-            let mut converted = Converted::empty(EvalFormat::V2, "");
-            converted.problems.push(syntax_problem(file, &e));
-            return Ok(converted);
-        }
+    let split = crate::json_stream::SplitField {
+        key: "testCases",
+        seed: streamed::CasesSeed { file },
     };
-    Ok(match read {
-        streamed::Document::Object { top, cases } => {
-            let is_v2 = cases.is_some()
-                || top
-                    .get("version")
-                    .and_then(Value::as_str)
-                    .is_some_and(|v| v.starts_with('2'));
-            if is_v2 {
-                v2::convert_parts(top, cases, file)
-            } else {
-                convert_tests_json(Value::Object(top), file)
+    let read = serde::Deserializer::deserialize_map(&mut de, split)
+        .and_then(|read| de.end().map(|()| read));
+    let Ok((top, cases)) = read else {
+        // Not an object with a list of cases (a v1 list, `testCases` that are not a list,
+        // not JSON at all): small or broken, read whole, which says what is wrong.
+        return Ok(match parse_json(file, bytes)? {
+            Ok(value) => convert_tests_json(value, file),
+            Err(problem) => {
+                let mut converted = Converted::empty(EvalFormat::V2, "");
+                converted.problems.push(problem);
+                converted
             }
-        }
-        streamed::Document::Other(value) => convert_tests_json(value, file),
+        });
+    };
+    let is_v2 = cases.is_some()
+        || top
+            .get("version")
+            .and_then(Value::as_str)
+            .is_some_and(|v| v.starts_with('2'));
+    Ok(if is_v2 {
+        v2::convert_parts(top, cases, file)
+    } else {
+        convert_tests_json(Value::Object(top), file)
     })
 }
 
@@ -206,9 +206,13 @@ pub fn v2_header(file: &str, reader: impl std::io::Read) -> Option<(Converted, u
     }
     let mut de =
         serde_json::Deserializer::from_reader(std::io::BufReader::new(Utf8Reader::new(reader)));
-    let header = serde::Deserializer::deserialize_any(&mut de, streamed::HeaderVisitor)
+    let split = crate::json_stream::SplitField {
+        key: "testCases",
+        seed: crate::json_stream::ListLength,
+    };
+    let header = serde::Deserializer::deserialize_map(&mut de, split)
         .and_then(|header| de.end().map(|()| header));
-    let Ok(Some((top, cases))) = header else {
+    let Ok((top, Some(cases))) = header else {
         return None;
     };
     Some((
@@ -338,209 +342,11 @@ mod streamed {
     use std::fmt;
 
     use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-    use serde_json::{Map, Value};
+    use serde_json::Value;
 
     use super::v2::CaseList;
 
-    /// Reads a `tests.json` named `file` (for the problems of its cases).
-    pub(super) struct Seed<'f> {
-        pub file: &'f str,
-    }
-
-    /// A `tests.json` as read.
-    pub(super) enum Document {
-        /// An object: its fields but `testCases`, and `testCases` converted (if present).
-        Object {
-            top: Map<String, Value>,
-            cases: Option<CaseList>,
-        },
-        /// Anything else (a v1 list, or not a definition at all), as JSON.
-        Other(Value),
-    }
-
-    impl<'de> DeserializeSeed<'de> for Seed<'_> {
-        type Value = Document;
-
-        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Document, D::Error> {
-            deserializer.deserialize_any(DocumentVisitor { file: self.file })
-        }
-    }
-
-    struct DocumentVisitor<'f> {
-        file: &'f str,
-    }
-
-    impl<'de> Visitor<'de> for DocumentVisitor<'_> {
-        type Value = Document;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("any JSON value")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Document, A::Error> {
-            let mut top = Map::new();
-            let mut cases = None;
-            // A repeated key replaces the earlier value, as in `serde_json::Value`.
-            while let Some(key) = map.next_key::<String>()? {
-                if key == "testCases" {
-                    cases = Some(map.next_value_seed(CasesSeed { file: self.file })?);
-                } else {
-                    let value: Value = map.next_value()?;
-                    top.insert(key, value);
-                }
-            }
-            Ok(Document::Object { top, cases })
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Document, A::Error> {
-            let mut items = Vec::new();
-            while let Some(item) = seq.next_element::<Value>()? {
-                items.push(item);
-            }
-            Ok(Document::Other(Value::Array(items)))
-        }
-
-        fn visit_bool<E>(self, v: bool) -> Result<Document, E> {
-            Ok(Document::Other(Value::Bool(v)))
-        }
-
-        fn visit_i64<E>(self, v: i64) -> Result<Document, E> {
-            Ok(Document::Other(Value::from(v)))
-        }
-
-        fn visit_u64<E>(self, v: u64) -> Result<Document, E> {
-            Ok(Document::Other(Value::from(v)))
-        }
-
-        fn visit_f64<E>(self, v: f64) -> Result<Document, E> {
-            Ok(Document::Other(Value::from(v)))
-        }
-
-        fn visit_str<E>(self, v: &str) -> Result<Document, E> {
-            Ok(Document::Other(Value::String(v.to_string())))
-        }
-
-        fn visit_unit<E>(self) -> Result<Document, E> {
-            Ok(Document::Other(Value::Null))
-        }
-    }
-
-    /// The top level of a v2 file with a `testCases` list: its other fields, and how many
-    /// items the list has; `None` for anything else.
-    pub(super) struct HeaderVisitor;
-
-    impl<'de> Visitor<'de> for HeaderVisitor {
-        type Value = Option<(Map<String, Value>, usize)>;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("any JSON value")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut top = Map::new();
-            let mut cases = None;
-            while let Some(key) = map.next_key::<String>()? {
-                if key == "testCases" {
-                    cases = map.next_value_seed(ListLength)?;
-                } else {
-                    let value: Value = map.next_value()?;
-                    top.insert(key, value);
-                }
-            }
-            Ok(cases.map(|n| (top, n)))
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok(None)
-        }
-
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-    }
-
-    /// A list's length without building its items; `None` when it is not a list.
-    struct ListLength;
-
-    impl<'de> DeserializeSeed<'de> for ListLength {
-        type Value = Option<usize>;
-
-        fn deserialize<D: Deserializer<'de>>(
-            self,
-            deserializer: D,
-        ) -> Result<Self::Value, D::Error> {
-            // Anything but a list is read as a value and dropped.
-            struct Length;
-            impl<'de> Visitor<'de> for Length {
-                type Value = Option<usize>;
-
-                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                    f.write_str("any JSON value")
-                }
-
-                fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                    let mut n = 0;
-                    while seq.next_element::<IgnoredAny>()?.is_some() {
-                        n += 1;
-                    }
-                    Ok(Some(n))
-                }
-
-                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                    Ok(None)
-                }
-
-                fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-                    Ok(None)
-                }
-
-                fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-                    Ok(None)
-                }
-
-                fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-                    Ok(None)
-                }
-
-                fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-                    Ok(None)
-                }
-
-                fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-                    Ok(None)
-                }
-
-                fn visit_unit<E>(self) -> Result<Self::Value, E> {
-                    Ok(None)
-                }
-            }
-            deserializer.deserialize_any(Length)
-        }
-    }
-
-    /// The second pass of a file [`HeaderVisitor`] accepted: its `testCases` in chunks.
+    /// The second pass of a file [`super::v2_header`] accepted: its `testCases` in chunks.
     pub(super) struct ChunksVisitor<'f, F> {
         pub file: &'f str,
         pub chunk: usize,
@@ -608,16 +414,17 @@ mod streamed {
         }
     }
 
-    /// `testCases`: a list is converted item by item; anything else is consumed and noted.
-    struct CasesSeed<'f> {
-        file: &'f str,
+    /// `testCases`, converted item by item; anything but a list is an error.
+    #[derive(Clone, Copy)]
+    pub(super) struct CasesSeed<'f> {
+        pub file: &'f str,
     }
 
     impl<'de> DeserializeSeed<'de> for CasesSeed<'_> {
         type Value = CaseList;
 
         fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<CaseList, D::Error> {
-            deserializer.deserialize_any(self)
+            deserializer.deserialize_seq(self)
         }
     }
 
@@ -625,7 +432,7 @@ mod streamed {
         type Value = CaseList;
 
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("any JSON value")
+            f.write_str("a list of test cases")
         }
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<CaseList, A::Error> {
@@ -636,35 +443,6 @@ mod streamed {
                 index += 1;
             }
             Ok(list)
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CaseList, A::Error> {
-            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok(CaseList::not_a_list())
-        }
-
-        fn visit_bool<E>(self, _: bool) -> Result<CaseList, E> {
-            Ok(CaseList::not_a_list())
-        }
-
-        fn visit_i64<E>(self, _: i64) -> Result<CaseList, E> {
-            Ok(CaseList::not_a_list())
-        }
-
-        fn visit_u64<E>(self, _: u64) -> Result<CaseList, E> {
-            Ok(CaseList::not_a_list())
-        }
-
-        fn visit_f64<E>(self, _: f64) -> Result<CaseList, E> {
-            Ok(CaseList::not_a_list())
-        }
-
-        fn visit_str<E>(self, _: &str) -> Result<CaseList, E> {
-            Ok(CaseList::not_a_list())
-        }
-
-        fn visit_unit<E>(self) -> Result<CaseList, E> {
-            Ok(CaseList::not_a_list())
         }
     }
 }
