@@ -303,15 +303,11 @@ impl RunLauncher {
                 .context("inserting a chunk of the run's rows")?;
             inserting += insert_started.elapsed();
             if !queued {
-                let mut rest = chunk;
-                while let Some(more) = planned.recv().await {
-                    rest.extend(more.context("planning the run's jobs")?);
-                }
-                let texts = runs::encode_jobs(&rest).context("encoding jobs")?;
-                runs::settle_creation(conn, run_id, &rest, &texts)
+                let unqueued = settle(conn, run_id, Some(chunk), &mut planned)
                     .await
-                    .context("settling a run stopped while it was created")?;
-                tracing::info!(%run_id, unqueued = rest.len(), "the run stopped while it was created");
+                    .context("settling a run stopped while it was created")?
+                    .1;
+                tracing::info!(%run_id, unqueued, "the run stopped while it was created");
                 stopped = true;
                 break;
             }
@@ -429,25 +425,14 @@ impl RunLauncher {
             .map(serde_json::from_value)
             .transpose()
             .context("the run's stored runner does not parse")?;
-        // Every job at once (the cases that have a row are left alone in one transaction):
-        // a crashed creation's rare recovery holds the whole run's jobs, not one chunk.
-        let mut jobs = Vec::new();
-        definition
-            .plan_chunks(
-                &version.package_hash,
-                run_id,
-                &filter,
-                runner.as_ref(),
-                RELEASE_PAGE,
-                |chunk| {
-                    jobs.extend(chunk);
-                    true
-                },
-            )
-            .context("planning the run again")?;
-        drop(definition);
-        let texts = runs::encode_jobs(&jobs).context("encoding jobs")?;
-        if runs::settle_creation(conn, run_id, &jobs, &texts).await? {
+        let mut planned = plan_in_background(
+            Arc::new(definition),
+            version.package_hash,
+            filter,
+            runner,
+            run_id,
+        );
+        if settle(conn, run_id, None, &mut planned).await?.0 {
             self.release_locked(conn, run_id).await
         } else {
             Ok(0)
@@ -638,28 +623,14 @@ impl PreparedRun {
     /// The run's jobs in chunks of [`RELEASE_PAGE`], in case order, planned from the
     /// definition's text in a blocking thread (parsing is CPU work) a chunk or two ahead of
     /// the receiver; dropping the receiver stops the planning.
-    pub fn job_chunks(&self) -> tokio::sync::mpsc::Receiver<Result<Vec<Job>, TextError>> {
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
-        let definition = Arc::clone(&self.definition);
-        let package_hash = self.package_hash.clone();
-        let filter = self.filter.clone();
-        let runner = self.runner_override.clone();
-        let run_id = self.run_id;
-        tokio::task::spawn_blocking(move || {
-            let planned = definition.plan_chunks(
-                &package_hash,
-                run_id,
-                &filter,
-                runner.as_ref(),
-                RELEASE_PAGE,
-                |jobs| tx.blocking_send(Ok(jobs)).is_ok(),
-            );
-            if let Err(e) = planned {
-                // The receiver may be gone; then nobody needs the error either.
-                let _ = tx.blocking_send(Err(e));
-            }
-        });
-        rx
+    pub fn job_chunks(&self) -> JobChunks {
+        plan_in_background(
+            Arc::clone(&self.definition),
+            self.package_hash.clone(),
+            self.filter.clone(),
+            self.runner_override.clone(),
+            self.run_id,
+        )
     }
 
     /// Every job of the run at once (tests).
@@ -759,6 +730,67 @@ async fn next_page(
         page.push(EncodedJob::from_stored(run_id, id, &text));
     }
     Ok(page)
+}
+
+/// A run's jobs as they are planned, a chunk at a time.
+pub type JobChunks = tokio::sync::mpsc::Receiver<Result<Vec<Job>, TextError>>;
+
+/// Plans a run's jobs from its definition in a blocking thread (parsing is CPU work), in
+/// chunks of [`RELEASE_PAGE`] in case order, a chunk or two ahead of the receiver; dropping
+/// the receiver stops the planning.
+fn plan_in_background(
+    definition: Arc<DefinitionText>,
+    package_hash: String,
+    filter: CaseFilter,
+    runner: Option<RunnerConfig>,
+    run_id: Uuid,
+) -> JobChunks {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::task::spawn_blocking(move || {
+        let planned = definition.plan_chunks(
+            &package_hash,
+            run_id,
+            &filter,
+            runner.as_ref(),
+            RELEASE_PAGE,
+            |jobs| tx.blocking_send(Ok(jobs)).is_ok(),
+        );
+        if let Err(e) = planned {
+            // The receiver may be gone; then nobody needs the error either.
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    rx
+}
+
+/// Settles a creation ([`runs::begin_settle`]) with the jobs still to come (`first`, then the
+/// rest of `planned`), a chunk at a time, in one transaction. Returns whether the run still
+/// runs and how many jobs were settled (0 when the run was settled already).
+async fn settle(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    first: Option<Vec<Job>>,
+    planned: &mut JobChunks,
+) -> anyhow::Result<(bool, usize)> {
+    let Some(mut settling) = runs::begin_settle(conn, run_id).await? else {
+        return Ok((false, 0));
+    };
+    let mut settled = 0;
+    let mut next = first;
+    loop {
+        let chunk = match next.take() {
+            Some(chunk) => chunk,
+            None => match planned.recv().await {
+                Some(chunk) => chunk.context("planning the run's jobs")?,
+                None => break,
+            },
+        };
+        let texts = runs::encode_jobs(&chunk).context("encoding jobs")?;
+        settling.add(&chunk, &texts).await?;
+        settled += chunk.len();
+    }
+    let live = settling.finish().await?;
+    Ok((live, settled))
 }
 
 /// A version's stored definition, read for planning.

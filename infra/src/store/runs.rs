@@ -4,7 +4,7 @@
 //!
 //! - a run is created with one `queued` row per case, in one transaction ([`insert_run`],
 //!   [`insert_queued`]) or,
-//!   streamed, chunk by chunk while it is `creating` ([`insert_chunk`], [`settle_creation`]);
+//!   streamed, chunk by chunk while it is `creating` ([`insert_chunk`], [`begin_settle`]);
 //! - a queued row is published once the broker confirmed it: `published_at` set, or its
 //!   `case_index` under the run's `published_through` watermark;
 //! - a row leaves `queued` exactly once, by a worker's upsert or by [`skip_queued`] (cancel,
@@ -406,7 +406,7 @@ async fn insert_rows(
 /// transaction of its own (committed before its jobs are published), if the run still runs.
 /// `last`: the same transaction ends the creation. Returns `false`, inserting nothing, when
 /// the run was cancelled, stopped by its budget or finalised meanwhile (see
-/// [`settle_creation`]).
+/// [`begin_settle`]).
 ///
 /// The check takes a `KEY SHARE` lock on the run: a cancel (`FOR UPDATE`) waits for the chunk
 /// and then skips its rows, while workers recording results (which update the run's counters)
@@ -450,16 +450,14 @@ async fn end_creation(conn: &mut PgConnection, run_id: Uuid) -> Result<(), sqlx:
 }
 
 /// Ends the creation of a run whose remaining cases cannot be queued, or whose creator died:
-/// under the run's row lock, inserts the cases that have no row yet (`jobs`, their `texts`
-/// alongside) — `queued` if the run still runs, else `skipped` — skips rows a stop raced
-/// with, and ends the creation, all in one transaction. Returns `true` when the run still runs
-/// (its unpublished rows are to be released).
-pub async fn settle_creation(
+/// under the run's row lock, inserts the cases that have no row yet ([`Settling::add`], a
+/// chunk at a time) — `queued` if the run still runs, else `skipped` — skips rows a stop raced
+/// with, and ends the creation ([`Settling::finish`]), all in one transaction. `None` when the
+/// run is not being created (any more): someone settled it already.
+pub async fn begin_settle(
     conn: &mut PgConnection,
     run_id: Uuid,
-    jobs: &[Job],
-    texts: &[String],
-) -> Result<bool, sqlx::Error> {
+) -> Result<Option<Settling<'_>>, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     let state: Option<(bool, String)> = sqlx::query_as(
         "SELECT status = 'running' AND NOT finalised AND stop_reason IS NULL, status
@@ -468,36 +466,57 @@ pub async fn settle_creation(
     .bind(run_id)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some((live, status)) = state else {
-        // Not being created (any more): someone settled it already.
-        return Ok(false);
-    };
-    if live {
-        for (chunk, texts) in jobs.chunks(INSERT_CHUNK).zip(texts.chunks(INSERT_CHUNK)) {
-            insert_rows(&mut tx, run_id, chunk, texts, RowsAs::QueuedIfMissing).await?;
-        }
-    } else {
-        let reason = if status == "cancelled" {
+    Ok(state.map(|(live, status)| Settling {
+        tx,
+        run_id,
+        live,
+        reason: if status == "cancelled" {
             "the run was cancelled"
         } else {
             "the run stopped before this case was queued"
+        },
+    }))
+}
+
+/// A creation being settled ([`begin_settle`]): the run's row locked in a transaction.
+pub struct Settling<'c> {
+    tx: sqlx::Transaction<'c, sqlx::Postgres>,
+    run_id: Uuid,
+    live: bool,
+    /// Why the cases are skipped, when the run stopped.
+    reason: &'static str,
+}
+
+impl Settling<'_> {
+    /// Whether the run still runs (its remaining cases are queued, not skipped).
+    pub fn live(&self) -> bool {
+        self.live
+    }
+
+    /// Inserts the cases of `jobs` (their JSON `texts` alongside) that have no row yet.
+    pub async fn add(&mut self, jobs: &[Job], texts: &[String]) -> Result<(), sqlx::Error> {
+        let how = if self.live {
+            RowsAs::QueuedIfMissing
+        } else {
+            RowsAs::SkippedIfMissing(self.reason)
         };
         for (chunk, texts) in jobs.chunks(INSERT_CHUNK).zip(texts.chunks(INSERT_CHUNK)) {
-            insert_rows(
-                &mut tx,
-                run_id,
-                chunk,
-                texts,
-                RowsAs::SkippedIfMissing(reason),
-            )
-            .await?;
+            insert_rows(&mut self.tx, self.run_id, chunk, texts, how).await?;
         }
-        // Rows of a chunk that passed its check just before the stop.
-        skip_queued(&mut tx, run_id, reason).await?;
+        Ok(())
     }
-    end_creation(&mut tx, run_id).await?;
-    tx.commit().await?;
-    Ok(live)
+
+    /// Skips the rows a stop raced with (a chunk that passed its check just before it), ends
+    /// the creation and commits. Returns whether the run still runs (its unpublished rows are
+    /// to be released).
+    pub async fn finish(mut self) -> Result<bool, sqlx::Error> {
+        if !self.live {
+            skip_queued(&mut self.tx, self.run_id, self.reason).await?;
+        }
+        end_creation(&mut self.tx, self.run_id).await?;
+        self.tx.commit().await?;
+        Ok(self.live)
+    }
 }
 
 /// Records that the broker confirmed every job of the run below `case_index` (a streamed
