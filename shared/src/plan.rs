@@ -5,7 +5,7 @@
 //! start it and the CLI needs nothing else to execute it.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -107,12 +107,7 @@ pub fn plan(
 ) -> Result<Vec<Job>, PlanError> {
     let suite_ids = check_filter(config, &config.test_cases, filter)?;
     let cases = config.test_cases.iter().map(Cow::Borrowed);
-    let planner = Planner {
-        config,
-        package_hash,
-        run_id,
-        runner_override,
-    };
+    let planner = Planner::new(config, package_hash, run_id, runner_override);
     planner.plan(cases, filter, suite_ids.as_deref())
 }
 
@@ -129,12 +124,7 @@ pub fn plan_owned(
     let cases = std::mem::take(&mut config.test_cases);
     let config = &*config;
     let suite_ids = check_filter(config, &cases, filter)?;
-    let planner = Planner {
-        config,
-        package_hash,
-        run_id,
-        runner_override,
-    };
+    let planner = Planner::new(config, package_hash, run_id, runner_override);
     planner.plan(
         cases.into_iter().map(Cow::Owned),
         filter,
@@ -164,8 +154,13 @@ fn check_filter(
             }
         },
     };
-    for id in &filter.case_ids {
-        if !cases.iter().any(|c| &c.id == id) {
+    if !filter.case_ids.is_empty() {
+        let known: HashSet<&str> = cases.iter().map(|c| c.id.as_str()).collect();
+        if let Some(id) = filter
+            .case_ids
+            .iter()
+            .find(|id| !known.contains(id.as_str()))
+        {
             return Err(PlanError::UnknownCase(id.clone()));
         }
     }
@@ -178,6 +173,39 @@ struct Planner<'a> {
     package_hash: &'a str,
     run_id: Uuid,
     runner_override: Option<&'a RunnerConfig>,
+    /// Each case id's suites, in definition order (looked up per job: a suite may list every
+    /// case of a large definition).
+    suites_by_case: HashMap<&'a str, Vec<&'a str>>,
+}
+
+impl<'a> Planner<'a> {
+    fn new(
+        config: &'a EvalConfig,
+        package_hash: &'a str,
+        run_id: Uuid,
+        runner_override: Option<&'a RunnerConfig>,
+    ) -> Self {
+        // As `EvalConfig::suites_of`: each suite that lists the case, once, in suite order.
+        let mut suites_by_case: HashMap<&str, Vec<&str>> = HashMap::new();
+        for suite in &config.suites {
+            for id in &suite.test_ids {
+                let suites = suites_by_case.entry(id.as_str()).or_default();
+                if suites
+                    .last()
+                    .is_none_or(|last| !std::ptr::eq(*last, suite.name.as_str()))
+                {
+                    suites.push(&suite.name);
+                }
+            }
+        }
+        Planner {
+            config,
+            package_hash,
+            run_id,
+            runner_override,
+            suites_by_case,
+        }
+    }
 }
 
 impl Planner<'_> {
@@ -189,9 +217,10 @@ impl Planner<'_> {
         filter: &CaseFilter,
         suite_ids: Option<&[String]>,
     ) -> Result<Vec<Job>, PlanError> {
+        let selection = Selection::new(filter, suite_ids);
         let jobs: Vec<Job> = cases
             .enumerate()
-            .filter(|(_, c)| selected(filter, suite_ids, &c.id, &c.tags))
+            .filter(|(_, c)| selection.selects(&c.id, &c.tags))
             .map(|(index, c)| self.job(index, c))
             .collect();
         if jobs.is_empty() {
@@ -212,11 +241,11 @@ impl Planner<'_> {
             .evaluation
             .retry_count
             .unwrap_or(u32::from(config.settings.retry_failed));
-        let suites = config
-            .suites_of(&c.id)
-            .into_iter()
-            .map(str::to_string)
-            .collect();
+        let suites = self
+            .suites_by_case
+            .get(c.id.as_str())
+            .map(|names| names.iter().map(|n| n.to_string()).collect())
+            .unwrap_or_default();
         let strategy = c.strategy_name(config.profile).to_string();
         let mut case = c.into_owned();
         case.evaluation.strategy = strategy;
@@ -241,12 +270,30 @@ impl Planner<'_> {
     }
 }
 
-/// Whether the filter selects the case with this id and tags (`suite_ids`: the ids of the
-/// filter's suite, when it names one).
-fn selected(filter: &CaseFilter, suite_ids: Option<&[String]>, id: &str, tags: &[String]) -> bool {
-    (filter.case_ids.is_empty() || filter.case_ids.iter().any(|c| c == id))
-        && (filter.tags.is_empty() || tags.iter().any(|t| filter.tags.contains(t)))
-        && suite_ids.is_none_or(|ids| ids.iter().any(|c| c == id))
+/// Which cases a filter selects; its case ids and its suite's ids as sets (a request may
+/// name thousands of cases of a definition of 100,000).
+struct Selection<'f> {
+    filter: &'f CaseFilter,
+    ids: HashSet<&'f str>,
+    /// The ids of the filter's suite, when it names one.
+    suite: Option<HashSet<&'f str>>,
+}
+
+impl<'f> Selection<'f> {
+    fn new(filter: &'f CaseFilter, suite_ids: Option<&'f [String]>) -> Self {
+        Selection {
+            filter,
+            ids: filter.case_ids.iter().map(String::as_str).collect(),
+            suite: suite_ids.map(|ids| ids.iter().map(String::as_str).collect()),
+        }
+    }
+
+    /// Whether the filter selects the case with this id and tags.
+    fn selects(&self, id: &str, tags: &[String]) -> bool {
+        (self.ids.is_empty() || self.ids.contains(id))
+            && (self.filter.tags.is_empty() || tags.iter().any(|t| self.filter.tags.contains(t)))
+            && self.suite.as_ref().is_none_or(|ids| ids.contains(id))
+    }
 }
 
 fn empty(filter: &CaseFilter) -> PlanError {
@@ -375,19 +422,23 @@ impl DefinitionText {
                 Ok(self.cases)
             });
         }
-        let mut seen = vec![false; filter.case_ids.len()];
+        let selection = Selection::new(filter, suite_ids.as_deref());
+        let mut unseen = selection.ids.clone();
         let mut count = 0;
         let each = |_, key: stored::CaseKey| {
-            for (seen, id) in seen.iter_mut().zip(&filter.case_ids) {
-                *seen |= *id == key.id;
-            }
-            if selected(filter, suite_ids.as_deref(), &key.id, &key.tags) {
+            unseen.remove(key.id.as_str());
+            if selection.selects(&key.id, &key.tags) {
                 count += 1;
             }
             true
         };
         over_source!(&self.source, |de| stored::each_case(de, each));
-        if let Some((_, id)) = seen.iter().zip(&filter.case_ids).find(|(seen, _)| !**seen) {
+        // The first unknown one in the request's order, as `plan` reports it.
+        if let Some(id) = filter
+            .case_ids
+            .iter()
+            .find(|id| unseen.contains(id.as_str()))
+        {
             return Ok(Err(PlanError::UnknownCase(id.clone())));
         }
         Ok(if count == 0 {
@@ -413,17 +464,13 @@ impl DefinitionText {
         let Ok(suite_ids) = suite_ids(&self.header, filter) else {
             return Ok(());
         };
-        let planner = Planner {
-            config: &self.header,
-            package_hash,
-            run_id,
-            runner_override,
-        };
+        let planner = Planner::new(&self.header, package_hash, run_id, runner_override);
         let chunk = chunk.max(1);
         let mut jobs = Vec::with_capacity(chunk);
         let mut going = true;
+        let selection = Selection::new(filter, suite_ids.as_deref());
         let each_case = |index, case: TestCase| {
-            if selected(filter, suite_ids.as_deref(), &case.id, &case.tags) {
+            if selection.selects(&case.id, &case.tags) {
                 jobs.push(planner.job(index, Cow::Owned(case)));
                 if jobs.len() == chunk {
                     going = each(std::mem::replace(&mut jobs, Vec::with_capacity(chunk)));
@@ -916,5 +963,31 @@ mod tests {
                 .unwrap();
             assert_eq!(chunks, [2]);
         }
+    }
+
+    #[test]
+    fn each_job_lists_the_suites_of_its_case_once_in_suite_order() {
+        let mut config = config();
+        let suite = |name: &str, ids: &[&str]| Suite {
+            name: name.into(),
+            test_ids: ids.iter().map(|i| i.to_string()).collect(),
+            run_in_sequence: false,
+        };
+        config.suites = vec![
+            suite("core", &["a", "b"]),
+            suite("edge", &["b", "c", "b"]),
+            suite("all", &["c", "b", "a"]),
+        ];
+        let jobs = plan(&config, "h", Uuid::nil(), &CaseFilter::default(), None).unwrap();
+        for job in &jobs {
+            assert_eq!(
+                job.suites,
+                config.suites_of(&job.case.id),
+                "{}",
+                job.case.id
+            );
+        }
+        assert_eq!(jobs[1].suites, ["core", "edge", "all"]);
+        assert_eq!(jobs[2].suites, ["edge", "all"]);
     }
 }
