@@ -111,27 +111,6 @@ pub fn plan(
     planner.plan(cases, filter, suite_ids.as_deref())
 }
 
-/// [`plan`] for a caller done with the definition's cases: they are moved into the jobs, not
-/// copied, and `config.test_cases` is left empty (also on an error). A large upload then holds
-/// its cases once, as jobs, instead of twice.
-pub fn plan_owned(
-    config: &mut EvalConfig,
-    package_hash: &str,
-    run_id: Uuid,
-    filter: &CaseFilter,
-    runner_override: Option<&RunnerConfig>,
-) -> Result<Vec<Job>, PlanError> {
-    let cases = std::mem::take(&mut config.test_cases);
-    let config = &*config;
-    let suite_ids = check_filter(config, &cases, filter)?;
-    let planner = Planner::new(config, package_hash, run_id, runner_override);
-    planner.plan(
-        cases.into_iter().map(Cow::Owned),
-        filter,
-        suite_ids.as_deref(),
-    )
-}
-
 /// Checks that the filter's suite and cases exist; returns the suite's case ids when it names
 /// one.
 fn check_filter(
@@ -748,43 +727,6 @@ mod tests {
         assert_eq!(jobs[0].runner.kind, "command");
         assert_eq!(jobs[0].suites, vec!["core".to_string()]);
         assert!(jobs[2].suites.is_empty());
-    }
-
-    #[test]
-    fn planning_owned_moves_the_cases_into_the_same_jobs() {
-        let filters = [
-            CaseFilter::default(),
-            CaseFilter {
-                tags: vec!["edge".into()],
-                ..CaseFilter::default()
-            },
-            CaseFilter {
-                suite: Some("core".into()),
-                ..CaseFilter::default()
-            },
-        ];
-        for filter in filters {
-            let borrowed = plan(&config(), "h", Uuid::nil(), &filter, None).unwrap();
-            let mut owned_config = config();
-            let owned = plan_owned(&mut owned_config, "h", Uuid::nil(), &filter, None).unwrap();
-            assert_eq!(owned, borrowed, "{filter:?}");
-            assert!(owned_config.test_cases.is_empty());
-            assert_eq!(owned_config.suites, config().suites, "the rest stays");
-        }
-        // Errors are the same too.
-        let unknown = CaseFilter {
-            case_ids: vec!["zz".into()],
-            ..CaseFilter::default()
-        };
-        let mut refused = config();
-        assert_eq!(
-            plan_owned(&mut refused, "h", Uuid::nil(), &unknown, None).unwrap_err(),
-            plan(&config(), "h", Uuid::nil(), &unknown, None).unwrap_err()
-        );
-        assert!(
-            refused.test_cases.is_empty(),
-            "taken also on an error, as documented"
-        );
     }
 
     #[test]
