@@ -108,31 +108,17 @@ pub fn plan(
     let suite_ids = check_filter(config, &config.test_cases, filter)?;
     let cases = config.test_cases.iter().map(Cow::Borrowed);
     let planner = Planner::new(config, package_hash, run_id, runner_override);
-    planner.plan(cases, filter, suite_ids.as_deref())
+    planner.plan(cases, filter, suite_ids)
 }
 
 /// Checks that the filter's suite and cases exist; returns the suite's case ids when it names
 /// one.
-fn check_filter(
-    config: &EvalConfig,
+fn check_filter<'c>(
+    config: &'c EvalConfig,
     cases: &[TestCase],
     filter: &CaseFilter,
-) -> Result<Option<Vec<String>>, PlanError> {
-    let suite_ids = match &filter.suite {
-        None => None,
-        Some(name) => match config.suites.iter().find(|s| &s.name == name) {
-            Some(s) => Some(s.test_ids.clone()),
-            None => {
-                let names: Vec<&str> = config.suites.iter().map(|s| s.name.as_str()).collect();
-                let known = if names.is_empty() {
-                    "no suites".to_string()
-                } else {
-                    names.join(", ")
-                };
-                return Err(PlanError::UnknownSuite(name.clone(), known));
-            }
-        },
-    };
+) -> Result<Option<&'c [String]>, PlanError> {
+    let suite_ids = suite_ids(config, filter)?;
     if !filter.case_ids.is_empty() {
         let known: HashSet<&str> = cases.iter().map(|c| c.id.as_str()).collect();
         if let Some(id) = filter
@@ -144,6 +130,28 @@ fn check_filter(
         }
     }
     Ok(suite_ids)
+}
+
+/// The ids of the filter's suite when it names one; an unknown suite is an error.
+fn suite_ids<'c>(
+    config: &'c EvalConfig,
+    filter: &CaseFilter,
+) -> Result<Option<&'c [String]>, PlanError> {
+    let Some(name) = &filter.suite else {
+        return Ok(None);
+    };
+    match config.suites.iter().find(|s| &s.name == name) {
+        Some(s) => Ok(Some(&s.test_ids)),
+        None => {
+            let names: Vec<&str> = config.suites.iter().map(|s| s.name.as_str()).collect();
+            let known = if names.is_empty() {
+                "no suites".to_string()
+            } else {
+                names.join(", ")
+            };
+            Err(PlanError::UnknownSuite(name.clone(), known))
+        }
+    }
 }
 
 /// What every job of a run shares.
@@ -401,7 +409,7 @@ impl DefinitionText {
                 Ok(self.cases)
             });
         }
-        let selection = Selection::new(filter, suite_ids.as_deref());
+        let selection = Selection::new(filter, suite_ids);
         let mut unseen = selection.ids.clone();
         let mut count = 0;
         let each = |_, key: stored::CaseKey| {
@@ -447,7 +455,7 @@ impl DefinitionText {
         let chunk = chunk.max(1);
         let mut jobs = Vec::with_capacity(chunk);
         let mut going = true;
-        let selection = Selection::new(filter, suite_ids.as_deref());
+        let selection = Selection::new(filter, suite_ids);
         let each_case = |index, case: TestCase| {
             if selection.selects(&case.id, &case.tags) {
                 jobs.push(planner.job(index, Cow::Owned(case)));
@@ -557,18 +565,6 @@ impl DefinitionWriter {
             cases: self.cases,
         })
     }
-}
-
-/// The ids of the filter's suite when it names one; an unknown suite is an error.
-fn suite_ids(config: &EvalConfig, filter: &CaseFilter) -> Result<Option<Vec<String>>, PlanError> {
-    check_filter(
-        config,
-        &[],
-        &CaseFilter {
-            suite: filter.suite.clone(),
-            ..CaseFilter::default()
-        },
-    )
 }
 
 /// Reading and writing a definition's text case by case. Hand-written serde visitors: reading
