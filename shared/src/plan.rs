@@ -293,27 +293,22 @@ fn empty(filter: &CaseFilter) -> PlanError {
 
 /// A stored definition planned from its JSON text, case by case: what a service holds for a
 /// large definition instead of the model (whose in-memory form is several times the text),
-/// so planning a run needs the stored form and one chunk of jobs, whatever the number of
+/// so planning a run needs the deflated text and one chunk of jobs, whatever the number of
 /// cases.
 ///
-/// The stored form is the serialised [`EvalConfig`], deflated ([`DefinitionText::from_config`],
-/// [`DefinitionText::from_deflated`]: a 100,000-case definition is 44 MB of JSON and ~2 MB
-/// deflated) or as plain JSON text ([`DefinitionText::parse`], how earlier versions stored
-/// it). It is read once for everything but the cases, and again, a case at a time and
-/// inflated as it is read, by each pass over the cases ([`DefinitionText::count`],
+/// The text is the serialised [`EvalConfig`], held deflated (a 100,000-case definition is
+/// 44 MB of JSON and ~2 MB deflated): from the model ([`DefinitionText::from_config`]), as
+/// stored ([`DefinitionText::from_deflated`]), or from plain JSON text
+/// ([`DefinitionText::parse`], how earlier versions stored it; deflated on reading). It is
+/// read once for everything but the cases, and again, a case at a time and inflated as it is
+/// read, by each pass over the cases ([`DefinitionText::count`],
 /// [`DefinitionText::plan_chunks`]).
 #[derive(Debug)]
 pub struct DefinitionText {
-    source: Source,
+    deflated: Vec<u8>,
     /// The definition without its cases.
     header: EvalConfig,
     cases: usize,
-}
-
-#[derive(Debug)]
-enum Source {
-    Text(String),
-    Deflated(Vec<u8>),
 }
 
 /// A definition's text that does not parse as one (or does not inflate).
@@ -321,47 +316,47 @@ enum Source {
 #[error("the stored eval definition does not parse: {0}")]
 pub struct TextError(#[from] serde_json::Error);
 
-/// Runs `$pass` (a function of a `serde_json` deserializer) over the source, then checks that
-/// nothing follows the document. A macro because the two sources give two deserializer types.
-macro_rules! over_source {
-    ($source:expr, $pass:expr) => {
-        match $source {
-            Source::Text(text) => {
-                let mut de = serde_json::Deserializer::from_str(text);
-                let out = $pass(&mut de)?;
-                de.end()?;
-                out
-            }
-            Source::Deflated(bytes) => {
-                let inflated = std::io::BufReader::with_capacity(
-                    64 * 1024,
-                    flate2::read::DeflateDecoder::new(bytes.as_slice()),
-                );
-                let mut de = serde_json::Deserializer::from_reader(inflated);
-                let out = $pass(&mut de)?;
-                de.end()?;
-                out
-            }
-        }
-    };
+/// The parser of a pass over a deflated definition.
+type Inflating<'a> = serde_json::Deserializer<
+    serde_json::de::IoRead<std::io::BufReader<flate2::read::DeflateDecoder<&'a [u8]>>>,
+>;
+
+/// Runs `pass` over the deflated text, then checks that nothing follows the document.
+fn over_text<'a, T>(
+    deflated: &'a [u8],
+    pass: impl FnOnce(&mut Inflating<'a>) -> serde_json::Result<T>,
+) -> Result<T, TextError> {
+    let inflated =
+        std::io::BufReader::with_capacity(64 * 1024, flate2::read::DeflateDecoder::new(deflated));
+    let mut de = serde_json::Deserializer::from_reader(inflated);
+    let out = pass(&mut de)?;
+    de.end()?;
+    Ok(out)
+}
+
+/// A deflate stream at the fastest level (the text is mostly repeated field names).
+fn deflater() -> flate2::write::DeflateEncoder<Vec<u8>> {
+    flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast())
 }
 
 impl DefinitionText {
-    /// Reads a definition stored as JSON text: everything but its cases now.
+    /// Reads a definition stored as plain JSON text: everything but its cases now.
     pub fn parse(text: String) -> Result<Self, TextError> {
-        DefinitionText::read(Source::Text(text))
+        use std::io::Write as _;
+        let mut deflate = deflater();
+        deflate
+            .write_all(text.as_bytes())
+            .map_err(serde_json::Error::io)?;
+        drop(text);
+        DefinitionText::from_deflated(deflate.finish().map_err(serde_json::Error::io)?)
     }
 
     /// Reads a definition stored deflated ([`DefinitionText::deflated`]).
-    pub fn from_deflated(bytes: Vec<u8>) -> Result<Self, TextError> {
-        DefinitionText::read(Source::Deflated(bytes))
-    }
-
-    fn read(source: Source) -> Result<Self, TextError> {
-        let (top, cases) = over_source!(&source, stored::header);
+    pub fn from_deflated(deflated: Vec<u8>) -> Result<Self, TextError> {
+        let (top, cases) = over_text(&deflated, |de| stored::header(de))?;
         let header: EvalConfig = serde_json::from_value(serde_json::Value::Object(top))?;
         Ok(DefinitionText {
-            source,
+            deflated,
             header,
             cases,
         })
@@ -376,13 +371,9 @@ impl DefinitionText {
         writer.finish(config)
     }
 
-    /// The deflated JSON text to store, when the definition is held so (always, from
-    /// [`DefinitionText::from_config`]).
-    pub fn deflated(&self) -> Option<&[u8]> {
-        match &self.source {
-            Source::Deflated(bytes) => Some(bytes),
-            Source::Text(_) => None,
-        }
+    /// The deflated JSON text, as stored.
+    pub fn deflated(&self) -> &[u8] {
+        &self.deflated
     }
 
     /// The definition without its cases.
@@ -419,7 +410,7 @@ impl DefinitionText {
             }
             true
         };
-        over_source!(&self.source, |de| stored::each_case(de, each));
+        over_text(&self.deflated, |de| stored::each_case(de, each))?;
         // The first unknown one in the request's order, as `plan` reports it.
         if let Some(id) = filter
             .case_ids
@@ -465,7 +456,7 @@ impl DefinitionText {
             }
             going
         };
-        over_source!(&self.source, |de| stored::each_case(de, each_case));
+        over_text(&self.deflated, |de| stored::each_case(de, each_case))?;
         if going && !jobs.is_empty() {
             each(jobs);
         }
@@ -493,10 +484,8 @@ impl Default for DefinitionWriter {
 
 impl DefinitionWriter {
     pub fn new() -> Self {
-        // The fastest level: the text is mostly repeated field names.
-        let deflate = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
         let mut writer = DefinitionWriter {
-            out: std::io::BufWriter::with_capacity(64 * 1024, deflate),
+            out: std::io::BufWriter::with_capacity(64 * 1024, deflater()),
             cases: 0,
             failed: None,
         };
@@ -560,7 +549,7 @@ impl DefinitionWriter {
         let mut bytes = deflate.finish().map_err(serde_json::Error::io)?;
         bytes.shrink_to_fit();
         Ok(DefinitionText {
-            source: Source::Deflated(bytes),
+            deflated: bytes,
             header,
             cases: self.cases,
         })
@@ -814,7 +803,7 @@ mod tests {
     /// The definition of [`config`] in both stored forms: deflated, and as plain text.
     fn both_forms() -> [DefinitionText; 2] {
         let deflated = DefinitionText::from_config(&mut config()).unwrap();
-        let text = inflate(deflated.deflated().unwrap());
+        let text = inflate(deflated.deflated());
         [deflated, DefinitionText::parse(text).unwrap()]
     }
 
@@ -824,7 +813,7 @@ mod tests {
         let stored = DefinitionText::from_config(&mut config).unwrap();
         assert!(config.test_cases.is_empty(), "the cases were taken");
         assert_eq!(stored.cases(), 3);
-        let bytes = stored.deflated().unwrap().to_vec();
+        let bytes = stored.deflated().to_vec();
         let text = inflate(&bytes);
         assert!(bytes.len() < text.len(), "deflated");
         let back: EvalConfig = serde_json::from_str(&text).unwrap();

@@ -84,12 +84,6 @@ pub async fn upload(
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     });
-    // The definition as the deflated text that is stored and planned from.
-    let Some(config_deflate) = definition.deflated() else {
-        return Err(ApiError::internal(anyhow::anyhow!(
-            "a definition from the model is held deflated"
-        )));
-    };
     let manifest_json =
         serde_json::to_value(manifest).map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
     let test_cases = definition.cases();
@@ -103,7 +97,7 @@ pub async fn upload(
         version_label,
         eval_version: &package.config.version,
         profile: package.config.profile.as_str(),
-        config_deflate,
+        config_deflate: definition.deflated(),
         settings: serde_json::to_value(&package.config.settings)
             .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
         test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),

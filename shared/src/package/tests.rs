@@ -743,7 +743,7 @@ fn zip_of(files: &[(&str, &str)]) -> Vec<u8> {
 fn stored_config(text: &crate::plan::DefinitionText) -> crate::model::EvalConfig {
     use std::io::Read as _;
     let mut json = String::new();
-    flate2::read::DeflateDecoder::new(text.deflated().expect("deflated"))
+    flate2::read::DeflateDecoder::new(text.deflated())
         .read_to_string(&mut json)
         .expect("inflates");
     serde_json::from_str(&json).expect("parses")
