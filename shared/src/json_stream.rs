@@ -8,8 +8,9 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::{Map, Value};
 
 /// An object read as its fields but `key`, as JSON values, and `key` read with `seed` (`None`
-/// when absent; the last one when repeated, as in `serde_json::Value`). Anything but an object
-/// is an error.
+/// when absent). Anything but an object is an error, and so is a repeated `key`: a second
+/// pass over the list (reading its items in chunks) would see both lists, where a whole read
+/// keeps the last; the caller reads such a file whole.
 pub(crate) struct SplitField<S> {
     pub key: &'static str,
     pub seed: S,
@@ -27,6 +28,9 @@ impl<'de, S: DeserializeSeed<'de> + Clone> Visitor<'de> for SplitField<S> {
         let mut field = None;
         while let Some(key) = map.next_key::<String>()? {
             if key == self.key {
+                if field.is_some() {
+                    return Err(serde::de::Error::duplicate_field(self.key));
+                }
                 field = Some(map.next_value_seed(self.seed.clone())?);
             } else {
                 let value: Value = map.next_value()?;

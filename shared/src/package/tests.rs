@@ -803,6 +803,13 @@ fn checking_in_chunks_gives_what_checking_the_whole_package_gives() {
         json!({"version": "2.0", "testCases": {"id": "a"}}).to_string(),
         json!([{"name": "t", "input": "hi", "expectedOutput": "hello"}]).to_string(),
         "{\"testCases\": [".to_string(),
+        // A repeated `testCases`: the last one counts.
+        format!(
+            r#"{{"version": "2.0", "testCases": [{}], "testCases": [{}, {}]}}"#,
+            case("a", json!({})),
+            case("b", json!({})),
+            case("c", json!({}))
+        ),
         // A byte-order mark; text that is not ASCII.
         format!(
             "\u{feff}{}",
