@@ -41,6 +41,37 @@ impl<'de, S: DeserializeSeed<'de> + Clone> Visitor<'de> for SplitField<S> {
     }
 }
 
+/// An object read for its field `key` alone, with `seed` (`None` when absent); the other
+/// fields are skipped unbuilt. Anything but an object is an error, and so is a repeated `key`.
+pub(crate) struct OnlyField<S> {
+    pub key: &'static str,
+    pub seed: S,
+}
+
+impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for OnlyField<S> {
+    type Value = Option<S::Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "an object with `{}`", self.key)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seed = Some(self.seed);
+        let mut field = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == self.key {
+                let Some(seed) = seed.take() else {
+                    return Err(serde::de::Error::duplicate_field(self.key));
+                };
+                field = Some(map.next_value_seed(seed)?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(field)
+    }
+}
+
 /// A list's length, its items not built. Anything but a list is an error.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ListLength;

@@ -564,7 +564,7 @@ mod stored {
     use std::marker::PhantomData;
 
     use serde::de::{
-        DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+        DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, SeqAccess, Visitor,
     };
     use serde::Deserialize;
     use serde_json::Value;
@@ -595,48 +595,25 @@ mod stored {
         de: D,
         each: impl FnMut(usize, T) -> bool,
     ) -> Result<(), D::Error> {
-        de.deserialize_map(CasesVisitor {
-            each,
-            case: PhantomData,
-        })
-    }
-
-    struct CasesVisitor<F, T> {
-        each: F,
-        case: PhantomData<fn() -> T>,
-    }
-
-    impl<'de, F: FnMut(usize, T) -> bool, T: DeserializeOwned> Visitor<'de> for CasesVisitor<F, T> {
-        type Value = ();
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("an eval definition object")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
-            while let Some(key) = map.next_key::<String>()? {
-                if key == "testCases" {
-                    map.next_value_seed(ItemsSeed {
-                        each: &mut self.each,
-                        case: PhantomData,
-                    })?;
-                } else {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(())
-        }
+        let only = crate::json_stream::OnlyField {
+            key: "testCases",
+            seed: ItemsSeed {
+                each,
+                case: PhantomData,
+            },
+        };
+        de.deserialize_map(only).map(|_| ())
     }
 
     /// The case list; once `each` says stop, the rest is read without being built (the
     /// parser must still reach the end of the document).
-    struct ItemsSeed<'f, F, T> {
-        each: &'f mut F,
+    struct ItemsSeed<F, T> {
+        each: F,
         case: PhantomData<fn() -> T>,
     }
 
     impl<'de, F: FnMut(usize, T) -> bool, T: DeserializeOwned> DeserializeSeed<'de>
-        for ItemsSeed<'_, F, T>
+        for ItemsSeed<F, T>
     {
         type Value = ();
 
@@ -645,14 +622,14 @@ mod stored {
         }
     }
 
-    impl<'de, F: FnMut(usize, T) -> bool, T: DeserializeOwned> Visitor<'de> for ItemsSeed<'_, F, T> {
+    impl<'de, F: FnMut(usize, T) -> bool, T: DeserializeOwned> Visitor<'de> for ItemsSeed<F, T> {
         type Value = ();
 
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("a list of test cases")
         }
 
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
             let mut index = 0;
             while let Some(case) = seq.next_element::<T>()? {
                 if !(self.each)(index, case) {

@@ -232,22 +232,23 @@ pub fn v2_case_chunks(
 ) -> Result<(), PackageError> {
     let mut de =
         serde_json::Deserializer::from_reader(std::io::BufReader::new(Utf8Reader::new(reader)));
-    serde::Deserializer::deserialize_map(
-        &mut de,
-        streamed::ChunksVisitor {
+    let only = crate::json_stream::OnlyField {
+        key: "testCases",
+        seed: streamed::ChunksSeed {
             file,
             chunk: chunk.max(1),
             each,
         },
-    )
-    .and_then(|()| de.end())
-    .map_err(|e| {
-        PackageError::refused(
-            "eval_definition_changed",
-            Some(file),
-            format!("the eval definition could not be read again: {e}"),
-        )
-    })
+    };
+    serde::Deserializer::deserialize_map(&mut de, only)
+        .and_then(|_| de.end())
+        .map_err(|e| {
+            PackageError::refused(
+                "eval_definition_changed",
+                Some(file),
+                format!("the eval definition could not be read again: {e}"),
+            )
+        })
 }
 
 /// A reader that passes on only UTF-8 text (an error at the first invalid sequence) and drops
@@ -341,48 +342,19 @@ impl<R: std::io::Read> std::io::Read for Utf8Reader<R> {
 mod streamed {
     use std::fmt;
 
-    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde::de::{DeserializeSeed, Deserializer, SeqAccess, Visitor};
     use serde_json::Value;
 
     use super::v2::CaseList;
 
     /// The second pass of a file [`super::v2_header`] accepted: its `testCases` in chunks.
-    pub(super) struct ChunksVisitor<'f, F> {
+    pub(super) struct ChunksSeed<'f, F> {
         pub file: &'f str,
         pub chunk: usize,
         pub each: F,
     }
 
-    impl<'de, F: FnMut(CaseList)> Visitor<'de> for ChunksVisitor<'_, F> {
-        type Value = ();
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a v2 eval definition")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
-            while let Some(key) = map.next_key::<String>()? {
-                if key == "testCases" {
-                    map.next_value_seed(ChunksSeed {
-                        file: self.file,
-                        chunk: self.chunk,
-                        each: &mut self.each,
-                    })?;
-                } else {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(())
-        }
-    }
-
-    struct ChunksSeed<'f, 'e, F> {
-        file: &'f str,
-        chunk: usize,
-        each: &'e mut F,
-    }
-
-    impl<'de, F: FnMut(CaseList)> DeserializeSeed<'de> for ChunksSeed<'_, '_, F> {
+    impl<'de, F: FnMut(CaseList)> DeserializeSeed<'de> for ChunksSeed<'_, F> {
         type Value = ();
 
         fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
@@ -390,14 +362,14 @@ mod streamed {
         }
     }
 
-    impl<'de, F: FnMut(CaseList)> Visitor<'de> for ChunksSeed<'_, '_, F> {
+    impl<'de, F: FnMut(CaseList)> Visitor<'de> for ChunksSeed<'_, F> {
         type Value = ();
 
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("a list of test cases")
         }
 
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
             let mut list = CaseList::default();
             let mut index = 0;
             while let Some(item) = seq.next_element::<Value>()? {
