@@ -352,7 +352,7 @@ impl Package {
         if streamed {
             let path = paths::join(&self.root, file);
             let opened = fs::File::open(&path).map_err(|e| PackageError::io(&path, e))?;
-            if let Some((header, _cases)) = formats::v2_header(file, opened) {
+            if let Some(header) = formats::v2_header(file, opened) {
                 self.eval_file = file.to_string();
                 self.format = Some(header.format);
                 self.list_pointer = header.list_pointer;

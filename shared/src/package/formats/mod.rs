@@ -193,14 +193,13 @@ fn convert_tests_json_streamed(file: &str, bytes: &[u8]) -> Result<Converted, Pa
 }
 
 /// A v2 `tests.json` whose `testCases` is a list, read from `reader` without its cases: the
-/// rest converted as [`convert`] converts it (its problems), and how many items the list has.
-/// `None` for any other file (no `testCases` list, not v2, not JSON, not UTF-8): read it whole
+/// rest converted as [`convert`] converts it (its problems). `None` for any other file (no `testCases` list, not v2, not JSON, not UTF-8): read it whole
 /// with [`convert`], which says what is wrong with it.
 ///
 /// With [`v2_case_chunks`], what a caller that must not hold the definition in memory reads
 /// instead of [`convert`]: the same definition and problems, the cases a chunk at a time,
 /// the file itself read as a stream.
-pub fn v2_header(file: &str, reader: impl std::io::Read) -> Option<(Converted, usize)> {
+pub fn v2_header(file: &str, reader: impl std::io::Read) -> Option<Converted> {
     if matches!(file, "eval/eval_metadata.json" | "evals/evals.json") {
         return None;
     }
@@ -212,13 +211,11 @@ pub fn v2_header(file: &str, reader: impl std::io::Read) -> Option<(Converted, u
     };
     let header = serde::Deserializer::deserialize_map(&mut de, split)
         .and_then(|header| de.end().map(|()| header));
-    let Ok((top, Some(cases))) = header else {
+    // The list's length is read only to know it is a list.
+    let Ok((top, Some(_))) = header else {
         return None;
     };
-    Some((
-        v2::convert_parts(top, Some(v2::CaseList::default()), file),
-        cases,
-    ))
+    Some(v2::convert_parts(top, Some(v2::CaseList::default()), file))
 }
 
 /// The cases of a file [`v2_header`] read, read again from `reader` and converted as

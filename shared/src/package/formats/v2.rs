@@ -75,7 +75,7 @@ impl CaseList {
         (self.cases, self.sources, self.problems)
     }
 
-    /// How many items were read into this list (converted or not).
+    /// No item was read into this list (converted or not).
     pub fn is_empty(&self) -> bool {
         self.cases.is_empty() && self.problems.is_empty()
     }
