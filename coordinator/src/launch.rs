@@ -785,8 +785,7 @@ async fn settle(
                 None => break,
             },
         };
-        let texts = runs::encode_jobs(&chunk).context("encoding jobs")?;
-        settling.add(&chunk, &texts).await?;
+        settling.add(&chunk).await?;
         settled += chunk.len();
     }
     let live = settling.finish().await?;

@@ -493,15 +493,16 @@ impl Settling<'_> {
         self.live
     }
 
-    /// Inserts the cases of `jobs` (their JSON `texts` alongside) that have no row yet.
-    pub async fn add(&mut self, jobs: &[Job], texts: &[String]) -> Result<(), sqlx::Error> {
+    /// Inserts the cases of `jobs` that have no row yet.
+    pub async fn add(&mut self, jobs: &[Job]) -> Result<(), sqlx::Error> {
         let how = if self.live {
             RowsAs::QueuedIfMissing
         } else {
             RowsAs::SkippedIfMissing(self.reason)
         };
-        for (chunk, texts) in jobs.chunks(INSERT_CHUNK).zip(texts.chunks(INSERT_CHUNK)) {
-            insert_rows(&mut self.tx, self.run_id, chunk, texts, how).await?;
+        for chunk in jobs.chunks(INSERT_CHUNK) {
+            let texts = encode_jobs(chunk)?;
+            insert_rows(&mut self.tx, self.run_id, chunk, &texts, how).await?;
         }
         Ok(())
     }
