@@ -580,13 +580,11 @@ impl Publisher {
     /// Publishes every job, then waits for all the confirms: one round trip for the batch.
     /// Returns, per job in order, whether the broker took it.
     pub async fn publish_jobs(&self, jobs: &[Job], lane: Lane) -> Vec<Result<(), BrokerError>> {
-        let mut pending = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            pending.push(match EncodedJob::from_job(job) {
-                Ok(encoded) => self.send_job(&encoded, lane).await,
-                Err(e) => Err(e.into()),
-            });
-        }
+        let pending = futures::future::join_all(jobs.iter().map(|job| async move {
+            let encoded = EncodedJob::from_job(job)?;
+            self.send_job(&encoded, lane).await
+        }))
+        .await;
         Self::confirms(pending).await
     }
 
@@ -596,10 +594,12 @@ impl Publisher {
         jobs: &[EncodedJob],
         lane: Lane,
     ) -> Vec<Result<(), BrokerError>> {
-        let mut pending = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            pending.push(self.send_job(job, lane).await);
-        }
+        // Every message's frames are queued before any is awaited. lapin resolves a
+        // `basic_publish` only once its IO thread has written the frames, so awaiting each
+        // before queueing the next cost a hand-off between the two threads per message: the
+        // creation of a 100,000-case run spent more time waiting on that than on its inserts.
+        let pending =
+            futures::future::join_all(jobs.iter().map(|job| self.send_job(job, lane))).await;
         Self::confirms(pending).await
     }
 
@@ -667,17 +667,16 @@ impl Publisher {
     pub async fn publish_events(&self, cases: &[CaseFinished]) -> Vec<Result<(), BrokerError>> {
         let exchange = self.topology.events_exchange();
         let events = CasesFinished::group(cases.iter().cloned());
-        let mut pending = Vec::with_capacity(events.len());
-        for event in &events {
-            let key = Topology::event_routing_key(event.worst_status());
-            pending.push(match event.encode() {
-                Ok(body) => {
-                    self.send(&exchange, &key, &body, FieldTable::default(), false)
-                        .await
-                }
-                Err(e) => Err(e.into()),
-            });
-        }
+        let pending = futures::future::join_all(events.iter().map(|event| {
+            let exchange = &exchange;
+            async move {
+                let key = Topology::event_routing_key(event.worst_status());
+                let body = event.encode()?;
+                self.send(exchange, &key, &body, FieldTable::default(), false)
+                    .await
+            }
+        }))
+        .await;
         Self::confirms(pending).await
     }
 }

@@ -393,3 +393,49 @@ async fn a_slot_takes_the_next_job_while_its_result_waits_for_the_commit() {
     );
     w.stop().await.unwrap();
 }
+
+/// A batch publish queues every message before awaiting any (see `Publisher::publish_jobs`);
+/// two such batches at once on one channel, as a run's creation sends its chunks, must still
+/// confirm each job at its own position and put every job on the queue exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_batch_publishes_land_every_job_once() {
+    use lapin::options::BasicGetOptions;
+    use lapin::types::ShortString;
+    use skilleval_infra::messages::decode_job;
+    use skilleval_infra::topology::Lane;
+
+    let env = TestEnv::new().await;
+    let seeded = env.seed_run(3_000, &Produce::Given { fail_every: 0 }).await;
+    let (first, second) = seeded.jobs.split_at(1_700);
+    let (a, b) = tokio::join!(
+        env.publisher.publish_jobs(first, Lane::Ci),
+        env.publisher.publish_jobs(second, Lane::Ci)
+    );
+    assert_eq!((a.len(), b.len()), (first.len(), second.len()));
+    for (i, r) in a.iter().chain(&b).enumerate() {
+        assert!(r.is_ok(), "job {i} was not confirmed: {r:?}");
+    }
+
+    let ch = env.conn.create_channel().await.unwrap();
+    let mut seen = std::collections::HashMap::new();
+    while let Some(m) = ch
+        .basic_get(
+            ShortString::from(env.topology.jobs_queue()),
+            BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+    {
+        let job = decode_job(&m.delivery.data).unwrap();
+        *seen.entry(job.case.id).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), seeded.jobs.len(), "every job is on the queue");
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "no job was queued twice: {:?}",
+        seen.iter()
+            .filter(|(_, n)| **n > 1)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+}
