@@ -633,23 +633,28 @@ async fn declare_quorum(ch: &Channel, queue: &str) -> anyhow::Result<()> {
 }
 
 /// Publishes `n` persistent copies of `body` to `queue` with up to [`PUBLISH_WINDOW`] confirms
-/// outstanding; fails on any nack.
+/// outstanding; fails on any nack. Each message's frames are queued when its future is first
+/// polled, before earlier ones are written (as the coordinator's publisher does): awaiting
+/// each `basic_publish` before queueing the next would cost a hand-off to lapin's IO thread
+/// per message.
 async fn publish_confirmed(ch: &Channel, queue: &str, body: &[u8], n: usize) -> anyhow::Result<()> {
+    let publish = || async {
+        ch.basic_publish(
+            ShortString::from(""),
+            ShortString::from(queue),
+            BasicPublishOptions::default(),
+            body,
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await?
+        .await
+    };
     let mut pending = FuturesUnordered::new();
     for _ in 0..n {
         if pending.len() >= PUBLISH_WINDOW {
             check_confirm(pending.next().await)?;
         }
-        let confirm = ch
-            .basic_publish(
-                ShortString::from(""),
-                ShortString::from(queue),
-                BasicPublishOptions::default(),
-                body,
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await?;
-        pending.push(confirm);
+        pending.push(publish());
     }
     while !pending.is_empty() {
         check_confirm(pending.next().await)?;
