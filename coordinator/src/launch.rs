@@ -284,17 +284,26 @@ impl RunLauncher {
         // Where the time goes (logged at the end): inserting, and waiting for confirms.
         let started = std::time::Instant::now();
         let mut inserting = Duration::ZERO;
+        let mut planning = Duration::ZERO;
+        let mut confirming = Duration::ZERO;
         let mut queued_so_far = 0;
         let mut chunks = 0;
         let mut stopped = false;
-        while let Some(chunk) = planned.recv().await {
+        loop {
+            let plan_started = std::time::Instant::now();
+            let Some(chunk) = planned.recv().await else {
+                break;
+            };
+            planning += plan_started.elapsed();
             let chunk = chunk.context("planning the run's jobs")?;
             chunks += 1;
+            let confirm_started = std::time::Instant::now();
             while in_flight.len() >= PAGES_IN_FLIGHT {
                 if let Some(oldest) = in_flight.pop_front() {
                     whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
                 }
             }
+            confirming += confirm_started.elapsed();
             let texts = runs::encode_jobs(&chunk).context("encoding jobs")?;
             let last = queued_so_far + chunk.len() >= total;
             let insert_started = std::time::Instant::now();
@@ -328,9 +337,11 @@ impl RunLauncher {
                 break;
             }
         }
+        let confirm_started = std::time::Instant::now();
         while let Some(oldest) = in_flight.pop_front() {
             whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
         }
+        confirming += confirm_started.elapsed();
         if queued_so_far < total && !stopped {
             // The planner gave fewer jobs than it counted (it cannot, planning the same text
             // with the same filter): the run stays `creating` and the sweeper settles it.
@@ -343,6 +354,8 @@ impl RunLauncher {
             chunks,
             create_ms = ms(started.elapsed()),
             insert_ms = ms(inserting),
+            plan_wait_ms = ms(planning),
+            confirm_wait_ms = ms(confirming),
             "run created"
         );
         Ok(())
