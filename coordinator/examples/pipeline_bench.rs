@@ -49,7 +49,9 @@
 //! transaction began (just before its one statement and commit). With the whole run published
 //! at once, this is a burst: the latency is mostly queueing, and grows with N.
 //! Peak RSS is `VmHWM` of each child from `/proc/<pid>/status`; CPU is user + system time of
-//! each child over the run (100 % = one core), and the whole machine's busy share.
+//! each child over the run (100 % = one core), of the local RabbitMQ (`beam.smp`) and
+//! PostgreSQL (`postgres`) processes with their exited children (backends), and the whole
+//! machine's busy share: where the two cores went.
 //!
 //! Worker settings: `--concurrency` (execution slots, default 256; the prefetch is twice that)
 //! and `--batch-size` (default 200, as the raw limit), `batch_max_wait_ms` 20 (the default).
@@ -346,6 +348,37 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) / 100.0)
+}
+
+/// CPU seconds spent so far by the local RabbitMQ (`beam.smp`) and PostgreSQL (`postgres`)
+/// server processes: user + system time of each, plus that of their exited children (the
+/// postmaster reaps every backend that ends, so a backend's time is not lost when it exits).
+/// The difference over a scenario says what the broker and the database cost it.
+fn services_cpu_seconds() -> (f64, f64) {
+    let (mut broker, mut database) = (0.0, 0.0);
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return (0.0, 0.0);
+    };
+    for entry in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let slot = match &stat[open + 1..close] {
+            "beam.smp" => &mut broker,
+            "postgres" => &mut database,
+            _ => continue,
+        };
+        // After the name: state, ppid, ... utime (11), stime, cutime, cstime (14).
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let ticks: f64 = (11..=14)
+            .filter_map(|i| fields.get(i).and_then(|v| v.parse::<f64>().ok()))
+            .sum();
+        *slot += ticks / 100.0;
+    }
+    (broker, database)
 }
 
 /// (busy, total) jiffies of the whole machine, from the first line of /proc/stat.
@@ -886,6 +919,9 @@ struct E2e {
     worker_mib: f64,
     coordinator_cpu: f64,
     worker_cpu: f64,
+    /// RabbitMQ's and PostgreSQL's CPU over the run (1.0 = one core).
+    broker_cpu: f64,
+    database_cpu: f64,
     machine_busy: f64,
 }
 
@@ -923,6 +959,7 @@ async fn measure_run(
     let cpu_before: Vec<f64> = procs.iter().map(Proc::cpu_seconds).collect();
     let coordinator_cpu_before = coordinator.cpu_seconds();
     let machine_before = machine_jiffies();
+    let services_before = services_cpu_seconds();
     let start = Instant::now();
     let response = http
         .post(format!("{base}/v1/skills"))
@@ -962,6 +999,7 @@ async fn measure_run(
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let machine_after = machine_jiffies();
+    let services_after = services_cpu_seconds();
     let worker_cpu = procs
         .iter()
         .zip(&cpu_before)
@@ -1014,6 +1052,8 @@ async fn measure_run(
         worker_mib,
         coordinator_cpu: coordinator_cpu / seconds,
         worker_cpu: worker_cpu / seconds,
+        broker_cpu: (services_after.0 - services_before.0) / seconds,
+        database_cpu: (services_after.1 - services_before.1) / seconds,
         machine_busy: busy,
     })
 }
@@ -1505,7 +1545,7 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
             scenario += 1;
             let e = end_to_end(env, opts, w, scenario).await?;
             println!(
-                "[run {r}] {w} worker(s): {:.2} s upload-to-verdict (upload answered after {:.2} s, counters complete after {:.2} s), {:.0} cases/s = {:.2} x limit, latency p50 {:.0} ms p99 {:.0} ms, peak RSS coordinator {:.1} MiB, worker {:.1} MiB, CPU coordinator {:.0} %, workers {:.0} %, machine {:.0} % busy",
+                "[run {r}] {w} worker(s): {:.2} s upload-to-verdict (upload answered after {:.2} s, counters complete after {:.2} s), {:.0} cases/s = {:.2} x limit, latency p50 {:.0} ms p99 {:.0} ms, peak RSS coordinator {:.1} MiB, worker {:.1} MiB, CPU coordinator {:.0} %, workers {:.0} %, RabbitMQ {:.0} %, PostgreSQL {:.0} %, machine {:.0} % busy",
                 e.seconds,
                 e.upload_seconds,
                 e.counters_seconds,
@@ -1517,6 +1557,8 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
                 e.worker_mib,
                 100.0 * e.coordinator_cpu,
                 100.0 * e.worker_cpu,
+                100.0 * e.broker_cpu,
+                100.0 * e.database_cpu,
                 100.0 * e.machine_busy,
             );
             given.push((w, e.rate));
@@ -1617,7 +1659,7 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
         opts.repeat
     );
     println!(
-        "{:>7} {:>7} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7}",
+        "{:>7} {:>7} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7}",
         "workers",
         "upload",
         "seconds",
@@ -1630,6 +1672,8 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
         "wrkr MiB",
         "coord%",
         "wrkrs%",
+        "rmq%",
+        "pg%",
         "busy%"
     );
     for &w in &opts.workers {
@@ -1637,7 +1681,7 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
         let m = |f: fn(&E2e) -> f64| median(runs.iter().map(f).collect());
         let rate = m(|e| e.rate);
         println!(
-            "{w:>7} {:>7.2} {:>9.2} {:>9.2} {rate:>9.0} {:>6.2} {:>8.0} {:>8.0} {:>9.1} {:>9.1} {:>7.0} {:>7.0} {:>7.0}",
+            "{w:>7} {:>7.2} {:>9.2} {:>9.2} {rate:>9.0} {:>6.2} {:>8.0} {:>8.0} {:>9.1} {:>9.1} {:>7.0} {:>7.0} {:>7.0} {:>7.0} {:>7.0}",
             m(|e| e.upload_seconds),
             m(|e| e.seconds),
             m(|e| e.counters_seconds),
@@ -1648,6 +1692,8 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
             m(|e| e.worker_mib),
             100.0 * m(|e| e.coordinator_cpu),
             100.0 * m(|e| e.worker_cpu),
+            100.0 * m(|e| e.broker_cpu),
+            100.0 * m(|e| e.database_cpu),
             100.0 * m(|e| e.machine_busy),
         );
     }
