@@ -266,3 +266,50 @@ async fn the_write_behind_cache_stores_every_answer_in_batches_the_last_put_winn
             .expect("row");
     assert_eq!(model.as_deref(), Some("m"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_lookups_share_statements_and_each_gets_its_own_answer() {
+    let env = TestEnv::new().await;
+    let pool = env.store.pool().clone();
+    // Stored directly, so the lookups below are the only statements the cache sends.
+    let seed = PgResponseCache::new(pool.clone());
+    for i in (0..300).step_by(2) {
+        seed.put(&format!("lk-{i}"), &json!({"text": format!("answer {i}")}))
+            .await;
+    }
+    PgResponseCache::new(pool.clone())
+        .with_ttl(Some(Duration::ZERO))
+        .put("lk-expired", &json!({"text": "stale"}))
+        .await;
+
+    let cache =
+        Arc::new(WriteBehindCache::start(PgResponseCache::new(pool)).expect("inside a runtime"));
+    // 300 lookups at once (every even key stored, every odd one not), one key asked twice,
+    // and an expired entry.
+    let mut keys: Vec<String> = (0..300).map(|i| format!("lk-{i}")).collect();
+    keys.push("lk-10".into());
+    keys.push("lk-expired".into());
+    let answers = futures::future::join_all(keys.iter().map(|key| {
+        let cache = cache.clone();
+        async move { cache.get(key).await }
+    }))
+    .await;
+    for (key, answer) in keys.iter().zip(&answers) {
+        let i: Option<usize> = key.strip_prefix("lk-").and_then(|n| n.parse().ok());
+        let expected = match i {
+            Some(i) if i % 2 == 0 => Some(json!({"text": format!("answer {i}")})),
+            _ => None,
+        };
+        assert_eq!(answer, &expected, "the answer for {key}");
+    }
+    let statements = cache.lookup_statements();
+    assert!(
+        (1..keys.len() as u64).contains(&statements),
+        "{} lookups at once took {statements} statements",
+        keys.len()
+    );
+
+    // A lone lookup waits for no batch: one statement of its own.
+    assert_eq!(cache.get("lk-4").await, Some(json!({"text": "answer 4"})));
+    assert_eq!(cache.lookup_statements(), statements + 1);
+}
