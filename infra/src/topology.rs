@@ -36,6 +36,7 @@
 //! that already exists with different arguments fails with `PRECONDITION_FAILED`; change
 //! arguments by deploying under a new prefix or deleting the old queues.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::message::BasicReturnMessage;
@@ -447,6 +448,14 @@ fn long_string(s: &str) -> AMQPValue {
 pub struct Publisher {
     channel: Channel,
     topology: Topology,
+    /// Held while a publish (or a batch) queues its messages on the channel, not while it
+    /// waits for confirms. lapin takes a message's confirm tag and queues its frames under two
+    /// locks, so two tasks publishing at the same instant could send the broker the messages
+    /// in another order than their tags; the broker numbers confirms by arrival, and a nack
+    /// would then be charged to the wrong message — a run's creation would count the nacked
+    /// job's chunk as confirmed and never send that job again. One queueing at a time keeps
+    /// tag order and wire order the same.
+    order: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A publish sent and not yet confirmed.
@@ -504,7 +513,11 @@ impl Publisher {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(BrokerError::amqp("enabling publisher confirms"))?;
-        Ok(Publisher { channel, topology })
+        Ok(Publisher {
+            channel,
+            topology,
+            order: Arc::new(tokio::sync::Mutex::new(())),
+        })
     }
 
     pub fn topology(&self) -> &Topology {
@@ -517,6 +530,20 @@ impl Publisher {
 
     /// Sends one message; the returned [`PendingConfirm`] says whether the broker took it.
     pub async fn send(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        headers: FieldTable,
+        mandatory: bool,
+    ) -> Result<PendingConfirm, BrokerError> {
+        let _order = self.order.lock().await;
+        self.queue(exchange, routing_key, body, headers, mandatory)
+            .await
+    }
+
+    /// [`Publisher::send`] for a caller that holds `order` (a batch queueing its messages).
+    async fn queue(
         &self,
         exchange: &str,
         routing_key: &str,
@@ -580,11 +607,13 @@ impl Publisher {
     /// Publishes every job, then waits for all the confirms: one round trip for the batch.
     /// Returns, per job in order, whether the broker took it.
     pub async fn publish_jobs(&self, jobs: &[Job], lane: Lane) -> Vec<Result<(), BrokerError>> {
+        let order = self.order.lock().await;
         let pending = futures::future::join_all(jobs.iter().map(|job| async move {
             let encoded = EncodedJob::from_job(job)?;
             self.send_job(&encoded, lane).await
         }))
         .await;
+        drop(order);
         Self::confirms(pending).await
     }
 
@@ -598,14 +627,17 @@ impl Publisher {
         // `basic_publish` only once its IO thread has written the frames, so awaiting each
         // before queueing the next cost a hand-off between the two threads per message: the
         // creation of a 100,000-case run spent more time waiting on that than on its inserts.
+        let order = self.order.lock().await;
         let pending =
             futures::future::join_all(jobs.iter().map(|job| self.send_job(job, lane))).await;
+        drop(order);
         Self::confirms(pending).await
     }
 
     /// Sends a job to its lane (mandatory, persistent); the confirm is awaited later.
+    /// The caller holds `order`.
     async fn send_job(&self, job: &EncodedJob, lane: Lane) -> Result<PendingConfirm, BrokerError> {
-        self.send(
+        self.queue(
             &self.topology.jobs_exchange(),
             lane.routing_key(),
             &job.body,
@@ -667,16 +699,18 @@ impl Publisher {
     pub async fn publish_events(&self, cases: &[CaseFinished]) -> Vec<Result<(), BrokerError>> {
         let exchange = self.topology.events_exchange();
         let events = CasesFinished::group(cases.iter().cloned());
+        let order = self.order.lock().await;
         let pending = futures::future::join_all(events.iter().map(|event| {
             let exchange = &exchange;
             async move {
                 let key = Topology::event_routing_key(event.worst_status());
                 let body = event.encode()?;
-                self.send(exchange, &key, &body, FieldTable::default(), false)
+                self.queue(exchange, &key, &body, FieldTable::default(), false)
                     .await
             }
         }))
         .await;
+        drop(order);
         Self::confirms(pending).await
     }
 }
