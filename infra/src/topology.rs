@@ -458,6 +458,18 @@ pub struct Publisher {
     order: Arc<tokio::sync::Mutex<()>>,
 }
 
+/// One message for [`Publisher::publish`]: persistent, JSON.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    pub exchange: &'a str,
+    pub routing_key: &'a str,
+    pub body: &'a [u8],
+    pub headers: FieldTable,
+    /// A message no queue takes comes back as [`BrokerError::Unroutable`] instead of being
+    /// dropped.
+    pub mandatory: bool,
+}
+
 /// A publish sent and not yet confirmed.
 #[derive(Debug)]
 pub struct PendingConfirm {
@@ -528,29 +540,28 @@ impl Publisher {
         &self.channel
     }
 
-    /// Sends one message; the returned [`PendingConfirm`] says whether the broker took it.
-    pub async fn send(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        body: &[u8],
-        headers: FieldTable,
-        mandatory: bool,
-    ) -> Result<PendingConfirm, BrokerError> {
+    /// Runs `queueing` (sends of one message or of a batch) holding `order`, so no other
+    /// publish on the channel interleaves with it; its confirms are awaited after.
+    async fn in_order<F: std::future::Future>(&self, queueing: F) -> F::Output {
         let _order = self.order.lock().await;
-        self.queue(exchange, routing_key, body, headers, mandatory)
-            .await
+        queueing.await
     }
 
-    /// [`Publisher::send`] for a caller that holds `order` (a batch queueing its messages).
-    async fn queue(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        body: &[u8],
-        headers: FieldTable,
-        mandatory: bool,
-    ) -> Result<PendingConfirm, BrokerError> {
+    /// Publishes one message and waits for the broker's confirm.
+    pub async fn publish(&self, message: Outgoing<'_>) -> Result<(), BrokerError> {
+        self.in_order(self.send(message)).await?.wait().await
+    }
+
+    /// Sends one message, inside [`Publisher::in_order`]; the returned [`PendingConfirm`]
+    /// says whether the broker took it.
+    async fn send(&self, message: Outgoing<'_>) -> Result<PendingConfirm, BrokerError> {
+        let Outgoing {
+            exchange,
+            routing_key,
+            body,
+            headers,
+            mandatory,
+        } = message;
         let properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type(ShortString::from("application/json"))
@@ -592,28 +603,27 @@ impl Publisher {
     /// Publishes a job to its lane and waits for the confirm.
     pub async fn publish_job(&self, job: &Job, lane: Lane) -> Result<(), BrokerError> {
         let body = messages::encode_job(job)?;
-        self.send(
-            &self.topology.jobs_exchange(),
-            lane.routing_key(),
-            &body,
-            Self::job_headers(job),
-            true,
-        )
-        .await?
-        .wait()
+        self.publish(Outgoing {
+            exchange: &self.topology.jobs_exchange(),
+            routing_key: lane.routing_key(),
+            body: &body,
+            headers: Self::job_headers(job),
+            mandatory: true,
+        })
         .await
     }
 
     /// Publishes every job, then waits for all the confirms: one round trip for the batch.
     /// Returns, per job in order, whether the broker took it.
     pub async fn publish_jobs(&self, jobs: &[Job], lane: Lane) -> Vec<Result<(), BrokerError>> {
-        let order = self.order.lock().await;
-        let pending = futures::future::join_all(jobs.iter().map(|job| async move {
-            let encoded = EncodedJob::from_job(job)?;
-            self.send_job(&encoded, lane).await
-        }))
-        .await;
-        drop(order);
+        let pending = self
+            .in_order(futures::future::join_all(jobs.iter().map(
+                |job| async move {
+                    let encoded = EncodedJob::from_job(job)?;
+                    self.send_job(&encoded, lane).await
+                },
+            )))
+            .await;
         Self::confirms(pending).await
     }
 
@@ -627,23 +637,24 @@ impl Publisher {
         // `basic_publish` only once its IO thread has written the frames, so awaiting each
         // before queueing the next cost a hand-off between the two threads per message: the
         // creation of a 100,000-case run spent more time waiting on that than on its inserts.
-        let order = self.order.lock().await;
-        let pending =
-            futures::future::join_all(jobs.iter().map(|job| self.send_job(job, lane))).await;
-        drop(order);
+        let pending = self
+            .in_order(futures::future::join_all(
+                jobs.iter().map(|job| self.send_job(job, lane)),
+            ))
+            .await;
         Self::confirms(pending).await
     }
 
     /// Sends a job to its lane (mandatory, persistent); the confirm is awaited later.
-    /// The caller holds `order`.
+    /// Inside [`Publisher::in_order`].
     async fn send_job(&self, job: &EncodedJob, lane: Lane) -> Result<PendingConfirm, BrokerError> {
-        self.queue(
-            &self.topology.jobs_exchange(),
-            lane.routing_key(),
-            &job.body,
-            Self::run_headers(job.run_id),
-            true,
-        )
+        self.send(Outgoing {
+            exchange: &self.topology.jobs_exchange(),
+            routing_key: lane.routing_key(),
+            body: &job.body,
+            headers: Self::run_headers(job.run_id),
+            mandatory: true,
+        })
         .await
     }
 
@@ -670,10 +681,14 @@ impl Publisher {
         let body = messages::encode_job(job)?;
         let queue = self.topology.retry_queue(lane, tier_ms);
         // The default exchange routes by queue name.
-        self.send("", &queue, &body, Self::job_headers(job), true)
-            .await?
-            .wait()
-            .await
+        self.publish(Outgoing {
+            exchange: "",
+            routing_key: &queue,
+            body: &body,
+            headers: Self::job_headers(job),
+            mandatory: true,
+        })
+        .await
     }
 
     /// Parks a message that could not be handled, with the reason in its headers.
@@ -687,10 +702,14 @@ impl Publisher {
         let mut headers = original_headers.cloned().unwrap_or_default();
         headers.insert(PARKED_REASON_HEADER.into(), long_string(reason));
         headers.insert(PARKED_FROM_HEADER.into(), long_string(from_queue));
-        self.send(&self.topology.parking_exchange(), "", body, headers, true)
-            .await?
-            .wait()
-            .await
+        self.publish(Outgoing {
+            exchange: &self.topology.parking_exchange(),
+            routing_key: "",
+            body,
+            headers,
+            mandatory: true,
+        })
+        .await
     }
 
     /// Announces finished cases, one message per run (pipelined; see [`CasesFinished`]).
@@ -699,18 +718,23 @@ impl Publisher {
     pub async fn publish_events(&self, cases: &[CaseFinished]) -> Vec<Result<(), BrokerError>> {
         let exchange = self.topology.events_exchange();
         let events = CasesFinished::group(cases.iter().cloned());
-        let order = self.order.lock().await;
-        let pending = futures::future::join_all(events.iter().map(|event| {
-            let exchange = &exchange;
-            async move {
-                let key = Topology::event_routing_key(event.worst_status());
-                let body = event.encode()?;
-                self.queue(exchange, &key, &body, FieldTable::default(), false)
+        let pending = self
+            .in_order(futures::future::join_all(events.iter().map(|event| {
+                let exchange = &exchange;
+                async move {
+                    let key = Topology::event_routing_key(event.worst_status());
+                    let body = event.encode()?;
+                    self.send(Outgoing {
+                        exchange,
+                        routing_key: &key,
+                        body: &body,
+                        headers: FieldTable::default(),
+                        mandatory: false,
+                    })
                     .await
-            }
-        }))
-        .await;
-        drop(order);
+                }
+            })))
+            .await;
         Self::confirms(pending).await
     }
 }

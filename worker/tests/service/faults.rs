@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use lapin::types::{AMQPValue, FieldTable};
-use skilleval_infra::topology::{JOB_ROUTING_KEY, PARKED_REASON_HEADER};
+use skilleval_infra::topology::{Outgoing, JOB_ROUTING_KEY, PARKED_REASON_HEADER};
 
 use crate::helpers::{
     close_broker_connections, eventually, metric_sum, terminate_backends, Produce, TestEnv,
@@ -74,10 +74,13 @@ async fn an_unparseable_message_is_parked_and_its_neighbours_run() {
         let mut headers = FieldTable::default();
         headers.insert("x-test".into(), AMQPValue::LongString("kept".into()));
         env.publisher
-            .send(&exchange, JOB_ROUTING_KEY, body, headers, true)
-            .await
-            .unwrap()
-            .wait()
+            .publish(Outgoing {
+                exchange: &exchange,
+                routing_key: JOB_ROUTING_KEY,
+                body,
+                headers,
+                mandatory: true,
+            })
             .await
             .unwrap();
     }
