@@ -616,15 +616,13 @@ impl Publisher {
     /// Publishes every job, then waits for all the confirms: one round trip for the batch.
     /// Returns, per job in order, whether the broker took it.
     pub async fn publish_jobs(&self, jobs: &[Job], lane: Lane) -> Vec<Result<(), BrokerError>> {
-        let pending = self
-            .in_order(futures::future::join_all(jobs.iter().map(
-                |job| async move {
-                    let encoded = EncodedJob::from_job(job)?;
-                    self.send_job(&encoded, lane).await
-                },
-            )))
-            .await;
-        Self::confirms(pending).await
+        let exchange = self.topology.jobs_exchange();
+        let exchange = exchange.as_str();
+        self.publish_all(jobs.iter().map(|job| async move {
+            let encoded = EncodedJob::from_job(job)?;
+            self.send_job(exchange, &encoded, lane).await
+        }))
+        .await
     }
 
     /// [`Publisher::publish_jobs`] for jobs already encoded (a run's stored rows).
@@ -633,29 +631,41 @@ impl Publisher {
         jobs: &[EncodedJob],
         lane: Lane,
     ) -> Vec<Result<(), BrokerError>> {
-        // Every message's frames are queued before any is awaited. lapin resolves a
-        // `basic_publish` only once its IO thread has written the frames, so awaiting each
-        // before queueing the next cost a hand-off between the two threads per message: the
-        // creation of a 100,000-case run spent more time waiting on that than on its inserts.
-        let pending = self
-            .in_order(futures::future::join_all(
-                jobs.iter().map(|job| self.send_job(job, lane)),
-            ))
-            .await;
-        Self::confirms(pending).await
+        let exchange = self.topology.jobs_exchange();
+        let exchange = exchange.as_str();
+        self.publish_all(jobs.iter().map(|job| self.send_job(exchange, job, lane)))
+            .await
     }
 
-    /// Sends a job to its lane (mandatory, persistent); the confirm is awaited later.
-    /// Inside [`Publisher::in_order`].
-    async fn send_job(&self, job: &EncodedJob, lane: Lane) -> Result<PendingConfirm, BrokerError> {
+    /// Sends a job to its lane on the jobs exchange (mandatory, persistent); the confirm is
+    /// awaited later. Inside [`Publisher::in_order`].
+    async fn send_job(
+        &self,
+        exchange: &str,
+        job: &EncodedJob,
+        lane: Lane,
+    ) -> Result<PendingConfirm, BrokerError> {
         self.send(Outgoing {
-            exchange: &self.topology.jobs_exchange(),
+            exchange,
             routing_key: lane.routing_key(),
             body: &job.body,
             headers: Self::run_headers(job.run_id),
             mandatory: true,
         })
         .await
+    }
+
+    /// A batch: every send queued in order (one [`Publisher::in_order`]), then every confirm
+    /// awaited. Each message's frames are queued before any is awaited: lapin resolves a
+    /// `basic_publish` only once its IO thread has written the frames, so awaiting each before
+    /// queueing the next cost a hand-off between the two threads per message (the creation of
+    /// a 100,000-case run spent more time waiting on that than on its inserts).
+    async fn publish_all<F>(&self, sends: impl Iterator<Item = F>) -> Vec<Result<(), BrokerError>>
+    where
+        F: std::future::Future<Output = Result<PendingConfirm, BrokerError>>,
+    {
+        let pending = self.in_order(futures::future::join_all(sends)).await;
+        Self::confirms(pending).await
     }
 
     async fn confirms(
@@ -718,24 +728,22 @@ impl Publisher {
     pub async fn publish_events(&self, cases: &[CaseFinished]) -> Vec<Result<(), BrokerError>> {
         let exchange = self.topology.events_exchange();
         let events = CasesFinished::group(cases.iter().cloned());
-        let pending = self
-            .in_order(futures::future::join_all(events.iter().map(|event| {
-                let exchange = &exchange;
-                async move {
-                    let key = Topology::event_routing_key(event.worst_status());
-                    let body = event.encode()?;
-                    self.send(Outgoing {
-                        exchange,
-                        routing_key: &key,
-                        body: &body,
-                        headers: FieldTable::default(),
-                        mandatory: false,
-                    })
-                    .await
-                }
-            })))
-            .await;
-        Self::confirms(pending).await
+        self.publish_all(events.iter().map(|event| {
+            let exchange = &exchange;
+            async move {
+                let key = Topology::event_routing_key(event.worst_status());
+                let body = event.encode()?;
+                self.send(Outgoing {
+                    exchange,
+                    routing_key: &key,
+                    body: &body,
+                    headers: FieldTable::default(),
+                    mandatory: false,
+                })
+                .await
+            }
+        }))
+        .await
     }
 }
 
