@@ -89,20 +89,6 @@ impl ResponseCache for PgResponseCache {
     }
 }
 
-impl PgResponseCache {
-    /// The live entries among `keys`, in one statement.
-    async fn get_many(&self, keys: &[&str]) -> Result<HashMap<String, Value>, sqlx::Error> {
-        let rows: Vec<(String, Value)> = sqlx::query_as(
-            "SELECT key, response FROM llm_cache
-             WHERE key = ANY($1) AND (expires_at IS NULL OR expires_at > now())",
-        )
-        .bind(keys)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().collect())
-    }
-}
-
 /// Entries a [`WriteBehindCache`] writes per statement at most.
 const WRITE_BEHIND_BATCH: usize = 256;
 /// How long the first entry of a batch waits for more.
@@ -152,10 +138,10 @@ impl PendingEntry {
 ///
 /// Lookups are batched too, without waiting: a reader task takes the first lookup queued and
 /// every other one already queued (up to 256) and answers them all from one statement, up to
-/// two statements at once; the lookups that arrive while both run form the next one. A
-/// lone lookup costs what it did (one round trip, plus a hand-off); a worker whose calls start together — hundreds in flight
-/// against a fast provider come back, and go out again, in waves — sends a couple of
-/// statements per wave instead of one per call. One query per call was a fifth of such a
+/// two statements at once; the lookups that arrive while both run form the next one. A lone
+/// lookup costs what it did (one round trip, plus a hand-off); a worker whose calls start
+/// together — hundreds in flight against a fast provider come back, and go out again, in
+/// waves — sends a couple of statements per wave instead of one per call. One query per call was a fifth of such a
 /// worker's CPU (more than the model call's own HTTP), and the calls queued for the pool's
 /// connections in front of the provider.
 #[derive(Debug, Clone)]
@@ -279,6 +265,18 @@ async fn answer_lookups(
 }
 
 impl PgResponseCache {
+    /// The live entries among `keys`, in one statement.
+    async fn get_many(&self, keys: &[&str]) -> Result<HashMap<String, Value>, sqlx::Error> {
+        let rows: Vec<(String, Value)> = sqlx::query_as(
+            "SELECT key, response FROM llm_cache
+             WHERE key = ANY($1) AND (expires_at IS NULL OR expires_at > now())",
+        )
+        .bind(keys)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().collect())
+    }
+
     /// Stores answers in one statement (the last one wins for a key given twice).
     async fn put_many(&self, entries: Vec<PendingEntry>) -> Result<(), sqlx::Error> {
         let mut latest: HashMap<String, PendingEntry> = HashMap::with_capacity(entries.len());
