@@ -281,7 +281,8 @@ impl RunLauncher {
         let mut in_flight: VecDeque<(tokio::task::JoinHandle<ChunkOutcome>, i32)> = VecDeque::new();
         // Every chunk settled so far was confirmed whole: the watermark may advance.
         let mut whole = true;
-        // Where the time goes (logged at the end): inserting, and waiting for confirms.
+        // Where the time goes (logged at the end): waiting for the planner, inserting, and
+        // waiting for the oldest chunks' confirms (and recording them) before the next.
         let started = std::time::Instant::now();
         let mut inserting = Duration::ZERO;
         let mut planning = Duration::ZERO;

@@ -396,7 +396,7 @@ async fn a_slot_takes_the_next_job_while_its_result_waits_for_the_commit() {
 
 /// A batch publish queues every message before awaiting any (see `Publisher::publish_jobs`);
 /// two such batches at once on one channel, as a run's creation sends its chunks, must still
-/// confirm each job at its own position and put every job on the queue exactly once.
+/// give one outcome per job, every one confirmed, and put every job on the queue exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_batch_publishes_land_every_job_once() {
     use lapin::options::BasicGetOptions;
