@@ -2,8 +2,8 @@
 # The project's test command (README): sets up what the tests need, then checks formatting,
 # lints and runs every test.
 #
-# On a fresh Debian machine it installs what is missing (bubblewrap, python3, node, and
-# PostgreSQL and RabbitMQ through deploy/local/ensure-services.sh) and starts the services that
+# On a fresh Debian machine it installs what is missing (bubblewrap, python3, node, promtool,
+# and PostgreSQL and RabbitMQ through deploy/local/ensure-services.sh) and starts the services that
 # are stopped. Run as root, or with sudo available, the first time.
 set -euo pipefail
 
@@ -20,6 +20,8 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+# promtool checks and unit-tests the alert rules in deploy/monitoring (Debian's `prometheus`).
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ "${#need[@]}" -gt 0 ]; then
     log "installing ${need[*]}"
     apt_install "${need[@]}"
@@ -41,7 +43,11 @@ cargo fmt --all -- --check
 log "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-log "cargo test"
+log "promtool: alert rules in deploy/monitoring"
+promtool check rules deploy/monitoring/alerts.yaml
+(cd deploy/monitoring && promtool test rules alerts.test.yaml)
+
+log "cargo test (the monitoring tests also check every metric the dashboard and rules name is exported)"
 cargo test --workspace --locked -- "$@"
 
 log "every example validates and runs"
@@ -51,3 +57,6 @@ for skill in examples/skills/*/; do
     "$bin" validate "$skill"
     "$bin" run --quiet --no-write "$skill"
 done
+
+log "the example production log is graded offline"
+"$bin" monitor --quiet examples/sampling/samples.jsonl examples/skills/refund-triage >/dev/null

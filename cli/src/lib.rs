@@ -1,18 +1,25 @@
 //! The `skilleval` command line: evaluate a skill locally (`run`), check it without running
-//! (`validate`), or hand it to a skilleval server (`submit`).
+//! (`validate`), compare two local runs (`compare`), estimate a run before it starts (`plan`),
+//! hand a skill to a skilleval server (`submit`), or grade a log of its production samples
+//! with its monitor (`monitor`).
 //!
 //! Local runs use the same `skilleval` library code path as the service's workers: open and
 //! validate the package, plan one job per case, execute jobs on an in-process pool, summarise,
 //! render the report and write the skill-creator compatible files.
 //!
-//! Exit codes: 0 the verdict is `pass`, 1 the verdict is `fail`, 2 bad input or configuration.
+//! Exit codes: 0 the verdict (or `compare`'s gate) is `pass`, 1 it is `fail`, 2 bad input or
+//! configuration.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod compare;
+pub mod monitor;
+pub mod plan;
 pub mod providers;
 pub mod run;
+pub mod sandbox_check;
 pub mod submit;
 pub mod table;
 pub mod validate;
@@ -47,6 +54,12 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Upload a skill to a skilleval server; with --wait, follow the run and gate on its verdict.
     Submit(submit::SubmitArgs),
+    /// Compare two local runs (eval/runs/<run-id> folders); exit 1 when the head regressed.
+    Compare(compare::CompareArgs),
+    /// Estimate a run before starting it: cases, model calls, cost, detectable drop.
+    Plan(plan::PlanArgs),
+    /// Grade a JSONL log of production samples with the skill's monitor; print the quality report.
+    Monitor(monitor::MonitorArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -79,6 +92,10 @@ pub struct RunArgs {
     /// Run untrusted scripts without bubblewrap when it is not installed (NOT isolated).
     #[arg(long, env = "SKILLEVAL_ALLOW_UNSANDBOXED")]
     pub allow_unsandboxed: bool,
+    /// The bubblewrap binary (default: `bwrap` from /usr/bin, /bin, /usr/sbin, /sbin,
+    /// /usr/local/bin, then PATH).
+    #[arg(long, env = "SKILLEVAL_BWRAP", value_name = "PATH")]
+    pub bwrap: Option<PathBuf>,
     /// Deliveries of a case whose fault is transient (timeouts, 429, 5xx), the first included.
     #[arg(long, default_value_t = 3)]
     pub max_attempts: u32,
@@ -130,10 +147,13 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Run(args) => run::run(&args).await,
         Command::Validate(args) => validate::validate(&args),
         Command::Submit(args) => submit::submit(&args).await,
+        Command::Compare(args) => compare::compare(&args),
+        Command::Plan(args) => plan::plan(&args),
+        Command::Monitor(args) => monitor::monitor(&args).await,
     }
 }
 
-/// Logs go to stderr so stdout stays the report.
+/// Logs go to stderr so stdout stays the report; coloured only on a terminal.
 pub fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn",
@@ -144,6 +164,7 @@ pub fn init_logging(verbose: u8) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }

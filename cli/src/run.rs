@@ -6,15 +6,18 @@
 //! registered; `--baseline` and `--repeats` add attempts ([`crate::variants`]), trigger evals
 //! run when the package has trigger queries, and `--max-cost` / `--max-tokens` stop the run
 //! (the rest recorded as skipped, the verdict `fail` with the reason).
+//!
+//! [`run`] reads as the run's outline: one step function per stage, in order. A step that cannot
+//! go on returns a [`RunError`] (bad input or configuration, exit 2), which reports itself; a run
+//! that reaches its verdict exits 0 or 1 by it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use chrono::Utc;
 use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use skilleval::executor::{CaseStatus, Executor, JobResult, RetryPolicy};
+use skilleval::executor::{CaseStatus, Executor, ExecutorBuilder, JobResult, RetryPolicy};
 use skilleval::llm::benchmark::Configuration;
 use skilleval::llm::budget::{self, Budget, BudgetLimits};
 use skilleval::llm::{self, triggers};
@@ -22,9 +25,7 @@ use skilleval::model::RunnerConfig;
 use skilleval::package::{validate, Package, PackageError, PackageLimits};
 use skilleval::plan::{plan, CaseFilter, Job};
 use skilleval::report::{render, ReportContext, ReportFormat};
-use skilleval::runner::RunnerRegistry;
 use skilleval::sandbox::{Sandbox, SandboxPolicy};
-use skilleval::strategy::StrategyRegistry;
 use skilleval::summary::{summarize, Verdict};
 use skilleval::{artifacts, problem::Problem};
 use uuid::Uuid;
@@ -34,6 +35,59 @@ use crate::{table, variants, RunArgs, EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
 
 /// Default cases in flight when neither the flag nor the file says.
 const DEFAULT_CONCURRENCY: usize = 4;
+
+/// Why `skilleval run` stopped before a verdict. Every variant is bad input or configuration
+/// (the package, a flag, the providers file, the run folder), so the run never reaches a
+/// verdict; a failing skill is a [`Verdict::Fail`], never one of these.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The package could not be opened (unreadable, not a skill, or its definition invalid).
+    #[error("{}: {source}", path.display())]
+    Package { path: PathBuf, source: PackageError },
+    /// The package opened but the validator found errors.
+    #[error("{}: invalid package", path.display())]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+    /// A flag, the providers file or the plan's selection is unusable.
+    #[error("{0}")]
+    Config(String),
+    /// The run's files could not be written.
+    #[error(transparent)]
+    Write(#[from] artifacts::ArtifactError),
+}
+
+impl RunError {
+    /// The process exit code this error ends the run with.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RunError::Package { .. }
+            | RunError::Invalid { .. }
+            | RunError::Config(_)
+            | RunError::Write(_) => EXIT_BAD_INPUT,
+        }
+    }
+
+    /// Tells the user on stderr, in the words the CLI has always used.
+    pub fn report(&self) {
+        match self {
+            RunError::Package { path, source } => {
+                report_package_error(path, source);
+            }
+            RunError::Invalid { path, problems } => print_problems(path, problems),
+            RunError::Config(_) | RunError::Write(_) => eprintln!("error: {self}"),
+        }
+    }
+}
+
+/// The exit code of a run that reached its verdict.
+pub fn verdict_exit_code(verdict: Verdict) -> u8 {
+    match verdict {
+        Verdict::Pass => EXIT_PASS,
+        Verdict::Fail => EXIT_FAIL,
+    }
+}
 
 /// Prints a package error for people; returns the exit code for it.
 pub(crate) fn report_package_error(path: &Path, err: &PackageError) -> u8 {
@@ -58,70 +112,137 @@ pub(crate) fn print_problems(path: &Path, problems: &[Problem]) {
 
 /// Evaluates the skill at `args.path`; returns the exit code.
 pub async fn run(args: &RunArgs) -> u8 {
-    match run_inner(args).await {
-        Ok(code) => code,
-        Err(code) => code,
+    match run_steps(args).await {
+        Ok(verdict) => verdict_exit_code(verdict),
+        Err(e) => {
+            e.report();
+            e.exit_code()
+        }
     }
 }
 
-async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
-    let limits = PackageLimits::default();
-    let package =
-        Package::open(&args.path, &limits).map_err(|e| report_package_error(&args.path, &e))?;
+/// The run, one step per line; each step is a function below, in this order.
+async fn run_steps(args: &RunArgs) -> Result<Verdict, RunError> {
+    let package = open_package(args)?;
     let out_dir = artifact_base(args);
-    let llm = providers::load(args, package.root(), &out_dir).map_err(|e| {
-        eprintln!("error: {e}");
-        EXIT_BAD_INPUT
-    })?;
-    check_model_flags(args, llm.as_ref())?;
-    let (registry, runners) = match &llm {
-        Some(setup) => {
-            let names: Vec<&String> = setup.clients.providers().providers.keys().collect();
-            let cache = setup
-                .cache_dir
-                .as_ref()
-                .map_or("off".to_string(), |d| d.display().to_string());
-            eprintln!(
-                "model providers: {} (from {}); response cache: {cache}",
-                names
-                    .iter()
-                    .map(|n| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                setup.source
-            );
-            (
-                llm::register_strategies(StrategyRegistry::builtin(), &setup.clients).build(),
-                llm::register_runner(RunnerRegistry::builtin(), &setup.clients),
-            )
-        }
-        None => (
-            StrategyRegistry::builtin().build(),
-            RunnerRegistry::builtin(),
-        ),
+    let llm = load_providers(args, &package, &out_dir)?;
+    let executor = build_executor(args, &package, llm.as_ref())?;
+    let run_id = Uuid::now_v7();
+    let jobs = plan_jobs(args, &package, run_id)?;
+    let Some(runnable) = runnable_cases(&executor, jobs) else {
+        // Every case needs a model and none is configured: validated, nothing to grade.
+        return Ok(Verdict::Pass);
     };
-    let validation = validate(&package, &registry);
+    // Before anything runs: every case needing the sandbox can have it (a machine without
+    // bubblewrap is a configuration problem, not a failing skill).
+    crate::sandbox_check::require(&runnable, executor.sandbox()).map_err(RunError::Config)?;
+    let executed = execute_cases(args, &package, &executor, &runnable).await;
+    let extras = report_extras(args, &package, llm.as_ref(), &executed).await;
+    let ctx = ReportContext {
+        run_id,
+        skill_name: &package.manifest.name,
+        skill_description: &package.manifest.description,
+        version: None,
+        profile: package.config.profile.as_str(),
+        package_hash: &package.content_hash,
+        created_at: executed.started,
+        results: &executed.results,
+        summary: &executed.summary,
+    };
+    print_summary(args, &ctx, &executed, runnable.len(), &extras);
+    if !args.no_write {
+        let run_dir = write_all_run_files(
+            &out_dir,
+            &ctx,
+            &extras,
+            &executed,
+            &package,
+            llm.as_ref(),
+            args.repeats,
+        )?;
+        eprintln!("run files: {}", run_dir.display());
+    }
+    if let Some(format) = args.format {
+        println!("{}", render_with(&ctx, format, &extras));
+    }
+    Ok(executed.summary.verdict)
+}
+
+/// Opens the package (folder or ZIP) within the default limits.
+fn open_package(args: &RunArgs) -> Result<Package, RunError> {
+    Package::open(&args.path, &PackageLimits::default()).map_err(|source| RunError::Package {
+        path: args.path.clone(),
+        source,
+    })
+}
+
+/// Loads the model providers, refuses model-only flags that cannot work, and says which
+/// providers the run uses.
+fn load_providers(
+    args: &RunArgs,
+    package: &Package,
+    out_dir: &Path,
+) -> Result<Option<LlmSetup>, RunError> {
+    let llm = providers::load(args, package.root(), out_dir).map_err(RunError::Config)?;
+    check_model_flags(args, llm.as_ref())?;
+    if let Some(setup) = &llm {
+        let names: Vec<&str> = setup
+            .clients
+            .providers()
+            .providers
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let cache = setup
+            .cache_dir
+            .as_ref()
+            .map_or("off".to_string(), |d| d.display().to_string());
+        eprintln!(
+            "model providers: {} (from {}); response cache: {cache}",
+            names.join(", "),
+            setup.source
+        );
+    }
+    Ok(llm)
+}
+
+/// Registers the strategies and runners (the model-backed ones when a provider is
+/// configured), validates the package against them, prints its warnings, and builds the
+/// executor primed with the compiled graders.
+fn build_executor(
+    args: &RunArgs,
+    package: &Package,
+    llm: Option<&LlmSetup>,
+) -> Result<Executor, RunError> {
+    let executor = ExecutorBuilder::new()
+        .providers(llm.map(|setup| setup.clients.clone()))
+        .sandbox(Sandbox::detect(SandboxPolicy {
+            allow_unsandboxed: args.allow_unsandboxed,
+            bwrap: args.bwrap.clone(),
+            ..SandboxPolicy::default()
+        }))
+        .build();
+    let validation = validate(package, executor.strategies());
     if !validation.is_ok() {
-        print_problems(&args.path, &validation.problems);
-        return Err(EXIT_BAD_INPUT);
+        return Err(RunError::Invalid {
+            path: args.path.clone(),
+            problems: validation.problems,
+        });
     }
     for warning in validation.problems.iter().filter(|p| !p.is_error()) {
         eprintln!("{warning}");
     }
-
-    let sandbox = Sandbox::detect(SandboxPolicy {
-        allow_unsandboxed: args.allow_unsandboxed,
-        ..SandboxPolicy::default()
-    });
-    let executor = Executor::new(registry, runners, Arc::new(sandbox));
     executor.prime(
         &package.content_hash,
         package.config.profile,
         &package.config.test_cases,
         validation.graders,
     );
+    Ok(executor)
+}
 
-    let run_id = Uuid::now_v7();
+/// One job per selected case (tags, ids, suite), with `--runner` overriding the definition's.
+fn plan_jobs(args: &RunArgs, package: &Package, run_id: Uuid) -> Result<Vec<Job>, RunError> {
     let filter = CaseFilter {
         tags: args.tags.clone(),
         case_ids: args.cases.clone(),
@@ -137,19 +258,20 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
             .map(skilleval::model::RunnerSpec::config)
             .unwrap_or_default()
     });
-    let jobs = plan(
+    plan(
         &package.config,
         &package.content_hash,
         run_id,
         &filter,
         runner_override.as_ref(),
     )
-    .map_err(|e| {
-        eprintln!("error: {e}");
-        EXIT_BAD_INPUT
-    })?;
+    .map_err(|e| RunError::Config(e.to_string()))
+}
 
-    let (runnable, need_model): (Vec<Job>, Vec<(Job, String)>) = split_model_cases(&executor, jobs);
+/// The jobs that can run here, after listing those that need a model provider none is
+/// configured for; `None` when that leaves nothing.
+fn runnable_cases(executor: &Executor, jobs: Vec<Job>) -> Option<Vec<Job>> {
+    let (runnable, need_model) = split_model_cases(executor, jobs);
     if !need_model.is_empty() {
         eprintln!(
             "note: {} case(s) need a model provider and will not run here (none is configured; see docs/providers.md):",
@@ -164,9 +286,36 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
             "nothing to run without a model provider: {} case(s) validated, 0 run.",
             need_model.len()
         );
-        return Ok(EXIT_PASS);
+        return None;
     }
+    Some(runnable)
+}
 
+/// What executing the cases produced.
+struct Executed {
+    /// What each of `all_results` is (case, with or without the skill, attempt).
+    labels: Vec<variants::Variant>,
+    /// Every attempt, baseline included, in the order of `labels`.
+    all_results: Vec<JobResult>,
+    /// The run proper: the with-skill attempts.
+    results: Vec<JobResult>,
+    summary: skilleval::summary::RunSummary,
+    started: chrono::DateTime<Utc>,
+    budget: Budget,
+    /// Cases with no baseline because their runner is not `llm`.
+    no_baseline: usize,
+    /// Attempts (baseline included) the budget stopped.
+    stopped: usize,
+}
+
+/// Runs the cases (with `--repeats` and `--baseline` variants) under the run's concurrency,
+/// failFast and budget, and summarises the with-skill attempts.
+async fn execute_cases(
+    args: &RunArgs,
+    package: &Package,
+    executor: &Executor,
+    runnable: &[Job],
+) -> Executed {
     let concurrency = args
         .concurrency
         .or_else(|| match package.config.settings.parallel_execution {
@@ -180,7 +329,7 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
         .unwrap_or(DEFAULT_CONCURRENCY)
         .max(1);
 
-    let (labels, jobs, no_baseline) = variants::expand(&runnable, args.repeats, args.baseline);
+    let (labels, jobs, no_baseline) = variants::expand(runnable, args.repeats, args.baseline);
     if no_baseline > 0 {
         eprintln!("note: --baseline skips {no_baseline} case(s) whose runner is not `llm` (there is no skill-less way to run a script)");
     }
@@ -190,7 +339,7 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
     });
     let started = Utc::now();
     let all_results = execute_all(
-        &executor,
+        executor,
         jobs,
         package.root(),
         concurrency,
@@ -228,63 +377,83 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
             "note: the budget ran out during the baseline: {stopped} baseline attempt(s) not run"
         );
     }
+    Executed {
+        labels,
+        all_results,
+        results,
+        summary,
+        started,
+        budget,
+        no_baseline,
+        stopped,
+    }
+}
 
+/// The report's extra sections: baseline and repeats, then the trigger evals.
+async fn report_extras(
+    args: &RunArgs,
+    package: &Package,
+    llm: Option<&LlmSetup>,
+    executed: &Executed,
+) -> ReportExtras {
     let mut extras = ReportExtras::default();
     if args.baseline || args.repeats > 1 {
-        let built = variants::Extras::build(&labels, &all_results, args.repeats);
+        let built = variants::Extras::build(&executed.labels, &executed.all_results, args.repeats);
         extras.markdown.push_str(&built.markdown());
         let mut notes = Vec::new();
-        if no_baseline > 0 {
+        if executed.no_baseline > 0 {
             notes.push(format!(
-                "{no_baseline} case(s) have no baseline: their runner is not `llm`"
+                "{} case(s) have no baseline: their runner is not `llm`",
+                executed.no_baseline
             ));
         }
-        if stopped > 0 {
+        if executed.stopped > 0 {
             notes.push(format!(
-                "the run was stopped by its budget: {stopped} attempt(s) not run"
+                "the run was stopped by its budget: {} attempt(s) not run",
+                executed.stopped
             ));
         }
-        extras.benchmark =
-            Some(built.benchmark_json(&package.manifest.name, &started.to_rfc3339(), &notes));
+        extras.benchmark = Some(built.benchmark_json(
+            &package.manifest.name,
+            &executed.started.to_rfc3339(),
+            &notes,
+        ));
     }
-    if let Some(setup) = &llm {
-        if let Some(report) = run_triggers(args, &package, setup, &budget).await {
+    if let Some(setup) = llm {
+        if let Some(report) = run_triggers(args, package, setup, &executed.budget).await {
             extras.markdown.push_str(&triggers::markdown(&report));
             extras.triggers = serde_json::to_value(&report).ok();
         }
     }
+    extras
+}
 
-    let ctx = ReportContext {
-        run_id,
-        skill_name: &package.manifest.name,
-        skill_description: &package.manifest.description,
-        version: None,
-        profile: package.config.profile.as_str(),
-        package_hash: &package.content_hash,
-        created_at: started,
-        results: &results,
-        summary: &summary,
-    };
-    eprint!("{}", table::summary_table(&ctx));
+/// The summary table, token use and extra sections on stderr.
+fn print_summary(
+    args: &RunArgs,
+    ctx: &ReportContext<'_>,
+    executed: &Executed,
+    cases: usize,
+    extras: &ReportExtras,
+) {
+    eprint!("{}", table::summary_table(ctx));
     if args.repeats > 1 {
         eprintln!(
-            "(--repeats {}: every attempt counts; {} case(s) x {} attempts)",
-            args.repeats,
-            runnable.len(),
-            args.repeats
+            "(--repeats {}: every attempt counts; {cases} case(s) x {} attempts)",
+            args.repeats, args.repeats
         );
     }
-    let (produce, grade) = (summary.produce_usage, summary.grade_usage);
+    let (produce, grade) = (executed.summary.produce_usage, executed.summary.grade_usage);
     if produce.total_tokens() + grade.total_tokens() > 0 {
         eprintln!(
             "tokens: {} producing, {} grading · cost ${:.4}{}",
             produce.total_tokens(),
             grade.total_tokens(),
             produce.cost_usd + grade.cost_usd,
-            if all_results.len() > results.len() {
+            if executed.all_results.len() > executed.results.len() {
                 format!(
                     " (run); ${:.4} with the baseline and trigger evals",
-                    budget.spent().cost_usd
+                    executed.budget.spent().cost_usd
                 )
             } else {
                 String::new()
@@ -294,41 +463,43 @@ async fn run_inner(args: &RunArgs) -> Result<u8, u8> {
     if !extras.markdown.is_empty() {
         eprint!("\n{}", extras.markdown);
     }
+}
 
-    if !args.no_write {
-        let first: Vec<JobResult> = labels
-            .iter()
-            .zip(&all_results)
-            .filter(|(v, _)| v.is_primary())
-            .map(|(_, r)| r.clone())
-            .collect();
-        let written = write_run_files(&out_dir, &ctx, &extras, &first).and_then(|run_dir| {
-            variants::write_other_grading(&run_dir, &labels, &all_results)?;
-            Ok(run_dir)
-        });
-        match written {
-            Ok(run_dir) => eprintln!("run files: {}", run_dir.display()),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return Err(EXIT_BAD_INPUT);
-            }
-        }
-    }
-    if let Some(format) = args.format {
-        println!("{}", render_with(&ctx, format, &extras));
-    }
-    Ok(match summary.verdict {
-        Verdict::Pass => EXIT_PASS,
-        Verdict::Fail => EXIT_FAIL,
-    })
+/// Writes every run file: attempt 1's grading, reports and `benchmark.json` entry, then the
+/// other attempts' grading files. Returns the run's folder.
+fn write_all_run_files(
+    out_dir: &Path,
+    ctx: &ReportContext<'_>,
+    extras: &ReportExtras,
+    executed: &Executed,
+    package: &Package,
+    llm: Option<&LlmSetup>,
+    repeats: u32,
+) -> Result<PathBuf, RunError> {
+    let first: Vec<JobResult> = executed
+        .labels
+        .iter()
+        .zip(&executed.all_results)
+        .filter(|(v, _)| v.is_primary())
+        .map(|(_, r)| r.clone())
+        .collect();
+    let run_dir = write_run_files(out_dir, ctx, extras, &first)?;
+    variants::write_other_grading(&run_dir, &executed.labels, &executed.all_results)?;
+    crate::compare::record_run(
+        &run_dir,
+        ctx.run_id,
+        package,
+        llm,
+        &executed.labels,
+        &executed.all_results,
+        repeats,
+    )?;
+    Ok(run_dir)
 }
 
 /// Refuses model-only flags that cannot work, before anything runs.
-fn check_model_flags(args: &RunArgs, llm: Option<&LlmSetup>) -> Result<(), u8> {
-    let bad = |msg: &str| {
-        eprintln!("error: {msg}");
-        EXIT_BAD_INPUT
-    };
+fn check_model_flags(args: &RunArgs, llm: Option<&LlmSetup>) -> Result<(), RunError> {
+    let bad = |msg: &str| RunError::Config(msg.to_string());
     if args.baseline && llm.is_none() {
         return Err(bad("--baseline runs every case without the skill on a model: configure a provider (see docs/providers.md)"));
     }

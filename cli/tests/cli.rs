@@ -232,3 +232,41 @@ fn missing_path_is_bad_input() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("/definitely/not/here"));
 }
+
+#[test]
+fn without_a_sandbox_a_skill_running_scripts_is_refused_before_running_with_exit_2() {
+    let (_tmp, root) = example_copy("calculator");
+    // As on a machine without bubblewrap.
+    let missing = tempfile::tempdir().unwrap();
+    let bwrap = missing.path().join("bwrap");
+    let out = bin()
+        .args(["run", "--quiet", "--no-write", "--bwrap"])
+        .arg(&bwrap)
+        .arg(&root)
+        .env_remove("SKILLEVAL_ALLOW_UNSANDBOXED")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("apt-get install bubblewrap"), "{err}");
+    assert!(err.contains("--allow-unsandboxed"), "{err}");
+    assert!(err.contains("6 case(s) run untrusted code"), "{err}");
+    assert!(!err.contains("verdict"), "nothing was graded: {err}");
+
+    // Allowed explicitly, the same machine runs them (limits, no isolation).
+    let out = bin()
+        .args([
+            "run",
+            "--quiet",
+            "--no-write",
+            "--allow-unsandboxed",
+            "--bwrap",
+        ])
+        .arg(&bwrap)
+        .arg(&root)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("verdict: PASS"), "{err}");
+}

@@ -356,6 +356,19 @@ fn baseline_reports_the_uplift_in_benchmark_json() {
     assert_eq!(s["delta"]["tokens"], "+350");
     assert!(dir.join("without_skill/run-1/grading/2.json").exists());
     assert!(dir.join("grading/2.json").exists());
+    // What a comparison reads: the judge model in each model-graded case's fingerprint, and
+    // only the with-skill attempts (the bare model's say nothing about the skill's version).
+    let record = read_json(&dir.join("run.json"));
+    assert_eq!(record["judge_model"], "mock-model");
+    let judged = record["fingerprints"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|f| f["judge_model"] == "mock-model")
+        .count();
+    assert!(judged > 0, "{record}");
+    let lines = std::fs::read_to_string(dir.join("results.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 3);
 }
 
 #[test]

@@ -2,31 +2,35 @@
 //!
 //! Workers announce finished cases on the events exchange, one event per run per committed
 //! batch. For each event the aggregator reads the run's row once, then applies `failFast` (a
-//! failed or errored case skips the rest of its run), releases more of the run's jobs when
-//! `maxConcurrentTests` holds some back, and finalises the run once its counters are complete. A
-//! periodic sweep does the same for runs whose events were missed (a coordinator restart, a
-//! lost event), so a complete run is always finalised.
+//! failed or errored case stops its run), writes off the never-recorded cases of a stopped run
+//! (failFast, or a budget stop a worker's batch made), publishes more of the run's jobs when
+//! `maxConcurrentTests` holds some back, and finalises the run once every planned case is
+//! recorded. A periodic sweep does the same for runs whose events were missed (a coordinator
+//! restart, a lost event), so a complete run is always finalised.
 //!
 //! Finalising is exactly-once even with several replicas racing: the summary is computed from
-//! the stored results, then written by a conditional `UPDATE ... WHERE NOT finalised`; only the
-//! caller whose update matched sends the webhook.
+//! the stored results, then written by the lifecycle's guarded `finalise`; only the caller
+//! whose update matched sends the webhook.
 //!
-//! A run its budget stopped (`stop_reason`, set when recording results pushed it over) is
-//! finalised like any other, but its verdict is `fail` with the stop as the first reason.
+//! A run its budget stopped is finalised like any other, but its verdict is `fail` with the
+//! stop as the first reason.
 
 use std::sync::Arc;
 
-use crate::db::{self as runs, CaseRow};
+use crate::db::CaseRow;
 use anyhow::Context as _;
 use futures::TryStreamExt as _;
 use serde_json::{json, Value};
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::budget::mark_stopped;
-use skilleval::model::Settings;
+use skilleval::model::EvalSettings;
 use skilleval::plan::Job;
 use skilleval::summary::{RunSummary, Summarizer};
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
-use sqlx::PgPool;
+use skilleval_infra::store::lifecycle::{
+    Finalising, RunState, RunStatus, StopReason, TransitionError,
+};
+use skilleval_infra::store::Store;
 use uuid::Uuid;
 
 use crate::launch::RunLauncher;
@@ -37,7 +41,7 @@ use crate::webhook::WebhookSender;
 /// Applies events and sweeps to runs: failFast, releases, finalisation and webhooks.
 #[derive(Debug, Clone)]
 pub struct RunAggregator {
-    pool: PgPool,
+    store: Store,
     launcher: RunLauncher,
     metrics: Arc<Metrics>,
     webhooks: Option<WebhookSender>,
@@ -45,13 +49,13 @@ pub struct RunAggregator {
 
 impl RunAggregator {
     pub fn new(
-        pool: PgPool,
+        store: Store,
         launcher: RunLauncher,
         metrics: Arc<Metrics>,
         webhooks: Option<WebhookSender>,
     ) -> Self {
         RunAggregator {
-            pool,
+            store,
             launcher,
             metrics,
             webhooks,
@@ -66,40 +70,61 @@ impl RunAggregator {
 
     /// Handles one event: the cases of one run a worker committed in one batch. One read of
     /// the run decides what else is needed: failFast when a case failed and the run asks for
-    /// it, a release when `maxConcurrentTests` holds jobs back, finalisation when the counters
-    /// are complete. A run without a cap has nothing to release here (creation published
-    /// everything; the sweeper republishes what a broker failure left behind).
+    /// it, a write-off when the run is stopped, a release when `maxConcurrentTests` holds jobs
+    /// back, finalisation when every planned case is recorded.
     #[tracing::instrument(skip_all, fields(run_id = %event.run_id, cases = event.cases.len()))]
     pub async fn on_cases_finished(&self, event: &CasesFinished) -> anyhow::Result<()> {
         self.metrics.events_consumed.inc();
-        let Some(state) = runs::progress(&self.pool, event.run_id).await? else {
+        let run_id = event.run_id;
+        let Some(progress) = self.store.progress(run_id).await? else {
             return Ok(());
         };
-        let mut complete = state.complete;
-        if state.running && state.fail_fast {
+        let mut state = progress.state;
+        if state.is_live() && progress.fail_fast {
             if let Some(failure) = event.first_failure() {
-                let skipped =
-                    runs::stop_after_failure(&self.pool, event.run_id, &failure.test_case_id)
-                        .await?;
-                if skipped > 0 {
-                    tracing::info!(skipped, "failFast: skipped the rest of the run");
-                    complete = runs::is_ready_to_finalise(&self.pool, event.run_id).await?;
+                let detail = format!("failFast: case `{}` did not pass", failure.test_case_id);
+                match self.store.stop(run_id, StopReason::FailFast, &detail).await {
+                    Ok(()) => tracing::info!("failFast: the run stopped"),
+                    // Stopped meanwhile (another event, a cancel): that stop stands.
+                    Err(TransitionError::Illegal { .. }) => {}
+                    Err(e) => return Err(e.into()),
                 }
+                state = self.state(run_id).await?;
             }
         }
-        if state.running && state.capped && !complete {
-            self.launcher.release_logged(event.run_id).await;
+        if state.awaits_write_off() {
+            let skipped = self.launcher.write_off(run_id).await?;
+            if skipped > 0 {
+                tracing::info!(skipped, "wrote off the stopped run's remaining cases");
+            }
+            state = self.state(run_id).await?;
         }
-        if complete {
-            self.finalise(event.run_id).await?;
+        if state.is_live() && progress.capped && !state.awaits_finalising() {
+            self.launcher.release_logged(run_id).await;
+        }
+        if state.awaits_finalising() {
+            self.finalise(run_id).await?;
         }
         Ok(())
     }
 
-    /// Finalises every complete run not finalised yet, and releases held-back jobs. Returns
-    /// how many runs this call finalised.
+    async fn state(&self, run_id: Uuid) -> anyhow::Result<RunState> {
+        self.store
+            .run_state(run_id)
+            .await?
+            .with_context(|| format!("run {run_id} is gone"))
+    }
+
+    /// Writes off stopped runs, then finalises every complete run not finalised yet.
+    /// Returns how many runs this call finalised.
     pub async fn sweep(&self) -> anyhow::Result<usize> {
-        let ready = runs::runs_ready_to_finalise(&self.pool, 200).await?;
+        let stopped = self.store.runs_to_write_off(50).await?;
+        for run_id in stopped {
+            if let Err(e) = self.launcher.write_off(run_id).await {
+                tracing::warn!(%run_id, error = %e, "writing off the stopped run failed; the next sweep retries");
+            }
+        }
+        let ready = self.store.runs_ready_to_finalise(200).await?;
         let mut finalised = 0;
         for run_id in ready {
             match self.finalise(run_id).await {
@@ -117,27 +142,31 @@ impl RunAggregator {
     /// finalised it (and sent the webhook).
     #[tracing::instrument(skip(self))]
     pub async fn finalise(&self, run_id: Uuid) -> anyhow::Result<bool> {
-        let Some(run) = runs::get_run(&self.pool, run_id).await? else {
+        let Some(run) = self.store.get_run(run_id).await? else {
             return Ok(false);
         };
-        if run.finalised {
+        if run.finalised || run.counters.completed < run.counters.total {
             return Ok(false);
         }
-        let settings: Settings = if run.settings.is_null() {
-            Settings::default()
+        let Finalising::Verdict = run.kind.finalising()?;
+        let settings: EvalSettings = if run.settings.is_null() {
+            EvalSettings::default()
         } else {
             serde_json::from_value(run.settings.clone()).context("stored eval settings")?
         };
         // Streamed row by row: memory does not grow with the run's size.
         let mut summarizer = Summarizer::default();
         let mut not_run = 0u64;
-        let stop_reason = run.stop_reason.as_deref();
-        for_each_result(&self.pool, run_id, |r| {
-            // A run its budget stopped did not run every case: the cases the stop skipped
-            // carry the reason itself.
-            if stop_reason.is_some()
+        // A run its budget stopped did not run every case: the cases the stop wrote off
+        // carry its sentence.
+        let budget_stop = match run.stop_reason {
+            Some(StopReason::Budget) => run.stop_detail.as_deref(),
+            _ => None,
+        };
+        for_each_result(&self.store, run_id, |r| {
+            if budget_stop.is_some()
                 && r.status == CaseStatus::Skipped
-                && r.details.get("skipped").and_then(Value::as_str) == stop_reason
+                && r.details.get("skipped").and_then(Value::as_str) == budget_stop
             {
                 not_run += 1;
             }
@@ -145,17 +174,25 @@ impl RunAggregator {
         })
         .await?;
         let mut summary = summarizer.finish(&settings);
-        if let Some(reason) = stop_reason {
+        if let Some(reason) = budget_stop {
             // It must not pass, whatever the cases it did run scored.
             mark_stopped(&mut summary, reason, not_run);
         }
         let summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
-        let won =
-            runs::finalise(&self.pool, run_id, &summary_json, summary.verdict.as_str()).await?;
-        if !won {
-            return Ok(false);
-        }
-        let outcome = if run.status == "cancelled" {
+        let finalised = match self
+            .store
+            .finalise(run_id, &summary_json, summary.verdict.as_str())
+            .await
+        {
+            Ok(finalised) => finalised,
+            // Another replica won the race (or the run changed meanwhile): not ours to announce.
+            Err(TransitionError::Illegal { .. } | TransitionError::NotFound(_)) => {
+                return Ok(false)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.launcher.forget(run_id);
+        let outcome = if finalised.status == RunStatus::Cancelled {
             "cancelled"
         } else {
             summary.verdict.as_str()
@@ -167,7 +204,9 @@ impl RunAggregator {
             "run finalised"
         );
         if let (Some(url), Some(sender)) = (run.callback_url.clone(), self.webhooks.clone()) {
-            let Some(view) = runs::get_run(&self.pool, run_id)
+            let Some(view) = self
+                .store
+                .get_run(run_id)
                 .await?
                 .map(|r| RunView::from_row(&r))
             else {
@@ -186,21 +225,20 @@ impl RunAggregator {
     }
 }
 
-/// Every result of a run in case order, read page by page; a case that never ran (skipped,
-/// or still queued) is described from its job.
-pub async fn load_results(pool: &PgPool, run_id: Uuid) -> anyhow::Result<Vec<JobResult>> {
+/// Every recorded result of a run in case order.
+pub async fn load_results(store: &Store, run_id: Uuid) -> anyhow::Result<Vec<JobResult>> {
     let mut results = Vec::new();
-    for_each_result(pool, run_id, |r| results.push(r)).await?;
+    for_each_result(store, run_id, |r| results.push(r)).await?;
     Ok(results)
 }
 
 /// Hands every result of a run to `f` in case order, streamed: one row in hand at a time.
 pub async fn for_each_result(
-    pool: &PgPool,
+    store: &Store,
     run_id: Uuid,
     mut f: impl FnMut(JobResult),
 ) -> anyhow::Result<()> {
-    let rows = runs::case_rows(pool, run_id);
+    let rows = store.case_rows(run_id);
     futures::pin_mut!(rows);
     while let Some(row) = rows.try_next().await? {
         f(job_result(row)?);
@@ -217,6 +255,7 @@ fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
             )
         });
     }
+    // A row skipped before results were written once: its job describes the case.
     let job = row
         .job
         .with_context(|| format!("case `{}` has neither a result nor a job", row.test_case_id))?;
@@ -227,16 +266,10 @@ fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
         .as_ref()
         .and_then(|d| d.get("skipped"))
         .and_then(Value::as_str)
-        .unwrap_or(if row.status == "queued" {
-            "not run"
-        } else {
-            "skipped"
-        })
+        .unwrap_or("skipped")
         .to_string();
     let mut r = JobResult::skipped(&job, &reason);
-    if row.status == "queued" {
-        r.status = CaseStatus::Queued;
-    }
+    r.status = row.status;
     Ok(r)
 }
 

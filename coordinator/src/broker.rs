@@ -17,12 +17,12 @@ use lapin::types::{FieldTable, ShortString};
 use lapin::Connection;
 use skilleval_infra::config::Settings;
 use skilleval_infra::messages::{CasesFinished, EncodedJob};
-use skilleval_infra::topology::{self, Lane, Publisher, Topology};
+use skilleval_infra::topology::{self, Lane, Publisher, QueueDepth, Topology};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::aggregate::RunAggregator;
-use crate::jobs::JobSink;
+use crate::jobs::{JobSink, PublishError};
 
 /// Events handled at once by one coordinator (the events queue's prefetch).
 const EVENTS_PREFETCH: u16 = 32;
@@ -99,27 +99,53 @@ impl BrokerJobSink {
 
 #[async_trait]
 impl JobSink for BrokerJobSink {
-    async fn publish(&self, jobs: &[EncodedJob]) -> Vec<Result<(), String>> {
+    async fn publish(&self, jobs: &[EncodedJob]) -> Vec<Result<(), PublishError>> {
         let publisher = match self.publisher().await {
             Ok(p) => p,
             Err(e) => {
-                let message = format!("{e:#}");
-                return jobs.iter().map(|_| Err(message.clone())).collect();
+                let reason: Arc<str> = format!("{e:#}").into();
+                return jobs
+                    .iter()
+                    .map(|_| Err(PublishError::Unavailable(Arc::clone(&reason))))
+                    .collect();
             }
         };
         publisher
             .publish_encoded(jobs, Lane::Ci)
             .await
             .into_iter()
-            .map(|r| r.map_err(|e| e.to_string()))
+            .map(|r| r.map_err(|e| PublishError::Refused(Arc::new(e))))
             .collect()
     }
 
-    async fn check(&self) -> Result<(), String> {
+    async fn check(&self) -> Result<(), PublishError> {
         self.publisher()
             .await
             .map(|_| ())
-            .map_err(|e| format!("{e:#}"))
+            .map_err(|e| PublishError::Unavailable(format!("{e:#}").into()))
+    }
+
+    async fn queue_depths(&self) -> Option<Result<Vec<QueueDepth>, String>> {
+        Some(self.read_depths().await.map_err(|e| format!("{e:#}")))
+    }
+}
+
+impl BrokerJobSink {
+    /// Passive declares of every queue, on a channel of its own (a failed one closes only it).
+    async fn read_depths(&self) -> anyhow::Result<Vec<QueueDepth>> {
+        self.publisher().await?;
+        let channel = {
+            let link = self.link.lock().await;
+            link.as_ref()
+                .context("no broker link")?
+                .connection
+                .create_channel()
+                .await
+                .context("opening a channel to read queue depths")?
+        };
+        let depths = self.topology.queue_depths(&channel).await;
+        let _ = channel.close(200, "depths read".into()).await;
+        Ok(depths?)
     }
 }
 

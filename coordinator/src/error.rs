@@ -12,6 +12,11 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
+use skilleval::plan::PlanError;
+
+use skilleval_infra::store::StoreError;
+
+use crate::launch::LaunchError;
 
 /// An HTTP error response (boxed: handlers return it in `Result`s, keep those small).
 #[derive(Debug)]
@@ -129,6 +134,41 @@ impl ApiError {
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
         ApiError::internal(e)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError::internal(e)
+    }
+}
+
+impl From<LaunchError> for ApiError {
+    fn from(e: LaunchError) -> Self {
+        match e {
+            LaunchError::VersionNotFound(id) => ApiError::not_found("version", id),
+            LaunchError::RunNotFound(id) => ApiError::not_found("run", id),
+            LaunchError::Filter(e) => {
+                let field = match e {
+                    PlanError::UnknownSuite(..) => "suite",
+                    PlanError::UnknownCase(..) => "test_cases",
+                    PlanError::Empty { .. } => "tags",
+                };
+                let rule = e.to_string();
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "plan_invalid",
+                    rule.clone(),
+                )
+                .with_details(json!({ "field": field, "rule": rule }))
+            }
+            LaunchError::Kind(e) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "kind_unsupported",
+                e.to_string(),
+            ),
+            other => ApiError::internal(other),
+        }
     }
 }
 

@@ -2,19 +2,43 @@
 //!
 //! In production this is the broker publisher (persistent messages, `mandatory`, publisher
 //! confirms awaited); the trait keeps run creation, the sweeper and `maxConcurrentTests`
-//! independent of the transport, so a publish that fails for any reason simply leaves the row
-//! unpublished for the sweeper.
+//! independent of the transport, so a publish that fails for any reason simply leaves the
+//! run's watermark short of it, for the sweeper.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use skilleval_infra::messages::EncodedJob;
+use skilleval_infra::topology::{BrokerError, QueueDepth};
+
+/// Why the broker did not confirm a job.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PublishError {
+    /// No usable connection to the broker (the reason is shared by every job of the call).
+    #[error("no broker connection: {0}")]
+    Unavailable(Arc<str>),
+    /// The broker answered, but not with a confirm: a nack, an unroutable return, a channel
+    /// closed while waiting.
+    #[error(transparent)]
+    Refused(Arc<BrokerError>),
+    /// The sink gave no answer for the job.
+    #[error("the publisher gave no answer for the job")]
+    Unanswered,
+}
 
 /// Publishes jobs and says which the broker confirmed.
 #[async_trait]
 pub trait JobSink: Send + Sync + std::fmt::Debug {
     /// Publishes every job (pipelined) and returns, per job in order, whether the broker
-    /// confirmed it (`Err` says why not: nack, unroutable return, closed channel).
-    async fn publish(&self, jobs: &[EncodedJob]) -> Vec<Result<(), String>>;
+    /// confirmed it.
+    async fn publish(&self, jobs: &[EncodedJob]) -> Vec<Result<(), PublishError>>;
 
     /// Whether the broker connection is usable (readiness).
-    async fn check(&self) -> Result<(), String>;
+    async fn check(&self) -> Result<(), PublishError>;
+
+    /// The depth and consumers of every queue of the topology, for `/metrics`; `None` when
+    /// the sink has no broker to ask.
+    async fn queue_depths(&self) -> Option<Result<Vec<QueueDepth>, String>> {
+        None
+    }
 }

@@ -1,74 +1,142 @@
-//! Run creation and publishing: plan a version's jobs, commit the run with one `queued` row per
-//! case, then publish the jobs with confirms and record which were confirmed.
+//! Run creation and publishing: commit a run with its plan, then publish one job per planned
+//! case, chunk by chunk, with publisher confirms, moving the run's published watermark past
+//! each chunk once the broker confirmed it.
 //!
-//! Crash safety comes from the order: rows are committed before anything is published, and a
-//! row is marked published only after its confirm. Whatever is left unpublished — a coordinator
-//! killed between commit and publish, a nack, a broker outage — is found by
-//! [`RunLauncher::sweep_unpublished`] after `publish_grace` and published then. A job published
-//! twice is harmless: workers upsert results keyed by (run, case).
+//! No case has a row until its outcome is known, so creating a run is one row whatever its
+//! size, and the upload answers before anything is published. Everything that publishes goes
+//! through one pipeline, [`RunLauncher::publish_pass`]: the creation's first pass, a release
+//! when `maxConcurrentTests` has room again (in flight = published − recorded), and the
+//! sweeper's resumption of a pass that did not finish (a coordinator killed mid-creation, a
+//! chunk the broker did not confirm). A pass starts at the watermark and holds the run's
+//! session lock, so two passes never publish the same positions and a live creator is told
+//! from a dead one; a pass cut off republishes at most the chunks in flight when it died,
+//! and a job published twice writes nothing twice (results are keyed by run and case).
 //!
-//! `maxConcurrentTests` is enforced at release: [`RunLauncher::release`] publishes only as many
-//! of a run's jobs as the cap leaves room for, and runs again whenever a case of the run
-//! finishes (the aggregator calls it on events) and on every sweep.
+//! A stopped run (cancel, failFast, budget) has its never-recorded cases written off as
+//! `skipped` by [`RunLauncher::write_off`], which is what lets it complete.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::db::{self as runs, NewRun, RunInsert};
-use anyhow::Context as _;
 use serde_json::json;
+use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::model::{EvalConfig, RunnerConfig, RunnerSpec};
 use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
 use skilleval_infra::messages::EncodedJob;
+use skilleval_infra::store::lifecycle::{
+    RunKind, Transition, TransitionError, UnsupportedKind, WrittenOff,
+};
+use skilleval_infra::store::{Store, StoreError};
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, Postgres};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::error::ApiError;
-use crate::jobs::JobSink;
+use crate::db::{NewRun, RunInsert};
+use crate::jobs::{JobSink, PublishError};
 use crate::metrics::Metrics;
+use skilleval_infra::store::versions::StoredDefinition;
 
-/// Rows read, published and marked at a time by a release.
-pub const RELEASE_PAGE: usize = 2_000;
+/// Jobs planned, published and confirmed at a time; the watermark moves once per chunk.
+pub const PUBLISH_CHUNK: usize = 2_000;
+
+/// Chunks of one pass publishing at the same time (the broker always has confirms
+/// outstanding instead of draining them at the end of every chunk).
+const CHUNKS_IN_FLIGHT: usize = 3;
+
+/// Plans kept in memory (runs being created or released under a cap); past it the cache
+/// starts over (a plan is read again from the database when needed).
+const PLANS_KEPT: usize = 64;
 
 /// What a run is asked to do.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RunRequest {
     pub version_id: Uuid,
     pub runner: Option<RunnerSpec>,
     pub filter: CaseFilter,
     pub callback_url: Option<String>,
     pub idempotency_key: Option<String>,
-    /// `upload` or `manual`.
-    pub kind: &'static str,
+    pub kind: RunKind,
     /// Budget: the run stops once its cases spent more than this (`None`: no cap). Validated
     /// by the route (`> 0`, `>= 1`); the database's CHECKs hold the same rules.
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<i64>,
 }
 
+impl RunRequest {
+    /// A request for every case of a version, nothing else set.
+    pub fn all_cases(version_id: Uuid, kind: RunKind) -> Self {
+        RunRequest {
+            version_id,
+            runner: None,
+            filter: CaseFilter::default(),
+            callback_url: None,
+            idempotency_key: None,
+            kind,
+            max_cost_usd: None,
+            max_tokens: None,
+        }
+    }
+}
+
+/// Why a run could not be created or published; the routes map it to HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("version {0} not found")]
+    VersionNotFound(Uuid),
+    #[error("run {0} not found")]
+    RunNotFound(Uuid),
+    /// The request's filter does not fit the definition.
+    #[error(transparent)]
+    Filter(#[from] PlanError),
+    #[error(transparent)]
+    Kind(#[from] UnsupportedKind),
+    #[error("reading the stored eval definition: {0}")]
+    Definition(#[from] TextError),
+    #[error("run {run_id}: {what}")]
+    Corrupt { run_id: Uuid, what: String },
+    #[error("{context}: {source}")]
+    Database {
+        context: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    #[error("a background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> LaunchError {
+    move |source| LaunchError::Database { context, source }
+}
+
 /// Creates runs and publishes their jobs.
 #[derive(Debug, Clone)]
 pub struct RunLauncher {
-    pool: PgPool,
+    store: Store,
     sink: Arc<dyn JobSink>,
     metrics: Arc<Metrics>,
     publish_grace: Duration,
+    plans: Arc<Mutex<HashMap<Uuid, Arc<RunPlan>>>>,
 }
 
 impl RunLauncher {
     pub fn new(
-        pool: PgPool,
+        store: Store,
         sink: Arc<dyn JobSink>,
         metrics: Arc<Metrics>,
         publish_grace: Duration,
     ) -> Self {
         RunLauncher {
-            pool,
+            store,
             sink,
             metrics,
             publish_grace,
+            plans: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -78,58 +146,51 @@ impl RunLauncher {
         &self,
         conn: &mut PgConnection,
         request: &RunRequest,
-    ) -> Result<PreparedRun, ApiError> {
-        let version = runs::version_for_run(conn, request.version_id)
+    ) -> Result<PreparedRun, LaunchError> {
+        request.kind.planning()?;
+        let version = self
+            .store
+            .version_for_run(conn, request.version_id)
             .await?
-            .ok_or_else(|| ApiError::not_found("version", request.version_id))?;
-        let version_id = version.version_id;
+            .ok_or(LaunchError::VersionNotFound(request.version_id))?;
         // Reading the definition (and counting a filter's jobs) parses all of it: CPU work,
         // kept off the async threads.
         let filter = request.filter.clone();
-        let read = tokio::task::spawn_blocking(move || {
+        let (definition, total) = tokio::task::spawn_blocking(move || {
             let definition = read_definition(version.config)?;
             let total = definition.count(&filter)?;
             Ok::<_, TextError>((definition, total))
         })
-        .await
-        .context("reading the stored eval config")?;
-        let (definition, total) = read
-            .with_context(|| format!("reading the stored eval config of version {version_id}"))?;
+        .await??;
         let planned = PlannedVersion {
-            version_id,
+            version_id: version.version_id,
             package_hash: version.package_hash,
             definition: Arc::new(definition),
         };
-        self.prepare_counted(planned, request, total.map_err(|e| plan_error(&e))?)
+        self.prepare_counted(planned, request, total?)
     }
 
     /// Plans a run: checks the request's filter against the definition and counts its jobs
     /// (a filter other than "everything" reads every case's id and tags: for a stored
     /// definition use [`RunLauncher::prepare_stored`], which does that off the async threads).
-    /// The jobs themselves are planned from the definition's text while the run is created
-    /// ([`PreparedRun::job_chunks`]), a chunk at a time.
     pub fn prepare(
         &self,
         version: PlannedVersion,
         request: &RunRequest,
-    ) -> Result<PreparedRun, ApiError> {
-        let total = version
-            .definition
-            .count(&request.filter)
-            .context("counting the run's jobs")?
-            .map_err(|e| plan_error(&e))?;
+    ) -> Result<PreparedRun, LaunchError> {
+        request.kind.planning()?;
+        let total = version.definition.count(&request.filter)??;
         self.prepare_counted(version, request, total)
     }
 
-    /// [`RunLauncher::prepare`] once the filter is checked and its jobs counted (`total`).
     fn prepare_counted(
         &self,
         version: PlannedVersion,
         request: &RunRequest,
         total: usize,
-    ) -> Result<PreparedRun, ApiError> {
+    ) -> Result<PreparedRun, LaunchError> {
         let header = version.definition.header();
-        let runner_override = request
+        let runner = request
             .runner
             .as_ref()
             .map(|spec| resolve_runner(spec, header));
@@ -141,414 +202,279 @@ impl RunLauncher {
                 .filter(|n| *n > 0)
                 .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
         };
-        let fail_fast = header.settings.fail_fast;
+        let run_id = Uuid::now_v7();
         Ok(PreparedRun {
-            run_id: Uuid::now_v7(),
+            run_id,
             version_id: version.version_id,
             kind: request.kind,
-            runner: runner_override.as_ref().map(|r| json!(r)),
             callback_url: request.callback_url.clone(),
             idempotency_key: request.idempotency_key.clone(),
             max_in_flight,
-            fail_fast,
-            request: json!(RecordedFilter::from(&request.filter)),
+            fail_fast: header.settings.fail_fast,
             max_cost_usd: request.max_cost_usd,
             max_tokens: request.max_tokens,
-            // A cap or failFast decides which jobs go out as results come in: those runs are
-            // created whole and released by the cap. Any other is streamed.
-            streamed: max_in_flight.is_none() && !fail_fast,
             total,
-            definition: version.definition,
-            package_hash: version.package_hash,
-            filter: request.filter.clone(),
-            runner_override,
+            plan: Arc::new(RunPlan {
+                run_id,
+                definition: version.definition,
+                package_hash: version.package_hash,
+                filter: request.filter.clone(),
+                runner,
+            }),
         })
     }
 
-    /// Inserts a prepared run in the caller's transaction: the run and all its rows, or for a
-    /// streamed run the run alone, marked `creating`. Nothing is published yet: call
-    /// [`RunLauncher::start`] after the commit.
+    /// Inserts a prepared run (one row: the run and its plan, `creating`) in the caller's
+    /// transaction. Nothing is published yet: call [`RunLauncher::start`] after the commit.
     pub async fn insert(
         &self,
         conn: &mut PgConnection,
         prepared: &PreparedRun,
-    ) -> Result<RunInsert, ApiError> {
+    ) -> Result<RunInsert, LaunchError> {
         let new_run = NewRun {
             id: prepared.run_id,
             version_id: prepared.version_id,
             kind: prepared.kind,
-            runner: prepared.runner.clone(),
+            runner: prepared.plan.runner.as_ref().map(|r| json!(r)),
             callback_url: prepared.callback_url.as_deref(),
             idempotency_key: prepared.idempotency_key.as_deref(),
             max_in_flight: prepared.max_in_flight,
             fail_fast: prepared.fail_fast,
-            request: prepared.request.clone(),
+            request: json!(RecordedFilter::from(&prepared.plan.filter)),
             max_cost_usd: prepared.max_cost_usd,
             max_tokens: prepared.max_tokens,
-            creating: prepared.streamed,
         };
-        let inserted = runs::insert_run(conn, &new_run, prepared.total).await?;
-        if let (RunInsert::Created(run_id), false) = (inserted, prepared.streamed) {
-            let mut chunks = prepared.job_chunks();
-            while let Some(jobs) = chunks.recv().await {
-                let jobs = jobs.context("planning the run's jobs")?;
-                runs::insert_queued(conn, run_id, &jobs).await?;
-            }
-        }
-        Ok(inserted)
+        Ok(self
+            .store
+            .insert_run(conn, &new_run, prepared.total)
+            .await?)
     }
 
-    /// After the commit of [`RunLauncher::insert`]: a run created whole is released; a
-    /// streamed run gets its rows, chunk by chunk, each chunk published once committed. A
-    /// failure is logged, not returned: the run is committed and the sweeper finishes it.
-    ///
-    /// The work runs in a task of its own, so a caller that goes away (an HTTP client that
-    /// disconnects from a long upload drops the request's future) does not cut it off halfway,
-    /// holding the run's session lock on a connection handed back to the pool.
-    pub async fn start(&self, prepared: PreparedRun, inserted: RunInsert) {
+    /// After the commit of [`RunLauncher::insert`]: the creation's publishing pass, in a task
+    /// of its own (the caller answers at once; a caller that goes away does not cut the pass
+    /// off halfway). A failure is logged: the run is committed and the sweeper resumes it.
+    /// Returns the task (`None`: the run existed already), for callers that wait for it.
+    pub fn start(
+        &self,
+        prepared: PreparedRun,
+        inserted: RunInsert,
+    ) -> Option<tokio::task::JoinHandle<()>> {
         let RunInsert::Created(run_id) = inserted else {
-            return;
+            return None;
         };
         self.metrics.runs_created.inc();
+        self.remember(Arc::clone(&prepared.plan));
         let launcher = self.clone();
-        let task = tokio::spawn(async move {
-            if !prepared.streamed {
-                launcher.release_logged(run_id).await;
-                return;
-            }
-            if let Err(e) = launcher.populate(run_id, &prepared).await {
+        Some(tokio::spawn(async move {
+            if let Err(e) = launcher.create_pass(&prepared.plan).await {
                 launcher.metrics.publish_failures.inc();
-                tracing::warn!(%run_id, error = ?e, "creating the run's rows failed; the sweeper will finish it");
+                tracing::warn!(%run_id, error = %e, "publishing the run's jobs failed; the sweeper will resume");
             }
-        });
-        if let Err(e) = task.await {
-            tracing::error!(%run_id, error = %e, "the run's creation task failed; the sweeper will finish it");
-        }
+        }))
     }
 
-    /// Creates a run of a stored version and starts it.
-    pub async fn create(&self, request: &RunRequest) -> Result<RunInsert, ApiError> {
-        let mut tx = self.pool.begin().await?;
+    /// Creates a run of a stored version and starts publishing it.
+    pub async fn create(&self, request: &RunRequest) -> Result<RunInsert, LaunchError> {
+        let mut tx = self
+            .store
+            .pool()
+            .begin()
+            .await
+            .map_err(db("starting the run's transaction"))?;
         let prepared = self.prepare_stored(&mut tx, request).await?;
         let inserted = self.insert(&mut tx, &prepared).await?;
-        tx.commit().await.context("committing the run")?;
-        self.start(prepared, inserted).await;
+        tx.commit().await.map_err(db("committing the run"))?;
+        drop(self.start(prepared, inserted));
         Ok(inserted)
     }
 
-    /// Streamed creation: inserts the run's rows in chunks of [`RELEASE_PAGE`], each in a
-    /// transaction of its own and published (from memory, with pipelined confirms) as soon as
-    /// it is committed, while the next chunk is inserted; the run's `published_through`
-    /// watermark records the confirmed prefix (one write per chunk, none per row). Workers
-    /// start on the first chunk while the rest is inserted.
-    ///
-    /// Holds the run's release lock throughout (a live creator is how the sweeper tells a
-    /// creation under way from one whose coordinator died). A run stopped meanwhile (cancel,
-    /// budget) is settled: its remaining cases are inserted `skipped`.
-    async fn populate(&self, run_id: Uuid, prepared: &PreparedRun) -> anyhow::Result<()> {
-        let mut conn = self.locked(run_id).await?;
-        let populated = self.populate_locked(&mut conn, run_id, prepared).await;
-        unlock(conn, run_id).await;
-        populated
+    /// The creator's pass: publish what the cap allows, then end the creation.
+    async fn create_pass(&self, plan: &RunPlan) -> Result<usize, LaunchError> {
+        let mut conn = self.locked(plan.run_id).await?;
+        let published = self.publish_pass(&mut conn, plan, Pass::Creation).await;
+        unlock(&self.store, conn, plan.run_id).await;
+        let published = published?;
+        self.end_creation(plan.run_id).await;
+        Ok(published)
     }
 
-    /// A connection holding the run's release lock (waiting for it); give it back with
+    /// `creating` -> `running`; a run stopped or finalised meanwhile stays as it is.
+    async fn end_creation(&self, run_id: Uuid) {
+        match self.store.end_creation(run_id).await {
+            Ok(()) | Err(TransitionError::Illegal { .. } | TransitionError::NotFound(_)) => {}
+            Err(e) => tracing::warn!(%run_id, error = %e, "ending the run's creation failed"),
+        }
+    }
+
+    /// A connection holding the run's publishing lock (waiting for it); give it back with
     /// [`unlock`].
-    async fn locked(&self, run_id: Uuid) -> anyhow::Result<PoolConnection<Postgres>> {
+    async fn locked(&self, run_id: Uuid) -> Result<PoolConnection<Postgres>, LaunchError> {
         let mut conn = self
-            .pool
+            .store
+            .pool()
             .acquire()
             .await
-            .context("taking a connection to lock the run")?;
-        runs::lock_run_release(&mut conn, run_id)
-            .await
-            .context("locking the run")?;
+            .map_err(db("taking a connection to lock the run"))?;
+        self.store.lock_publishing(&mut conn, run_id).await?;
         Ok(conn)
     }
 
-    /// The jobs are planned from the definition's text a chunk at a time while earlier
-    /// chunks are inserted and published, and each chunk's jobs are dropped once it is
-    /// handed to the publisher (which keeps only their encoded text until confirmed): a
-    /// creation holds the text and a few chunks, whatever the run's size.
-    async fn populate_locked(
+    /// The one publishing pipeline. From the run's watermark, publishes as many planned
+    /// positions as the run allows now (all the rest, or what `maxConcurrentTests` leaves),
+    /// chunk by chunk: each chunk is planned from the definition (in a blocking thread, a
+    /// chunk or two ahead), published with pipelined confirms while the next is prepared, and
+    /// once confirmed whole (and every earlier one was) the watermark moves past it. A chunk
+    /// not confirmed whole ends the pass (the sweeper resumes from the watermark). A run
+    /// stopped meanwhile ends it too. Call holding the run's lock. Returns how many jobs the
+    /// broker confirmed.
+    #[tracing::instrument(skip_all, fields(run_id = %plan.run_id, ?pass, from, room))]
+    async fn publish_pass(
         &self,
         conn: &mut PgConnection,
-        run_id: Uuid,
-        prepared: &PreparedRun,
-    ) -> anyhow::Result<()> {
-        let total = prepared.total;
-        let mut planned = prepared.job_chunks();
-        let mut in_flight: VecDeque<(tokio::task::JoinHandle<ChunkOutcome>, i32)> = VecDeque::new();
-        // Every chunk settled so far was confirmed whole: the watermark may advance.
-        let mut whole = true;
-        // Where the time goes (logged at the end): waiting for the planner, inserting, and
-        // waiting for the oldest chunks' confirms (and recording them) before the next.
-        let started = std::time::Instant::now();
-        let mut inserting = Duration::ZERO;
-        let mut planning = Duration::ZERO;
-        let mut confirming = Duration::ZERO;
-        let mut queued_so_far = 0;
-        let mut chunks = 0;
-        let mut stopped = false;
-        loop {
-            let plan_started = std::time::Instant::now();
-            let Some(chunk) = planned.recv().await else {
-                break;
-            };
-            planning += plan_started.elapsed();
-            let chunk = chunk.context("planning the run's jobs")?;
-            chunks += 1;
-            let confirm_started = std::time::Instant::now();
-            while in_flight.len() >= PAGES_IN_FLIGHT {
-                if let Some(oldest) = in_flight.pop_front() {
-                    whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
-                }
-            }
-            confirming += confirm_started.elapsed();
-            let texts = runs::encode_jobs(&chunk).context("encoding jobs")?;
-            let last = queued_so_far + chunk.len() >= total;
-            let insert_started = std::time::Instant::now();
-            let queued = runs::insert_chunk(conn, run_id, &chunk, &texts, last)
-                .await
-                .context("inserting a chunk of the run's rows")?;
-            inserting += insert_started.elapsed();
-            if !queued {
-                let unqueued = settle(conn, run_id, Some(chunk), &mut planned)
-                    .await
-                    .context("settling a run stopped while it was created")?
-                    .1;
-                tracing::info!(%run_id, unqueued, "the run stopped while it was created");
-                stopped = true;
-                break;
-            }
-            queued_so_far += chunk.len();
-            let next_index = chunk.last().map_or(0, |job| {
-                i32::try_from(job.case_index).unwrap_or(i32::MAX - 1) + 1
-            });
-            let page: Vec<EncodedJob> = chunk
-                .iter()
-                .zip(&texts)
-                .map(|(job, text)| EncodedJob::from_stored(run_id, job.case.id.clone(), text))
-                .collect();
-            drop(texts);
-            drop(chunk);
-            let sink = self.sink.clone();
-            in_flight.push_back((tokio::spawn(publish_chunk(sink, page)), next_index));
-            if last {
-                break;
-            }
-        }
-        let confirm_started = std::time::Instant::now();
-        while let Some(oldest) = in_flight.pop_front() {
-            whole = self.settle_chunk(conn, run_id, oldest, whole).await?;
-        }
-        confirming += confirm_started.elapsed();
-        if queued_so_far < total && !stopped {
-            // The planner gave fewer jobs than it counted (it cannot, planning the same text
-            // with the same filter): the run stays `creating` and the sweeper settles it.
-            anyhow::bail!("planned {queued_so_far} of the run's {total} jobs");
-        }
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        tracing::info!(
-            %run_id,
-            jobs = total,
-            chunks,
-            create_ms = ms(started.elapsed()),
-            insert_ms = ms(inserting),
-            plan_wait_ms = ms(planning),
-            confirm_wait_ms = ms(confirming),
-            "run created"
-        );
-        Ok(())
-    }
-
-    /// Records what became of a chunk's publish: the watermark moves past a chunk confirmed
-    /// whole while every earlier one was; otherwise its confirmed rows are marked one by one
-    /// and the rest are left to the sweeper. Returns whether the prefix is still whole.
-    async fn settle_chunk(
-        &self,
-        conn: &mut PgConnection,
-        run_id: Uuid,
-        (task, next_index): (tokio::task::JoinHandle<ChunkOutcome>, i32),
-        whole: bool,
-    ) -> anyhow::Result<bool> {
-        let outcome = task.await.context("a chunk's publish task failed")?;
-        self.metrics
-            .jobs_published
-            .inc_by(outcome.confirmed.len() as u64);
-        if let Some((failed, first)) = &outcome.failed {
-            self.metrics.publish_failures.inc_by(*failed as u64);
-            tracing::warn!(%run_id, failed, %first, "some jobs were not confirmed; the sweeper will retry them");
-        }
-        if whole && outcome.failed.is_none() {
-            runs::advance_published(conn, run_id, next_index)
-                .await
-                .context("recording publisher confirms")?;
-            return Ok(true);
-        }
-        if let Err(e) = runs::mark_published(&mut *conn, run_id, &outcome.confirmed, None).await {
-            tracing::warn!(%run_id, error = %e, "recording publisher confirms failed");
-        }
-        Ok(false)
-    }
-
-    /// Finishes creations whose coordinator died (the run still `creating` after the grace
-    /// period and nobody holding its lock): plans the run again from its stored definition and
-    /// request, inserts the cases that have no row, then publishes what is unpublished.
-    /// Returns how many jobs it published.
-    pub async fn resume_creations(&self) -> anyhow::Result<usize> {
-        let run_ids = runs::runs_left_creating(&self.pool, self.publish_grace.as_secs_f64(), 50)
-            .await
-            .context("listing runs left creating")?;
-        let mut resumed = 0;
-        for run_id in run_ids {
-            let mut conn = self
-                .pool
-                .acquire()
-                .await
-                .context("taking a connection to resume a creation")?;
-            if !runs::try_lock_run_release(&mut conn, run_id).await? {
-                continue; // its creator is alive
-            }
-            let outcome = self.resume_locked(&mut conn, run_id).await;
-            unlock(conn, run_id).await;
-            match outcome {
-                Ok(published) => {
-                    resumed += published;
-                    tracing::info!(%run_id, published, "resumed a run's creation");
-                }
-                Err(e) => tracing::warn!(%run_id, error = ?e, "resuming a run's creation failed"),
-            }
-        }
-        Ok(resumed)
-    }
-
-    async fn resume_locked(&self, conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<usize> {
-        let Some(stored) = runs::run_plan_request(conn, run_id).await? else {
+        plan: &RunPlan,
+        pass: Pass,
+    ) -> Result<usize, LaunchError> {
+        let run_id = plan.run_id;
+        let Some(window) = self.store.publish_window(conn, run_id).await? else {
             return Ok(0);
         };
-        let version = runs::version_for_run(conn, stored.version_id)
-            .await?
-            .with_context(|| format!("version {} of the run is gone", stored.version_id))?;
-        let definition = read_definition(version.config)?;
-        let filter: CaseFilter = serde_json::from_value::<RecordedFilter>(stored.request)
-            .context("the run's stored request does not parse")?
-            .into();
-        let runner: Option<RunnerConfig> = stored
-            .runner
-            .map(serde_json::from_value)
-            .transpose()
-            .context("the run's stored runner does not parse")?;
-        let mut planned = plan_in_background(
-            Arc::new(definition),
-            version.package_hash,
-            filter,
-            runner,
-            run_id,
-        );
-        if settle(conn, run_id, None, &mut planned).await?.0 {
-            self.release_locked(conn, run_id).await
-        } else {
-            Ok(0)
+        let room = window.room();
+        let from = usize::try_from(window.published).unwrap_or(0);
+        tracing::Span::current().record("from", from);
+        tracing::Span::current().record("room", room);
+        if room == 0 {
+            return Ok(0);
         }
+        let mut planned = plan.chunks(from, room);
+        let mut in_flight: VecDeque<(tokio::task::JoinHandle<Confirms>, i32)> = VecDeque::new();
+        let mut position = from;
+        let mut whole = true;
+        let mut confirmed = 0;
+        let mut first = true;
+        while let Some(chunk) = planned.recv().await {
+            let chunk = chunk?;
+            // A run stopped while it is published gets nothing more (a stop's write-off
+            // records its remaining cases); checked once per chunk.
+            if !first && self.store.publish_window(conn, run_id).await?.is_none() {
+                tracing::info!(%run_id, "the run stopped while it was published");
+                break;
+            }
+            first = false;
+            position += chunk.len();
+            let end = i32::try_from(position).unwrap_or(i32::MAX);
+            let jobs = self.encode(run_id, &chunk, pass).await?;
+            drop(chunk);
+            while in_flight.len() >= CHUNKS_IN_FLIGHT {
+                if let Some(oldest) = in_flight.pop_front() {
+                    confirmed += self.confirm(conn, run_id, oldest, &mut whole).await?;
+                }
+            }
+            if !whole {
+                break;
+            }
+            let sink = self.sink.clone();
+            let span = tracing::info_span!("publish_chunk", jobs = jobs.len(), through = end);
+            in_flight.push_back((
+                tokio::spawn(async move { Confirms::of(&sink, jobs).await }.instrument(span)),
+                end,
+            ));
+        }
+        while let Some(oldest) = in_flight.pop_front() {
+            confirmed += self.confirm(conn, run_id, oldest, &mut whole).await?;
+        }
+        Ok(confirmed)
     }
 
-    /// [`RunLauncher::release`], logging a failure instead of returning it: the rows are
-    /// committed, so the sweeper publishes them later whatever went wrong now.
+    /// A chunk's jobs as the messages to publish; a resuming pass leaves out the cases
+    /// already recorded (a duplicate would be harmless, only wasted work).
+    async fn encode(
+        &self,
+        run_id: Uuid,
+        chunk: &[Job],
+        pass: Pass,
+    ) -> Result<Vec<EncodedJob>, LaunchError> {
+        let recorded: HashSet<String> = if pass == Pass::Resume {
+            let ids: Vec<&str> = chunk.iter().map(|j| j.case.id.as_str()).collect();
+            self.store
+                .recorded_among(run_id, &ids)
+                .await?
+                .into_iter()
+                .collect()
+        } else {
+            HashSet::new()
+        };
+        chunk
+            .iter()
+            .filter(|job| !recorded.contains(&job.case.id))
+            .map(|job| {
+                let text = serde_json::to_string(job).map_err(|e| LaunchError::Corrupt {
+                    run_id,
+                    what: format!("job `{}` does not serialise: {e}", job.case.id),
+                })?;
+                Ok(EncodedJob::from_stored(run_id, job.case.id.clone(), &text))
+            })
+            .collect()
+    }
+
+    /// Waits for a chunk's confirms; moves the watermark past it when it was confirmed whole
+    /// and every earlier chunk was (`whole`). Returns how many jobs were confirmed.
+    async fn confirm(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        (task, through): (tokio::task::JoinHandle<Confirms>, i32),
+        whole: &mut bool,
+    ) -> Result<usize, LaunchError> {
+        let confirms = task.await?;
+        self.metrics
+            .jobs_published
+            .inc_by(confirms.confirmed as u64);
+        if let Some((failed, first)) = &confirms.failed {
+            self.metrics.publish_failures.inc_by(*failed as u64);
+            tracing::warn!(%run_id, failed, error = %first, "some jobs were not confirmed; the sweeper will publish them again");
+            *whole = false;
+        }
+        if *whole {
+            self.store.advance_published(conn, run_id, through).await?;
+        }
+        Ok(confirms.confirmed)
+    }
+
+    /// Publishes what `maxConcurrentTests` leaves room for now (the aggregator calls it as
+    /// cases finish). Returns how many jobs were confirmed.
+    pub async fn release(&self, run_id: Uuid) -> Result<usize, LaunchError> {
+        let plan = self.plan_of(run_id).await?;
+        let mut conn = self.locked(run_id).await?;
+        let published = self.publish_pass(&mut conn, &plan, Pass::Release).await;
+        unlock(&self.store, conn, run_id).await;
+        published
+    }
+
+    /// [`RunLauncher::release`], logging a failure instead of returning it: the sweeper
+    /// publishes later whatever went wrong now.
     pub async fn release_logged(&self, run_id: Uuid) {
         if let Err(e) = self.release(run_id).await {
             self.metrics.publish_failures.inc();
-            tracing::warn!(%run_id, error = ?e, "publishing the run's jobs failed; the sweeper will retry");
+            tracing::warn!(%run_id, error = %e, "publishing the run's jobs failed; the sweeper will retry");
         }
     }
 
-    /// Publishes the run's unpublished jobs the cap leaves room for, marking the confirmed
-    /// ones published. Returns how many were confirmed.
-    ///
-    /// Page by page ([`RELEASE_PAGE`] rows in case order, streamed from one query): each page
-    /// (the stored job text, not parsed) is published with pipelined confirms, a few pages at
-    /// once while the next is read, and its confirmed rows are marked published in one
-    /// statement that commits at once, so memory stays flat whatever the run's size and
-    /// workers recording early results never wait on the release's row locks.
-    /// A page with a failed publish ends the release; the sweeper retries the rest.
-    #[tracing::instrument(skip(self))]
-    pub async fn release(&self, run_id: Uuid) -> anyhow::Result<usize> {
-        let mut conn = self.locked(run_id).await?;
-        let released = self.release_locked(&mut conn, run_id).await;
-        unlock(conn, run_id).await;
-        released
-    }
-
-    async fn release_locked(&self, conn: &mut PgConnection, run_id: Uuid) -> anyhow::Result<usize> {
-        let Some(room) = runs::release_room(conn, run_id)
-            .await
-            .context("reading what the run may publish")?
-        else {
-            return Ok(0);
-        };
-        if room == Some(0) {
-            return Ok(0);
-        }
-        let rows = runs::unpublished_rows(conn, run_id, room);
-        futures::pin_mut!(rows);
-        // Pages publish and confirm in tasks of their own, up to PAGES_IN_FLIGHT at once,
-        // while the next page is read: the broker always has confirms outstanding instead of
-        // draining them at the end of every page.
-        let mut in_flight: VecDeque<tokio::task::JoinHandle<PageOutcome>> = VecDeque::new();
-        let mut confirmed_total = 0;
-        let mut reading = true;
-        loop {
-            while reading && in_flight.len() < PAGES_IN_FLIGHT {
-                let page = next_page(&mut rows, run_id).await?;
-                if page.is_empty() {
-                    reading = false;
-                    break;
-                }
-                let sink = self.sink.clone();
-                let pool = self.pool.clone();
-                in_flight.push_back(tokio::spawn(publish_page(sink, pool, run_id, page)));
-            }
-            let Some(oldest) = in_flight.pop_front() else {
-                break;
-            };
-            let outcome = oldest.await.context("a page's publish task failed")?;
-            self.metrics.jobs_published.inc_by(outcome.confirmed as u64);
-            confirmed_total += outcome.confirmed;
-            if let Some(e) = outcome.unmarked {
-                // The jobs are on the broker; only the record of it is missing, so the
-                // sweeper will publish them again (harmless). Keep releasing the rest.
-                tracing::warn!(%run_id, error = %e, "recording publisher confirms failed");
-            }
-            if let Some((failed, first)) = outcome.failed {
-                self.metrics.publish_failures.inc_by(failed as u64);
-                tracing::warn!(%run_id, failed, %first, "some jobs were not confirmed; the sweeper will retry them");
-                // Stop reading; the pages already sent still settle and are counted.
-                reading = false;
-            }
-        }
-        Ok(confirmed_total)
-    }
-
-    /// Publishes the jobs of runs left unpublished for longer than the grace period.
-    /// Returns how many jobs it published.
-    pub async fn sweep_unpublished(&self) -> anyhow::Result<usize> {
-        let resumed = match self.resume_creations().await {
-            Ok(published) => published,
-            Err(e) => {
-                tracing::warn!(error = ?e, "resuming creations failed");
-                0
-            }
-        };
-        let run_ids =
-            runs::runs_with_unpublished_jobs(&self.pool, self.publish_grace.as_secs_f64(), 500)
-                .await
-                .context("listing runs with unpublished jobs")?;
-        let mut published = resumed;
+    /// The sweeper: resumes the publishing of live runs whose watermark is short of their
+    /// plan after the grace period and whose publisher is gone (nobody holds the run's lock:
+    /// a creator killed mid-creation, a chunk the broker did not confirm, or a cap with room),
+    /// and writes off the cases of stopped runs nobody wrote off. Returns how many jobs it
+    /// published.
+    pub async fn sweep_unpublished(&self) -> Result<usize, LaunchError> {
+        let run_ids = self
+            .store
+            .runs_to_publish(self.publish_grace.as_secs_f64(), 200)
+            .await?;
+        let mut published = 0;
         for run_id in run_ids {
-            match self.release(run_id).await {
+            match self.resume(run_id).await {
                 Ok(n) => published += n,
                 Err(e) => {
-                    tracing::warn!(%run_id, error = ?e, "sweeper could not publish the run's jobs");
+                    tracing::warn!(%run_id, error = %e, "resuming the run's publishing failed");
                 }
             }
         }
@@ -556,7 +482,233 @@ impl RunLauncher {
             self.metrics.sweeper_republished.inc_by(published as u64);
             tracing::info!(published, "sweeper published jobs left unpublished");
         }
+        let stopped = self.store.runs_to_write_off(50).await?;
+        for run_id in stopped {
+            if let Err(e) = self.write_off(run_id).await {
+                tracing::warn!(%run_id, error = %e, "writing off a stopped run's cases failed");
+            }
+        }
         Ok(published)
+    }
+
+    /// One run of the sweep: skipped when a publisher of it is alive.
+    async fn resume(&self, run_id: Uuid) -> Result<usize, LaunchError> {
+        let mut conn = self
+            .store
+            .pool()
+            .acquire()
+            .await
+            .map_err(db("taking a connection to resume a run"))?;
+        if !self.store.try_lock_publishing(&mut conn, run_id).await? {
+            return Ok(0);
+        }
+        let published = match self.plan_of(run_id).await {
+            Ok(plan) => self.publish_pass(&mut conn, &plan, Pass::Resume).await,
+            Err(e) => Err(e),
+        };
+        unlock(&self.store, conn, run_id).await;
+        let published = published?;
+        self.end_creation(run_id).await;
+        if published > 0 {
+            tracing::info!(%run_id, published, "resumed the run's publishing");
+        }
+        Ok(published)
+    }
+
+    /// Writes every planned case of a stopped run that has no row as `skipped` (with the
+    /// stop's sentence), a chunk at a time; cases recorded meanwhile keep their row and the
+    /// counters move by exactly the rows written. Returns how many it wrote. Refused
+    /// (a typed error) for a run that is not stopped.
+    #[tracing::instrument(skip(self))]
+    pub async fn write_off(&self, run_id: Uuid) -> Result<i64, LaunchError> {
+        let state = self
+            .store
+            .run_state(run_id)
+            .await?
+            .ok_or(LaunchError::RunNotFound(run_id))?;
+        if !state.awaits_write_off() {
+            if state.stop_reason.is_none() {
+                return Err(LaunchError::Transition(TransitionError::Illegal {
+                    run_id,
+                    transition: Transition::WriteOff,
+                    state,
+                }));
+            }
+            return Ok(0);
+        }
+        let reason = state
+            .stop_detail
+            .unwrap_or_else(|| "the run stopped before this case ran".to_string());
+        let plan = self.plan_of(run_id).await?;
+        let mut planned = plan.chunks(0, usize::MAX);
+        let mut written = 0;
+        while let Some(chunk) = planned.recv().await {
+            let chunk = chunk?;
+            let results: Vec<JobResult> = chunk
+                .iter()
+                .map(|job| JobResult::skipped(job, &reason))
+                .collect();
+            let mut cases = WrittenOff::default();
+            for r in &results {
+                let text = serde_json::to_string(r).map_err(|e| LaunchError::Corrupt {
+                    run_id,
+                    what: format!("a skipped result does not serialise: {e}"),
+                })?;
+                cases.push(r, text);
+            }
+            written += self.store.write_off(run_id, &cases).await?;
+        }
+        self.forget(run_id);
+        Ok(written)
+    }
+
+    /// The cases of a run not recorded yet with a case index above `after`, in case order,
+    /// at most `limit`, described from the plan (status `queued`).
+    pub async fn pending_after(
+        &self,
+        run_id: Uuid,
+        after: i32,
+        limit: usize,
+    ) -> Result<Vec<JobResult>, LaunchError> {
+        let plan = self.plan_of(run_id).await?;
+        let mut planned = plan.chunks(0, usize::MAX);
+        let mut found = Vec::new();
+        while let Some(chunk) = planned.recv().await {
+            let chunk: Vec<Job> = chunk?
+                .into_iter()
+                .filter(|job| i64::from(job.case_index) > i64::from(after))
+                .collect();
+            if chunk.is_empty() {
+                continue;
+            }
+            let ids: Vec<&str> = chunk.iter().map(|j| j.case.id.as_str()).collect();
+            let recorded: HashSet<String> = self
+                .store
+                .recorded_among(run_id, &ids)
+                .await?
+                .into_iter()
+                .collect();
+            for job in chunk.iter().filter(|j| !recorded.contains(&j.case.id)) {
+                found.push(pending(job));
+                if found.len() >= limit {
+                    return Ok(found);
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The run's plan: kept in memory while it is published, else read again from the run's
+    /// stored request and its version's definition.
+    pub async fn plan_of(&self, run_id: Uuid) -> Result<Arc<RunPlan>, LaunchError> {
+        if let Some(plan) = self.plans.lock().ok().and_then(|p| p.get(&run_id).cloned()) {
+            return Ok(plan);
+        }
+        let mut conn = self
+            .store
+            .pool()
+            .acquire()
+            .await
+            .map_err(db("taking a connection to read a plan"))?;
+        let stored = self
+            .store
+            .run_plan_request(run_id)
+            .await?
+            .ok_or(LaunchError::RunNotFound(run_id))?;
+        stored.kind.planning()?;
+        let version = self
+            .store
+            .version_for_run(&mut conn, stored.version_id)
+            .await?
+            .ok_or(LaunchError::VersionNotFound(stored.version_id))?;
+        drop(conn);
+        let filter: CaseFilter = serde_json::from_value::<RecordedFilter>(stored.request)
+            .map_err(|e| LaunchError::Corrupt {
+                run_id,
+                what: format!("its stored request does not parse: {e}"),
+            })?
+            .into();
+        let runner: Option<RunnerConfig> = stored
+            .runner
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| LaunchError::Corrupt {
+                run_id,
+                what: format!("its stored runner does not parse: {e}"),
+            })?;
+        let config = version.config;
+        let definition = tokio::task::spawn_blocking(move || read_definition(config)).await??;
+        let plan = Arc::new(RunPlan {
+            run_id,
+            definition: Arc::new(definition),
+            package_hash: version.package_hash,
+            filter,
+            runner,
+        });
+        self.remember(Arc::clone(&plan));
+        Ok(plan)
+    }
+
+    fn remember(&self, plan: Arc<RunPlan>) {
+        if let Ok(mut plans) = self.plans.lock() {
+            if plans.len() >= PLANS_KEPT {
+                plans.clear();
+            }
+            plans.insert(plan.run_id, plan);
+        }
+    }
+
+    /// Drops a run's plan from memory (its publishing is over).
+    pub fn forget(&self, run_id: Uuid) {
+        if let Ok(mut plans) = self.plans.lock() {
+            plans.remove(&run_id);
+        }
+    }
+}
+
+/// Which kind of publishing pass runs the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// The creator's first pass.
+    Creation,
+    /// More room under `maxConcurrentTests`.
+    Release,
+    /// The sweeper resuming a pass that did not finish.
+    Resume,
+}
+
+/// What became of a chunk's publish: how many jobs the broker confirmed, and how many it did
+/// not with the first reason.
+struct Confirms {
+    confirmed: usize,
+    failed: Option<(usize, PublishError)>,
+}
+
+impl Confirms {
+    async fn of(sink: &Arc<dyn JobSink>, jobs: Vec<EncodedJob>) -> Confirms {
+        let outcomes = sink.publish(&jobs).await;
+        let mut confirmed = 0;
+        let mut failed: Option<(usize, PublishError)> = None;
+        for outcome in outcomes {
+            match outcome {
+                Ok(()) => confirmed += 1,
+                Err(e) => match &mut failed {
+                    Some((n, _)) => *n += 1,
+                    None => failed = Some((1, e)),
+                },
+            }
+        }
+        // A sink that answered for fewer jobs than it was given confirmed none of the rest.
+        let unanswered = jobs
+            .len()
+            .saturating_sub(confirmed + failed.as_ref().map_or(0, |f| f.0));
+        if unanswered > 0 {
+            match &mut failed {
+                Some((n, _)) => *n += unanswered,
+                None => failed = Some((unanswered, PublishError::Unanswered)),
+            }
+        }
+        Confirms { confirmed, failed }
     }
 }
 
@@ -566,6 +718,70 @@ pub struct PlannedVersion {
     pub version_id: Uuid,
     pub package_hash: String,
     pub definition: Arc<DefinitionText>,
+}
+
+/// A run's plan: the definition, the filter and the runner override its jobs are planned
+/// from, the same every time (so a position in the plan names the same case every time).
+#[derive(Debug)]
+pub struct RunPlan {
+    run_id: Uuid,
+    definition: Arc<DefinitionText>,
+    package_hash: String,
+    filter: CaseFilter,
+    runner: Option<RunnerConfig>,
+}
+
+impl RunPlan {
+    /// The plan's jobs from position `from`, at most `limit` of them, in chunks of at most
+    /// [`PUBLISH_CHUNK`] in case order, planned in a blocking thread (parsing is CPU work) a
+    /// chunk or two ahead of the receiver; dropping the receiver stops the planning.
+    pub fn chunks(&self, from: usize, limit: usize) -> JobChunks {
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let definition = Arc::clone(&self.definition);
+        let package_hash = self.package_hash.clone();
+        let filter = self.filter.clone();
+        let runner = self.runner.clone();
+        let run_id = self.run_id;
+        tokio::task::spawn_blocking(move || {
+            let mut position = 0usize;
+            let mut left = limit;
+            let planned = definition.plan_chunks(
+                &package_hash,
+                run_id,
+                &filter,
+                runner.as_ref(),
+                PUBLISH_CHUNK,
+                |mut jobs| {
+                    let start = position;
+                    position += jobs.len();
+                    if position <= from {
+                        return true;
+                    }
+                    if start < from {
+                        jobs.drain(..from - start);
+                    }
+                    jobs.truncate(left);
+                    left -= jobs.len();
+                    tx.blocking_send(Ok(jobs)).is_ok() && left > 0
+                },
+            );
+            if let Err(e) = planned {
+                // The receiver may be gone; then nobody needs the error either.
+                let _ = tx.blocking_send(Err(e));
+            }
+        });
+        rx
+    }
+
+    /// Every job of the plan at once (tests).
+    pub async fn all(&self) -> Result<Vec<Job>, TextError> {
+        let mut chunks = self.chunks(0, usize::MAX);
+        let mut jobs = Vec::new();
+        while let Some(chunk) = chunks.recv().await {
+            jobs.extend(chunk?);
+        }
+        Ok(jobs)
+    }
 }
 
 /// A run's filter as `runs.request` records it (the API's field names): written at creation,
@@ -600,10 +816,10 @@ impl From<RecordedFilter> for CaseFilter {
     }
 }
 
-/// Frees the run's release lock held by `conn`; if that fails the connection is closed, which
-/// is what frees a session lock for sure.
-async fn unlock(mut conn: PoolConnection<Postgres>, run_id: Uuid) {
-    if let Err(e) = runs::unlock_run_release(&mut conn, run_id).await {
+/// Frees the run's lock held by `conn`; if that fails the connection is closed, which is what
+/// frees a session lock for sure.
+async fn unlock(store: &Store, mut conn: PoolConnection<Postgres>, run_id: Uuid) {
+    if let Err(e) = store.unlock_publishing(&mut conn, run_id).await {
         tracing::warn!(%run_id, error = %e, "unlocking the run failed; closing the connection");
         drop(conn.detach());
     }
@@ -614,203 +830,27 @@ async fn unlock(mut conn: PoolConnection<Postgres>, run_id: Uuid) {
 pub struct PreparedRun {
     pub run_id: Uuid,
     version_id: Uuid,
-    kind: &'static str,
-    runner: Option<serde_json::Value>,
+    kind: RunKind,
     callback_url: Option<String>,
     idempotency_key: Option<String>,
     max_in_flight: Option<i32>,
     fail_fast: bool,
-    request: serde_json::Value,
     max_cost_usd: Option<f64>,
     max_tokens: Option<i64>,
-    /// Created chunk by chunk (see [`RunLauncher::start`]).
-    pub streamed: bool,
     /// How many jobs the filter selects.
     pub total: usize,
-    definition: Arc<DefinitionText>,
-    package_hash: String,
-    filter: CaseFilter,
-    runner_override: Option<RunnerConfig>,
-}
-
-impl PreparedRun {
-    /// The run's jobs in chunks of [`RELEASE_PAGE`], in case order, planned from the
-    /// definition's text in a blocking thread (parsing is CPU work) a chunk or two ahead of
-    /// the receiver; dropping the receiver stops the planning.
-    pub fn job_chunks(&self) -> JobChunks {
-        plan_in_background(
-            Arc::clone(&self.definition),
-            self.package_hash.clone(),
-            self.filter.clone(),
-            self.runner_override.clone(),
-            self.run_id,
-        )
-    }
-
-    /// Every job of the run at once (tests).
-    pub async fn plan_all(&self) -> Result<Vec<Job>, TextError> {
-        let mut chunks = self.job_chunks();
-        let mut jobs = Vec::with_capacity(self.total);
-        while let Some(chunk) = chunks.recv().await {
-            jobs.extend(chunk?);
-        }
-        Ok(jobs)
-    }
-}
-
-/// Pages of one release (or chunks of a creation) publishing at the same time.
-const PAGES_IN_FLIGHT: usize = 3;
-
-/// What became of one page: how many jobs the broker confirmed, how many it did not with the
-/// first reason, and why the confirmed ones could not be marked published, if so.
-struct PageOutcome {
-    confirmed: usize,
-    failed: Option<(usize, String)>,
-    unmarked: Option<String>,
-}
-
-/// Publishes a page and marks its confirmed rows published (through the pool: the release's
-/// own connection is busy streaming the rows).
-async fn publish_page(
-    sink: Arc<dyn JobSink>,
-    pool: PgPool,
-    run_id: Uuid,
-    page: Vec<EncodedJob>,
-) -> PageOutcome {
-    // On the database's clock, like the workers' `updated_at`; unknown (the mark's own time
-    // is used) if the database does not answer.
-    let sent_at = runs::db_clock(&pool).await.ok();
-    let outcomes = sink.publish(&page).await;
-    let mut confirmed = Vec::with_capacity(page.len());
-    let mut failures = Vec::new();
-    for (job, outcome) in page.into_iter().zip(outcomes) {
-        match outcome {
-            Ok(()) => confirmed.push(job.test_case_id),
-            Err(e) => failures.push(format!("{}: {e}", job.test_case_id)),
-        }
-    }
-    let unmarked = runs::mark_published(&pool, run_id, &confirmed, sent_at)
-        .await
-        .err()
-        .map(|e| e.to_string());
-    PageOutcome {
-        confirmed: confirmed.len(),
-        failed: failures
-            .first()
-            .cloned()
-            .map(|first| (failures.len(), first)),
-        unmarked,
-    }
-}
-
-/// What became of a chunk of a streamed creation: the confirmed cases, and how many were not
-/// confirmed with the first reason.
-struct ChunkOutcome {
-    confirmed: Vec<String>,
-    failed: Option<(usize, String)>,
-}
-
-/// Publishes a chunk of a creation (its rows are committed).
-async fn publish_chunk(sink: Arc<dyn JobSink>, page: Vec<EncodedJob>) -> ChunkOutcome {
-    let outcomes = sink.publish(&page).await;
-    let mut confirmed = Vec::with_capacity(page.len());
-    let mut failures = Vec::new();
-    for (job, outcome) in page.into_iter().zip(outcomes) {
-        match outcome {
-            Ok(()) => confirmed.push(job.test_case_id),
-            Err(e) => failures.push(format!("{}: {e}", job.test_case_id)),
-        }
-    }
-    ChunkOutcome {
-        confirmed,
-        failed: failures
-            .first()
-            .cloned()
-            .map(|first| (failures.len(), first)),
-    }
-}
-
-/// Up to [`RELEASE_PAGE`] rows of a release's stream, encoded for publishing.
-async fn next_page(
-    rows: &mut (impl futures::Stream<Item = Result<(String, String), sqlx::Error>> + Unpin),
-    run_id: Uuid,
-) -> anyhow::Result<Vec<EncodedJob>> {
-    use futures::TryStreamExt as _;
-    let mut page = Vec::with_capacity(RELEASE_PAGE);
-    while page.len() < RELEASE_PAGE {
-        let Some((id, text)) = rows.try_next().await.context("reading jobs to release")? else {
-            break;
-        };
-        page.push(EncodedJob::from_stored(run_id, id, &text));
-    }
-    Ok(page)
+    /// What its jobs are planned from.
+    pub plan: Arc<RunPlan>,
 }
 
 /// A run's jobs as they are planned, a chunk at a time.
 pub type JobChunks = tokio::sync::mpsc::Receiver<Result<Vec<Job>, TextError>>;
 
-/// Plans a run's jobs from its definition in a blocking thread (parsing is CPU work), in
-/// chunks of [`RELEASE_PAGE`] in case order, a chunk or two ahead of the receiver; dropping
-/// the receiver stops the planning.
-fn plan_in_background(
-    definition: Arc<DefinitionText>,
-    package_hash: String,
-    filter: CaseFilter,
-    runner: Option<RunnerConfig>,
-    run_id: Uuid,
-) -> JobChunks {
-    let (tx, rx) = tokio::sync::mpsc::channel(2);
-    tokio::task::spawn_blocking(move || {
-        let planned = definition.plan_chunks(
-            &package_hash,
-            run_id,
-            &filter,
-            runner.as_ref(),
-            RELEASE_PAGE,
-            |jobs| tx.blocking_send(Ok(jobs)).is_ok(),
-        );
-        if let Err(e) = planned {
-            // The receiver may be gone; then nobody needs the error either.
-            let _ = tx.blocking_send(Err(e));
-        }
-    });
-    rx
-}
-
-/// Settles a creation ([`runs::begin_settle`]) with the jobs still to come (`first`, then the
-/// rest of `planned`), a chunk at a time, in one transaction. Returns whether the run still
-/// runs and how many jobs were settled (0 when the run was settled already).
-async fn settle(
-    conn: &mut PgConnection,
-    run_id: Uuid,
-    first: Option<Vec<Job>>,
-    planned: &mut JobChunks,
-) -> anyhow::Result<(bool, usize)> {
-    let Some(mut settling) = runs::begin_settle(conn, run_id).await? else {
-        return Ok((false, 0));
-    };
-    let mut settled = 0;
-    let mut next = first;
-    loop {
-        let chunk = match next.take() {
-            Some(chunk) => chunk,
-            None => match planned.recv().await {
-                Some(chunk) => chunk.context("planning the run's jobs")?,
-                None => break,
-            },
-        };
-        settling.add(&chunk).await?;
-        settled += chunk.len();
-    }
-    let live = settling.finish().await?;
-    Ok((live, settled))
-}
-
 /// A version's stored definition, read for planning.
-fn read_definition(stored: runs::StoredDefinition) -> Result<DefinitionText, TextError> {
+fn read_definition(stored: StoredDefinition) -> Result<DefinitionText, TextError> {
     match stored {
-        runs::StoredDefinition::Deflated(bytes) => DefinitionText::from_deflated(bytes),
-        runs::StoredDefinition::Text(text) => DefinitionText::parse(text),
+        StoredDefinition::Deflated(bytes) => DefinitionText::from_deflated(bytes),
+        StoredDefinition::Text(text) => DefinitionText::parse(text),
     }
 }
 
@@ -831,19 +871,12 @@ fn resolve_runner(spec: &RunnerSpec, config: &EvalConfig) -> RunnerConfig {
     }
 }
 
-fn plan_error(e: &PlanError) -> ApiError {
-    let field = match e {
-        PlanError::UnknownSuite(..) => "suite",
-        PlanError::UnknownCase(..) => "test_cases",
-        PlanError::Empty { .. } => "tags",
-    };
-    let rule = e.to_string();
-    ApiError::new(
-        axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-        "plan_invalid",
-        rule.clone(),
-    )
-    .with_details(json!({ "field": field, "rule": rule }))
+/// A planned case not recorded yet, as the results endpoint lists it.
+fn pending(job: &Job) -> JobResult {
+    let mut r = JobResult::skipped(job, "");
+    r.status = CaseStatus::Queued;
+    r.details = serde_json::Value::Null;
+    r
 }
 
 #[cfg(test)]

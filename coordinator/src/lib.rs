@@ -10,15 +10,18 @@
 //!   test compares with [`openapi`]'s document. [`error::ApiError`] is the one error type;
 //!   [`extract`] makes extractor rejections JSON errors naming the field; [`auth`] checks
 //!   bearer tokens.
-//! - [`launch::RunLauncher`] plans a version's jobs, commits the run with one `queued` row per
-//!   case, publishes with confirms, enforces `maxConcurrentTests`, and sweeps up anything left
-//!   unpublished.
+//! - [`launch::RunLauncher`] commits a run with its plan (no row per case), publishes its jobs
+//!   chunk by chunk with confirms through one pipeline (creation, releases under
+//!   `maxConcurrentTests`, the sweeper resuming from the published watermark), and writes off
+//!   the unrecorded cases of a stopped run. The run's states and transitions are owned by
+//!   `skilleval_infra::store::lifecycle`.
 //! - [`aggregate::RunAggregator`] turns case-finished events (and a periodic sweep) into
 //!   failFast stops, further releases, and exactly-once finalisation with a signed
 //!   [`webhook`].
 //! - [`views`] are the response bodies; [`metrics`] the Prometheus metrics.
 //!
-//! The SQL lives in `skilleval_infra::store::runs` (re-exported here as [`db`]).
+//! The SQL lives in `skilleval_infra::store`, as methods of its `Store` (the run types of
+//! `store::runs` are re-exported here as [`db`]).
 
 pub use skilleval_infra::store::runs as db;
 

@@ -23,8 +23,12 @@ struct Cli {
 enum Command {
     /// Apply migrations, then serve the API and run the aggregator (the default).
     Serve,
-    /// Apply the database migrations and exit.
-    Migrate,
+    /// Apply the database migrations and exit (what the Kubernetes migrate Job runs).
+    Migrate {
+        /// Create the database first when it does not exist (needs CREATEDB on the server).
+        #[arg(long)]
+        create_database: bool,
+    },
 }
 
 #[tokio::main]
@@ -42,7 +46,7 @@ async fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let outcome = match cli.command.unwrap_or(Command::Serve) {
-        Command::Migrate => migrate(&settings)
+        Command::Migrate { create_database } => migrate(&settings, create_database)
             .await
             .map(|()| tracing::info!("migrations applied")),
         Command::Serve => serve(settings).await,

@@ -2,7 +2,8 @@
 //!
 //! Counters are process-local (each replica reports its own; sum them in queries). The run
 //! gauges (`skilleval_runs{status}`, `skilleval_jobs_unpublished`) are read from the database
-//! at scrape time, so every replica reports the same fleet-wide numbers.
+//! and the queue gauges (`queue_messages_ready`, `queue_consumers`) from the broker at scrape
+//! time, so every replica reports the same fleet-wide numbers (take the `max`).
 
 use std::sync::Arc;
 
@@ -31,6 +32,11 @@ pub struct StatusLabels {
     pub status: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    pub queue: String,
+}
+
 /// Every metric the coordinator exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -47,6 +53,14 @@ pub struct Metrics {
     pub events_consumed: Counter,
     pub runs_by_status: Family<StatusLabels, Gauge>,
     pub jobs_unpublished: Gauge,
+    /// Expired model answers the sweep deleted from `llm_cache`.
+    pub llm_cache_expired: Counter,
+    /// Ready messages per queue (from the broker at scrape time).
+    pub queue_ready: Family<QueueLabels, Gauge>,
+    /// Consumers per queue (from the broker at scrape time).
+    pub queue_consumers: Family<QueueLabels, Gauge>,
+    /// 1 when the last scrape could read the queues from the broker, 0 when not.
+    pub queue_scrape_ok: Gauge,
 }
 
 impl Metrics {
@@ -66,6 +80,10 @@ impl Metrics {
         let events_consumed = Counter::default();
         let runs_by_status = Family::<StatusLabels, Gauge>::default();
         let jobs_unpublished = Gauge::default();
+        let llm_cache_expired = Counter::default();
+        let queue_ready = Family::<QueueLabels, Gauge>::default();
+        let queue_consumers = Family::<QueueLabels, Gauge>::default();
+        let queue_scrape_ok = Gauge::default();
         registry.register(
             "http_requests",
             "HTTP requests answered, by route and status",
@@ -126,6 +144,38 @@ impl Metrics {
             "Queued jobs not yet confirmed by the broker (held back by maxConcurrentTests, or awaiting the sweeper)",
             jobs_unpublished.clone(),
         );
+        registry.register(
+            "llm_cache_expired",
+            "Expired model answers deleted from llm_cache by the sweep",
+            llm_cache_expired.clone(),
+        );
+        registry.register(
+            "queue_messages_ready",
+            "Messages ready in each queue (from the broker at scrape time)",
+            queue_ready.clone(),
+        );
+        registry.register(
+            "queue_consumers",
+            "Consumers of each queue (from the broker at scrape time)",
+            queue_consumers.clone(),
+        );
+        registry.register(
+            "queue_scrape_ok",
+            "1 when this scrape read the queues from the broker, 0 when it could not",
+            queue_scrape_ok.clone(),
+        );
+        // Every outcome exists from the start (at zero), so `rate()` and alerts see the series
+        // before the first failure.
+        for outcome in ["delivered", "rejected", "gave_up"] {
+            let _ = webhooks.get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            });
+        }
+        for outcome in ["pass", "fail", "cancelled"] {
+            let _ = runs_finalised.get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            });
+        }
         Arc::new(Metrics {
             registry,
             http_requests,
@@ -140,6 +190,10 @@ impl Metrics {
             events_consumed,
             runs_by_status,
             jobs_unpublished,
+            llm_cache_expired,
+            queue_ready,
+            queue_consumers,
+            queue_scrape_ok,
         })
     }
 

@@ -44,8 +44,15 @@ pub struct Application {
     background: bool,
 }
 
-/// Applies the migrations (the `migrate` subcommand; `serve` does it too).
-pub async fn migrate(settings: &Settings) -> anyhow::Result<()> {
+/// The `migrate` subcommand (`serve` applies migrations too): creates the database first when
+/// `create_database` allows it and it is missing, then applies the pending migrations.
+pub async fn migrate(settings: &Settings, create_database: bool) -> anyhow::Result<()> {
+    if create_database
+        && skilleval_infra::store::create_database_if_missing(settings.database.url.expose())
+            .await?
+    {
+        tracing::info!(database = %settings.database.url.redacted(), "database created");
+    }
     let store = Store::connect(&settings.database).await?;
     store.migrate().await?;
     Ok(())
@@ -61,11 +68,10 @@ impl Application {
     pub async fn build_with(settings: Settings, background: bool) -> anyhow::Result<Application> {
         let store = Store::connect(&settings.database).await?;
         store.migrate().await?;
-        let pool = store.pool().clone();
         let sink: Arc<dyn JobSink> = BrokerJobSink::connect(&settings).await?;
         let metrics = Metrics::new();
         let launcher = RunLauncher::new(
-            pool.clone(),
+            store.clone(),
             sink.clone(),
             metrics.clone(),
             Duration::from_secs(settings.coordinator.publish_grace_secs),
@@ -80,13 +86,13 @@ impl Application {
         }
         let webhooks = WebhookSender::new(secret, WebhookPolicy::default())?;
         let aggregator = RunAggregator::new(
-            pool.clone(),
+            store.clone(),
             launcher.clone(),
             metrics.clone(),
             Some(webhooks),
         );
         let state = AppState {
-            pool,
+            store,
             sink,
             launcher,
             aggregator,
@@ -164,7 +170,8 @@ impl Application {
     }
 }
 
-/// The events consumer and the two sweeps, each stopped by the token.
+/// The events consumer and the sweeps (publishing, finalisation, expired model answers), each
+/// stopped by the token.
 fn spawn_background(
     tasks: &TaskTracker,
     settings: &Settings,
@@ -179,6 +186,8 @@ fn spawn_background(
     let interval = Duration::from_secs(settings.coordinator.sweep_interval_secs.max(1));
     let launcher = state.launcher.clone();
     let aggregator = state.aggregator.clone();
+    let store = state.store.clone();
+    let metrics = state.metrics.clone();
     let token = shutdown.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(interval);
@@ -195,6 +204,14 @@ fn spawn_background(
                 Ok(0) => {}
                 Ok(n) => tracing::info!(finalised = n, "finalisation sweep"),
                 Err(e) => tracing::warn!(error = ?e, "finalisation sweep failed"),
+            }
+            match store.delete_expired_llm_cache().await {
+                Ok(0) => {}
+                Ok(n) => {
+                    metrics.llm_cache_expired.inc_by(n);
+                    tracing::info!(deleted = n, "expired model answers deleted");
+                }
+                Err(e) => tracing::warn!(error = %e, "deleting expired model answers failed"),
             }
         }
     });

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use skilleval::package::PackageLimits;
 use skilleval::strategy::StrategyRegistry;
-use sqlx::PgPool;
+use skilleval_infra::store::Store;
 
 use crate::aggregate::RunAggregator;
 use crate::jobs::JobSink;
@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 /// Shared by every request: cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    pub pool: PgPool,
+    pub store: Store,
     pub sink: Arc<dyn JobSink>,
     pub launcher: RunLauncher,
     pub aggregator: RunAggregator,

@@ -1,11 +1,13 @@
 //! Response bodies of the API, built from store rows. Their shapes are the OpenAPI document's
 //! schemas (`src/openapi.json`); the tests validate examples of each against it.
 
-use crate::db::{ResultRow, RunRow, VersionRow};
+use crate::db::{Counters, ResultRow, RunRow};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use skilleval::problem::Problem;
+use skilleval_infra::store::lifecycle::StopReason;
+use skilleval_infra::store::versions::VersionRow;
 use uuid::Uuid;
 
 use crate::aggregate::stored_summary;
@@ -25,16 +27,6 @@ pub struct UploadResponse {
 pub struct CreateRunResponse {
     pub run_id: Uuid,
     pub created: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Counters {
-    pub total: i32,
-    pub completed: i32,
-    pub passed: i32,
-    pub failed: i32,
-    pub errored: i32,
-    pub skipped: i32,
 }
 
 /// What a run's recorded cases spent, producing and grading together.
@@ -106,16 +98,9 @@ impl RunView {
             version_id: r.version_id,
             skill: r.skill.clone(),
             version: r.version.clone(),
-            kind: r.kind.clone(),
-            status: r.status.clone(),
-            counters: Counters {
-                total: r.total,
-                completed: r.completed,
-                passed: r.passed,
-                failed: r.failed,
-                errored: r.errored,
-                skipped: r.skipped,
-            },
+            kind: r.kind.as_str().to_string(),
+            status: r.status.as_str().to_string(),
+            counters: r.counters,
             summary,
             verdict: if r.finalised { r.verdict.clone() } else { None },
             callback_url: r.callback_url.clone(),
@@ -129,7 +114,10 @@ impl RunView {
                 max_cost_usd: r.max_cost_usd,
                 max_tokens: r.max_tokens,
             },
-            stop_reason: r.stop_reason.clone(),
+            stop_reason: match r.stop_reason {
+                Some(StopReason::Budget) => r.stop_detail.clone(),
+                _ => None,
+            },
         }
     }
 }
@@ -170,7 +158,7 @@ impl ResultView {
             test_case_id: r.test_case_id,
             name: r.name,
             case_index: r.case_index,
-            status: r.status,
+            status: r.status.as_str().to_string(),
             strategy: r.strategy,
             score: result.get("score").and_then(Value::as_f64),
             duration_ms: result.get("duration_ms").and_then(Value::as_u64),

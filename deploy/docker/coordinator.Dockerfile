@@ -22,10 +22,11 @@ RUN apt-get update \
     && useradd --system --uid 10001 --home-dir /app skilleval
 WORKDIR /app
 COPY --from=build /out/skilleval-coordinator /usr/local/bin/skilleval-coordinator
+# config/default.toml, then config/production.toml (SKILLEVAL_ENV): the bind address, JSON
+# logs. Variables override them.
+COPY config /app/config
 USER skilleval
 ENV SKILLEVAL_ENV=production \
-    SKILLEVAL__COORDINATOR__BIND=0.0.0.0:8080 \
-    SKILLEVAL_LOG_FORMAT=json \
     RUST_LOG=info
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \

@@ -23,14 +23,15 @@ RUN apt-get update \
     && mkdir -p /var/cache/skilleval && chown skilleval /var/cache/skilleval
 WORKDIR /app
 COPY --from=build /out/skilleval-worker /usr/local/bin/skilleval-worker
+# config/default.toml, then config/production.toml (SKILLEVAL_ENV): the package cache
+# folder, JSON logs, the shutdown grace. Variables override them.
+COPY config /app/config
 USER skilleval
 ENV SKILLEVAL_ENV=production \
-    SKILLEVAL__WORKER__PACKAGE_CACHE_DIR=/var/cache/skilleval \
-    SKILLEVAL_LOG_FORMAT=json \
     RUST_LOG=info
-EXPOSE 9090
+EXPOSE 8081
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-    CMD curl -fsS http://127.0.0.1:9090/healthz || exit 1
+    CMD curl -fsS http://127.0.0.1:8081/healthz || exit 1
 # SIGTERM: stop consuming, finish in-flight jobs within the grace period, exit 0.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["skilleval-worker"]

@@ -261,12 +261,20 @@ pub struct WorkerSettings {
     pub batch_size: usize,
     /// ...or after this long, whichever comes first.
     pub batch_max_wait_ms: u64,
-    /// Port of `/healthz`, `/readyz` and `/metrics` (0: any free port).
+    /// Port of `/healthz`, `/readyz` and `/metrics` (0: any free port). The default, 8081,
+    /// sits beside the coordinator's 8080 and clear of Prometheus's own 9090.
     pub http_port: u16,
     /// How long a run's "cancelled" answer is reused before asking the database again.
     pub cancel_cache_ttl_ms: u64,
     /// Broker reconnects tried in a row before the worker gives up and exits non-zero.
     pub max_reconnect_attempts: u32,
+    /// This many faults of the host (the sandbox failing before a skill's code ran) within
+    /// `host_fault_window_secs` make the worker stop taking jobs until its sandbox probe
+    /// passes again, so its jobs go to healthy workers instead of burning their retries.
+    pub host_fault_threshold: u32,
+    pub host_fault_window_secs: u64,
+    /// While the worker takes no jobs for want of a working sandbox, how often it probes it.
+    pub sandbox_probe_interval_ms: u64,
 }
 
 impl Default for WorkerSettings {
@@ -281,9 +289,12 @@ impl Default for WorkerSettings {
             package_cache_dir: std::env::temp_dir().join("skilleval-packages"),
             batch_size: 50,
             batch_max_wait_ms: 20,
-            http_port: 9090,
+            http_port: 8081,
             cancel_cache_ttl_ms: 2_000,
             max_reconnect_attempts: 10,
+            host_fault_threshold: 5,
+            host_fault_window_secs: 30,
+            sandbox_probe_interval_ms: 2_000,
         }
     }
 }
@@ -518,6 +529,43 @@ mod tests {
         assert_eq!(s.worker.retry_tiers_ms, vec![1_000, 5_000, 30_000]);
         assert_eq!(s.sandbox, SandboxPolicy::default());
         assert_eq!(s.limits, PackageLimits::default());
+    }
+
+    /// The repository's `config/` folder, the one the images and manifests ship.
+    fn repo_config() -> String {
+        format!("{}/../config", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    #[test]
+    fn the_shipped_default_toml_is_the_built_in_defaults() {
+        let dir = repo_config();
+        assert!(Path::new(&dir).join("default.toml").is_file());
+        let loaded = Settings::load_from(&env(&[("SKILLEVAL_CONFIG_DIR", &dir)])).unwrap();
+        assert_eq!(
+            serde_json::to_value(&loaded).unwrap(),
+            serde_json::to_value(Settings::default()).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_shipped_production_toml_loads_over_the_defaults() {
+        let dir = repo_config();
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", &dir),
+            ("SKILLEVAL_ENV", "production"),
+        ]))
+        .unwrap();
+        assert_eq!(s.log.format, LogFormat::Json);
+        assert_eq!(
+            s.worker.package_cache_dir,
+            PathBuf::from("/var/cache/skilleval")
+        );
+        assert_eq!(s.worker.shutdown_grace_secs, 120);
+        assert_eq!(s.worker.http_port, 8081);
+        assert_eq!(
+            s.amqp.prefix, "skilleval",
+            "the rest comes from default.toml"
+        );
     }
 
     #[test]

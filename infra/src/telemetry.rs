@@ -53,8 +53,10 @@ pub fn init(settings: &LogSettings) -> Result<(), TelemetryError> {
             .with_writer(std::io::stderr);
         let _ = registry.with(layer).try_init();
     } else {
+        // Colour only for a person at a terminal: escape codes in a file or a pipe are noise.
         let layer = tracing_subscriber::fmt::layer()
             .with_target(true)
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr);
         let _ = registry.with(layer).try_init();
     }

@@ -82,6 +82,9 @@ pub enum Lane {
 }
 
 impl Lane {
+    /// Every lane; a worker consumes all of them.
+    pub const ALL: [Lane; 2] = [Lane::Ci, Lane::Samples];
+
     pub fn routing_key(self) -> &'static str {
         match self {
             Lane::Ci => JOB_ROUTING_KEY,
@@ -95,6 +98,15 @@ impl Lane {
             Lane::Samples => "samples",
         }
     }
+}
+
+/// One queue's state, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueDepth {
+    pub queue: String,
+    /// Messages ready for delivery.
+    pub ready: u32,
+    pub consumers: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -252,6 +264,31 @@ impl Topology {
             .find(|t| *t >= ms)
             .or_else(|| self.retry_tiers_ms.last().copied())
             .unwrap_or(1_000)
+    }
+
+    /// Ready messages and consumers of every queue, as the broker answers a passive declare
+    /// (which changes nothing). Unacknowledged messages are not in the count.
+    pub async fn queue_depths(&self, ch: &Channel) -> Result<Vec<QueueDepth>, BrokerError> {
+        let mut out = Vec::new();
+        for queue in self.queues() {
+            let q = ch
+                .queue_declare(
+                    ShortString::from(queue.as_str()),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(BrokerError::amqp(format!("reading the depth of `{queue}`")))?;
+            out.push(QueueDepth {
+                queue,
+                ready: q.message_count(),
+                consumers: q.consumer_count(),
+            });
+        }
+        Ok(out)
     }
 
     /// Every queue, for cleanup.
@@ -562,9 +599,15 @@ impl Publisher {
             headers,
             mandatory,
         } = message;
+        // The publish time (AMQP timestamps are whole seconds): consumers measure how long a
+        // message waited in its queue from it.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         let properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type(ShortString::from("application/json"))
+            .with_timestamp(now)
             .with_headers(headers);
         let confirm = self
             .channel

@@ -6,7 +6,11 @@
 //!   written from the same grade. Their `timing` objects are merged: every field of both.
 //! - `eval/benchmark.json`: one entry appended per run; `description_version` goes up when the
 //!   SHA-256 of the skill's description changes.
+//! - `eval/runs/<run-id>/run.json` and `results.jsonl`: what `skilleval compare` needs and the
+//!   files above lose: every with-skill attempt as a full [`JobResult`] (repeats, rubric
+//!   criteria) and each case's [`CaseFingerprint`] under the judge model of the run.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -14,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use crate::compare::CaseFingerprint;
 use crate::executor::{CaseStatus, JobResult};
 use crate::summary::RunSummary;
 
@@ -27,6 +32,94 @@ pub enum ArtifactError {
     },
     #[error("{path} exists but is not a benchmark.json we can extend: {message}")]
     BadBenchmark { path: PathBuf, message: String },
+    #[error("could not read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a run file skilleval wrote: {message}")]
+    BadRunFile { path: PathBuf, message: String },
+}
+
+/// The run file a comparison reads first (`eval/runs/<run-id>/run.json`).
+pub const RUN_RECORD_FILE: &str = "run.json";
+/// Every with-skill attempt of a run, one [`JobResult`] per line.
+pub const RESULTS_FILE: &str = "results.jsonl";
+
+/// What a local run was: enough to say whether two runs' cases are comparable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: uuid::Uuid,
+    pub skill_name: String,
+    /// The skill's version from SKILL.md, when it states one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill_version: Option<String>,
+    /// SHA-256 of the skill's description (what `benchmark.json` versions by).
+    pub description_hash: String,
+    /// SHA-256 of the package's files.
+    pub package_hash: String,
+    /// The model that judged the model-graded cases; `None` when no provider was configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge_model: Option<String>,
+    /// Attempts per case (`--repeats`).
+    pub repeats: u32,
+    pub timestamp: DateTime<Utc>,
+    /// Per test case id, the definition, grader and judge that graded it.
+    pub fingerprints: BTreeMap<String, CaseFingerprint>,
+}
+
+/// Writes `run.json` and `results.jsonl` under `run_dir`.
+pub fn write_run_record(
+    run_dir: &Path,
+    record: &RunRecord,
+    results: &[JobResult],
+) -> Result<(), ArtifactError> {
+    std::fs::create_dir_all(run_dir).map_err(|source| ArtifactError::Write {
+        path: run_dir.to_path_buf(),
+        source,
+    })?;
+    write_json(
+        &run_dir.join(RUN_RECORD_FILE),
+        &serde_json::to_value(record).unwrap_or_default(),
+    )?;
+    let mut lines = String::new();
+    for r in results {
+        // A JobResult is plain data (strings, numbers, JSON values): it always serialises.
+        lines.push_str(&serde_json::to_string(r).unwrap_or_default());
+        lines.push('\n');
+    }
+    let path = run_dir.join(RESULTS_FILE);
+    std::fs::write(&path, lines).map_err(|source| ArtifactError::Write { path, source })
+}
+
+/// Reads back what [`write_run_record`] wrote.
+pub fn read_run_record(run_dir: &Path) -> Result<(RunRecord, Vec<JobResult>), ArtifactError> {
+    let read = |name: &str| {
+        let path = run_dir.join(name);
+        std::fs::read_to_string(&path)
+            .map(|text| (path.clone(), text))
+            .map_err(|source| ArtifactError::Read { path, source })
+    };
+    let (path, text) = read(RUN_RECORD_FILE)?;
+    let record: RunRecord = serde_json::from_str(&text).map_err(|e| ArtifactError::BadRunFile {
+        path,
+        message: e.to_string(),
+    })?;
+    let (path, text) = read(RESULTS_FILE)?;
+    let mut results = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let r: JobResult = serde_json::from_str(line).map_err(|e| ArtifactError::BadRunFile {
+            path: path.clone(),
+            message: format!("line {}: {e}", i + 1),
+        })?;
+        results.push(r);
+    }
+    Ok((record, results))
 }
 
 /// SHA-256 hex of a description.
@@ -124,6 +217,8 @@ pub fn grading_json(r: &JobResult) -> Value {
     };
     let duration = (r.finished_at - r.started_at).num_milliseconds().max(0) as f64 / 1000.0;
     let graded = r.duration_ms as f64 / 1000.0;
+    // The last attempt's split: grading, and producing (the rest of the attempt).
+    let grading = r.attempts.last().map_or(0, |a| a.grade_ms) as f64 / 1000.0;
     json!({
         "test_case_id": r.test_case_id,
         "run_id": r.run_id,
@@ -148,8 +243,8 @@ pub fn grading_json(r: &JobResult) -> Value {
             "start": r.started_at.to_rfc3339(),
             "end": r.finished_at.to_rfc3339(),
             "duration_seconds": duration,
-            "executor_duration_seconds": graded,
-            "grader_duration_seconds": 0.0,
+            "executor_duration_seconds": (graded - grading).max(0.0),
+            "grader_duration_seconds": grading,
             "total_duration_seconds": duration.max(graded),
         },
         "details": r.details,
@@ -296,7 +391,7 @@ pub fn append_benchmark(
 mod tests {
     use super::*;
     use crate::executor::test_result;
-    use crate::model::Settings;
+    use crate::model::EvalSettings;
     use crate::summary::summarize;
     use uuid::Uuid;
 
@@ -337,6 +432,22 @@ mod tests {
     }
 
     #[test]
+    fn grading_json_splits_the_last_attempt_into_producing_and_grading() {
+        let mut r = result("tc/2", json!({}), CaseStatus::Passed);
+        r.attempts = vec![crate::executor::Attempt {
+            number: 1,
+            status: CaseStatus::Passed,
+            score: Some(1.0),
+            duration_ms: 1500,
+            grade_ms: 250,
+            error: None,
+        }];
+        let g = grading_json(&r);
+        assert_eq!(g["timing"]["grader_duration_seconds"], 0.25);
+        assert_eq!(g["timing"]["executor_duration_seconds"], 1.25);
+    }
+
+    #[test]
     fn grading_files_use_safe_names() {
         let dir = tempfile::tempdir().unwrap();
         let files = write_grading(
@@ -354,7 +465,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("eval/benchmark.json");
         let rs = vec![result("a", json!({}), CaseStatus::Passed)];
-        let s = summarize(&rs, &Settings::default());
+        let s = summarize(&rs, &EvalSettings::default());
         let now = Utc::now();
         assert_eq!(
             append_benchmark(&path, "calc", "v1 text", Uuid::nil(), &rs, &s, now).unwrap(),
@@ -379,5 +490,51 @@ mod tests {
             description_hash("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn run_record_round_trips_with_every_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = test_result("tc-1", CaseStatus::Passed, Some(1.0));
+        a.rubric_scores = Some(json!({"clarity": {"normalized": 0.75}}));
+        let b = test_result("tc-1", CaseStatus::Failed, Some(0.2));
+        let mut fingerprints = BTreeMap::new();
+        fingerprints.insert(
+            "tc-1".to_string(),
+            CaseFingerprint {
+                definition_hash: "abc".into(),
+                grader: "llm_judge".into(),
+                judge_model: Some("judge-1".into()),
+            },
+        );
+        let record = RunRecord {
+            run_id: uuid::Uuid::now_v7(),
+            skill_name: "s".into(),
+            skill_version: Some("1.2.0".into()),
+            description_hash: description_hash("d"),
+            package_hash: "p".into(),
+            judge_model: Some("judge-1".into()),
+            repeats: 2,
+            timestamp: Utc::now(),
+            fingerprints,
+        };
+        let run_dir = dir.path().join("runs/x");
+        write_run_record(&run_dir, &record, &[a.clone(), b.clone()]).unwrap();
+        let (back, results) = read_run_record(&run_dir).unwrap();
+        assert_eq!(back, record);
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0].rubric_scores, a.rubric_scores);
+        assert_eq!(results[1].status, CaseStatus::Failed);
+        assert_eq!(results[1].score, b.score);
+    }
+
+    #[test]
+    fn a_missing_or_broken_run_file_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read_run_record(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("run.json"), "{err}");
+        std::fs::write(dir.path().join("run.json"), "{}").unwrap();
+        let err = read_run_record(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("not a run file"), "{err}");
     }
 }

@@ -21,6 +21,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::grade::{Fault, Grade, SchemaError, Usage};
+use crate::llm::ProviderClients;
 use crate::model::{Profile, TestCase};
 use crate::plan::Job;
 use crate::runner::{ProduceRequest, Produced, RunnerRegistry};
@@ -87,6 +88,10 @@ pub struct Attempt {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub score: Option<f64>,
     pub duration_ms: u64,
+    /// Of `duration_ms`, the time spent grading (0 when the attempt never reached its grader);
+    /// the rest is producing the output. Absent in attempts stored before it was measured.
+    #[serde(default)]
+    pub grade_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -164,6 +169,7 @@ impl JobResult {
             status: CaseStatus::Errored,
             score: None,
             duration_ms: 0,
+            grade_ms: 0,
             error: Some(fault.to_string()),
         });
         r.error = Some(fault);
@@ -241,6 +247,45 @@ impl RetryPolicy {
     }
 }
 
+/// Builds the [`Executor`] of `skilleval run` and of the worker: every strategy and runner,
+/// registered by name in one place ([`StrategyRegistry::with_providers`],
+/// [`RunnerRegistry::with_providers`]), the model-backed ones on the given provider clients.
+/// The CLI gives clients on a folder cache and in-process limits, the worker on the fleet's
+/// Postgres cache and rate limits; without clients those strategies and the `llm` runner say a
+/// provider is needed ([`Executor::needs_missing_model`]).
+#[derive(Debug, Default)]
+pub struct ExecutorBuilder {
+    providers: Option<Arc<ProviderClients>>,
+    sandbox: Arc<Sandbox>,
+}
+
+impl ExecutorBuilder {
+    pub fn new() -> Self {
+        ExecutorBuilder::default()
+    }
+
+    /// The configured providers' clients (`None`: no provider is configured).
+    pub fn providers(mut self, providers: Option<Arc<ProviderClients>>) -> Self {
+        self.providers = providers;
+        self
+    }
+
+    /// Where custom graders and command runners run (default: [`Sandbox::default`]).
+    pub fn sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.sandbox = Arc::new(sandbox);
+        self
+    }
+
+    pub fn build(self) -> Executor {
+        let providers = self.providers.as_ref();
+        Executor::new(
+            StrategyRegistry::with_providers(providers).build(),
+            RunnerRegistry::with_providers(providers),
+            self.sandbox,
+        )
+    }
+}
+
 /// Produces and grades jobs.
 pub struct Executor {
     strategies: StrategyRegistry,
@@ -281,19 +326,20 @@ impl Executor {
         &self.runners
     }
 
-    /// Whether producing or grading this job needs a model provider that is not configured.
+    /// The sandbox untrusted code runs in (callers probe it to decide whether to take work).
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
+        &self.sandbox
+    }
+
+    /// Whether producing or grading this job needs a model provider that is not configured:
+    /// the runner and the strategy (a `hybrid`'s parts included) say so themselves.
     pub fn needs_missing_model(&self, job: &Job) -> Option<String> {
-        if self.runners.get(&job.runner.kind).is_none() && job.runner.kind == "llm" {
-            return Some("runner `llm` (no model provider configured)".into());
+        let kind = &job.runner.kind;
+        if self.runners.get(kind).is_some_and(|r| r.missing_provider()) {
+            return Some(format!("runner `{kind}` (no model provider configured)"));
         }
-        // A hybrid needs a model when one of its parts does.
-        let mut names = vec![job.strategy()];
-        if job.strategy() == "hybrid" {
-            names.extend(job.case.evaluation.weights.keys().map(String::as_str));
-        }
-        names
-            .into_iter()
-            .find(|name| self.strategies.get(name).is_some_and(|s| s.needs_model()))
+        self.strategies
+            .missing_provider(job.strategy(), &job.case)
             .map(|name| format!("strategy `{name}` (no model provider configured)"))
     }
 
@@ -394,7 +440,7 @@ impl Executor {
                     result.produce_usage.add(&produce_usage);
                     return finish_errored(result, number, fault, elapsed);
                 }
-                Ok((produce_usage, Ok((produced, grade)))) => {
+                Ok((produce_usage, Ok((produced, grade, grade_ms)))) => {
                     result.produce_usage.add(&produce_usage);
                     result.grade_usage.add(&grade.usage);
                     let status = if grade.passed {
@@ -407,6 +453,7 @@ impl Executor {
                         status,
                         score: Some(grade.score),
                         duration_ms: elapsed,
+                        grade_ms,
                         error: None,
                     });
                     apply_grade(&mut result, produced, grade, elapsed);
@@ -421,22 +468,18 @@ impl Executor {
         result
     }
 
-    /// One attempt: produce, then grade. Returns what producing cost even when grading fails.
+    /// One attempt: produce, then grade. Returns what producing cost even when grading fails,
+    /// and with the grade, the milliseconds grading took.
     async fn attempt(
         &self,
         job: &Job,
         grader: &dyn Grader,
         env: &GradeEnv,
         timeout: Duration,
-    ) -> (Usage, Result<(Produced, Grade), Fault>) {
+    ) -> (Usage, Result<(Produced, Grade, u64), Fault>) {
         let Some(runner) = self.runners.get(&job.runner.kind) else {
             let known = self.runners.names().join(", ");
-            let msg = if job.runner.kind == "llm" {
-                "runner `llm` needs a model provider; none is configured (see docs/providers.md)"
-                    .to_string()
-            } else {
-                format!("unknown runner `{}`; known: {known}", job.runner.kind)
-            };
+            let msg = format!("unknown runner `{}`; known: {known}", job.runner.kind);
             return (Usage::default(), Err(Fault::permanent(msg)));
         };
         let req = ProduceRequest {
@@ -458,8 +501,10 @@ impl Executor {
             tool_calls: produced.tool_calls.as_deref(),
             case: &job.case,
         };
+        let grading = Instant::now();
         let graded = grader.grade(&input, env).await;
-        (usage, graded.map(|g| (produced, g)))
+        let grade_ms = duration_ms(grading.elapsed());
+        (usage, graded.map(|g| (produced, g, grade_ms)))
     }
 }
 
@@ -491,6 +536,7 @@ fn finish_errored(mut result: JobResult, number: u32, fault: Fault, elapsed: u64
         status: CaseStatus::Errored,
         score: None,
         duration_ms: elapsed,
+        grade_ms: 0,
         error: Some(fault.to_string()),
     });
     result.status = CaseStatus::Errored;
@@ -562,10 +608,11 @@ mod tests {
     use async_trait::async_trait;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    /// Passes when the output equals "ok"; counts its grades.
+    /// Passes when the output equals "ok"; counts its grades; takes `delay` to grade.
     #[derive(Debug, Default)]
     struct Equals {
         grades: Arc<AtomicU32>,
+        delay: Duration,
     }
 
     impl Strategy for Equals {
@@ -579,6 +626,7 @@ mod tests {
         ) -> Result<Arc<dyn Grader>, Vec<crate::problem::Problem>> {
             Ok(Arc::new(EqualsGrader {
                 grades: self.grades.clone(),
+                delay: self.delay,
             }))
         }
     }
@@ -586,12 +634,14 @@ mod tests {
     #[derive(Debug)]
     struct EqualsGrader {
         grades: Arc<AtomicU32>,
+        delay: Duration,
     }
 
     #[async_trait]
     impl Grader for EqualsGrader {
         async fn grade(&self, input: &GradeInput<'_>, _env: &GradeEnv) -> Result<Grade, Fault> {
             self.grades.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
             let ok = input.output == "ok";
             Ok(Grade::new(if ok { 1.0 } else { 0.0 }, ok, Value::Null))
         }
@@ -634,10 +684,18 @@ mod tests {
     }
 
     fn executor(outputs: Vec<&'static str>) -> (Executor, Arc<AtomicU32>) {
+        executor_grading_in(outputs, Duration::ZERO)
+    }
+
+    fn executor_grading_in(
+        outputs: Vec<&'static str>,
+        grade_delay: Duration,
+    ) -> (Executor, Arc<AtomicU32>) {
         let grades = Arc::new(AtomicU32::new(0));
         let strategies = StrategyRegistry::builder()
             .register(Arc::new(Equals {
                 grades: grades.clone(),
+                delay: grade_delay,
             }))
             .build();
         let runners = RunnerRegistry::default().with(Arc::new(Scripted {
@@ -687,6 +745,15 @@ mod tests {
         assert_eq!(r.attempts.len(), 1);
         assert_eq!(r.weight, 2.0);
         assert_eq!(grades.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_attempt_records_the_time_its_grader_took() {
+        let (ex, _) = executor_grading_in(vec!["ok"], Duration::from_millis(60));
+        let r = ex.execute(&job(0, 5_000), Path::new("/")).await;
+        let attempt = &r.attempts[0];
+        assert!(attempt.grade_ms >= 60, "grade_ms = {}", attempt.grade_ms);
+        assert!(attempt.grade_ms <= attempt.duration_ms);
     }
 
     #[tokio::test]
@@ -751,11 +818,7 @@ mod tests {
 
     #[test]
     fn a_hybrid_with_a_model_part_needs_a_model() {
-        let ex = Executor::new(
-            StrategyRegistry::builtin().build(),
-            RunnerRegistry::builtin(),
-            Arc::new(Sandbox::default()),
-        );
+        let ex = ExecutorBuilder::new().build();
         let mut j = job(0, 1_000);
         j.runner.kind = "given".into();
         j.case.evaluation.strategy = "hybrid".into();
@@ -770,6 +833,33 @@ mod tests {
         assert_eq!(ex.needs_missing_model(&j), None);
         j.runner.kind = "llm".into();
         assert!(ex.needs_missing_model(&j).is_some());
+    }
+
+    #[tokio::test]
+    async fn without_providers_the_llm_runner_refuses_as_a_configuration_problem() {
+        let ex = ExecutorBuilder::new().build();
+        let mut j = job(0, 1_000);
+        j.runner.kind = "llm".into();
+        j.case.evaluation.strategy = "exact_match".into();
+        j.case.expected.output = Some("x".into());
+        assert_eq!(
+            ex.needs_missing_model(&j).as_deref(),
+            Some("runner `llm` (no model provider configured)")
+        );
+        let r = ex.execute(&j, Path::new("/")).await;
+        assert_eq!(r.status, CaseStatus::Errored);
+        assert_eq!(
+            r.error,
+            Some(Fault::permanent(
+                "runner `llm` needs a model provider; none is configured (see docs/providers.md)"
+            ))
+        );
+        j.runner.kind = "given".into();
+        j.case.evaluation.strategy = "semantic_sim".into();
+        assert_eq!(
+            ex.needs_missing_model(&j).as_deref(),
+            Some("strategy `semantic_sim` (no model provider configured)")
+        );
     }
 
     #[tokio::test]

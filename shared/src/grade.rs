@@ -111,6 +111,12 @@ pub enum Fault {
     /// The case ran past its timeout.
     #[error("timed out after {timeout_ms} ms")]
     Timeout { timeout_ms: u64 },
+    /// The host could not run the case: the sandbox machinery failed before any of the
+    /// skill's code ran (bubblewrap could not start, no uid to lease, a tool or interpreter
+    /// missing, the package cache unreadable). Never the skill's fault: retried, on any
+    /// worker, and stored only when the retries run out.
+    #[error("host fault, not the skill's: {message}")]
+    Host { message: String },
 }
 
 impl Fault {
@@ -127,9 +133,23 @@ impl Fault {
         }
     }
 
-    /// Whether a later attempt could succeed. Timeouts count: a hang may be a passing blip.
+    pub fn host(message: impl Into<String>) -> Self {
+        Fault::Host {
+            message: message.into(),
+        }
+    }
+
+    /// Whether a later attempt could succeed. Timeouts count: a hang may be a passing blip;
+    /// so do faults of the host, which another attempt (or worker) may not have.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Fault::Transient { .. } | Fault::Timeout { .. })
+        matches!(
+            self,
+            Fault::Transient { .. } | Fault::Timeout { .. } | Fault::Host { .. }
+        )
+    }
+
+    pub fn is_host(&self) -> bool {
+        matches!(self, Fault::Host { .. })
     }
 
     pub fn retry_after(&self) -> Option<Duration> {

@@ -10,6 +10,8 @@
 //!   the resolved case so whoever executes it needs nothing else.
 //! - [`executor`] runs one job: a [`runner`] produces the output (sandboxed by [`sandbox`] when
 //!   the code is the package's), a [`strategy`] grades it under the case's timeout.
+//! - [`monitor`] judges production samples: a skill's monitor, deterministic sampling,
+//!   samples as `given` jobs, quality over time and alert rules.
 //! - [`summary`] aggregates job results into statistics and a verdict; [`report`] renders them
 //!   as Markdown or JSON, and [`artifacts`] writes the skill-creator compatible files.
 //!
@@ -17,11 +19,13 @@
 //! the same [`executor::Executor`].
 
 pub mod artifacts;
+pub mod compare;
 pub mod executor;
 pub mod grade;
 mod json_stream;
 pub mod llm;
 pub mod model;
+pub mod monitor;
 pub mod package;
 pub mod plan;
 pub mod problem;
@@ -29,5 +33,6 @@ pub mod report;
 pub mod runner;
 pub mod sandbox;
 pub mod scale;
+pub mod stats;
 pub mod strategy;
 pub mod summary;

@@ -23,7 +23,7 @@ pub struct EvalConfig {
     #[serde(default)]
     pub profile: Profile,
     #[serde(default)]
-    pub settings: Settings,
+    pub settings: EvalSettings,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup: Option<Setup>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,10 +73,11 @@ impl Profile {
     }
 }
 
-/// File-level settings.
+/// The eval file's `settings` (timeouts, concurrency, failFast, runner), not the service
+/// configuration (`skilleval_infra::config::Settings`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct Settings {
+pub struct EvalSettings {
     /// Milliseconds; a case without its own timeout gets this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_timeout: Option<u64>,
@@ -373,7 +374,7 @@ impl TestCase {
     }
 
     /// Timeout in milliseconds: the case's, then the file default, then 30 s.
-    pub fn timeout_ms(&self, settings: &Settings) -> u64 {
+    pub fn timeout_ms(&self, settings: &EvalSettings) -> u64 {
         self.evaluation
             .timeout
             .or(settings.default_timeout)

@@ -659,7 +659,7 @@ mod tests {
         EvalConfig {
             version: "2.0".into(),
             profile: Profile::Structured,
-            settings: crate::model::Settings {
+            settings: crate::model::EvalSettings {
                 default_timeout: Some(5_000),
                 runner: Some(RunnerSpec::Name("command".into())),
                 ..Default::default()

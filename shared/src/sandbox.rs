@@ -25,6 +25,28 @@
 //! Not running as root, no uid change is possible: limits then count the invoking user's
 //! processes too, which is documented rather than hidden.
 //!
+//! **Clean identities.** The kernel counts processes per uid (`RLIMIT_NPROC` is checked against
+//! every task of the real uid, zombies included, until their parent reaps them), so a uid is
+//! leased only when no task of it exists: a lease scans `/proc` once, skips every pool uid that
+//! still owns a task, and kills the live leftovers of an unlocked uid so it is clean for a
+//! later lease. Leftovers are routine: bubblewrap's inner process outlives the outer one by a
+//! moment and is re-parented to pid 1, which reaps it when it gets to it (a soak saw 50-230
+//! such zombies of sandbox uids at any time), and a worker killed mid-run leaves all of its
+//! sandboxes' processes the same way, while its lock files are released at once. Processes start leasing at a random slot, so a
+//! replacement worker does not begin with the uids its predecessor just left. The start-up
+//! probe leases its uid like any run. Each bubblewrap run's `/tmp` is a fresh tmpfs of its own
+//! namespace and each unsandboxed run gets a fresh scratch directory, so nothing else of an
+//! identity outlives its run.
+//!
+//! **Whose fault.** The program is started through `sh -c 'printf MARKER >&2; exec "$0" "$@"'`
+//! inside the sandbox (`exec`, so no extra process stays): the marker on stderr is the proof
+//! that the sandbox machinery (prlimit, setpriv, bubblewrap) got as far as the skill's
+//! program. A run that ends without it failed before any of the skill's code ran (bubblewrap
+//! could not fork or create its namespaces, setpriv could not exec it): that is
+//! [`SandboxError::Machinery`], a fault of the host, with the tools' own diagnostics. What
+//! happens after the marker (a crash, the skill's own fork bomb hitting the process limit) is
+//! the skill's. The marker is removed from the stderr the caller sees.
+//!
 //! Because the sandbox runs under another uid, a package directory must be world-readable:
 //! package loaders extract with directories 0755 and files 0644, and [`Sandbox::run`] refuses a
 //! package root that uid cannot reach, with an error saying so.
@@ -74,6 +96,8 @@ pub struct SandboxPolicy {
     pub allow_unsandboxed: bool,
     /// Size of the sandbox's private, memory-backed `/tmp` (bubblewrap only).
     pub tmp_bytes: u64,
+    /// The bubblewrap binary; unset: `bwrap` from the system directories, then PATH.
+    pub bwrap: Option<PathBuf>,
 }
 
 impl Default for SandboxPolicy {
@@ -86,6 +110,7 @@ impl Default for SandboxPolicy {
             max_output_bytes: 1 << 20,
             allow_unsandboxed: false,
             tmp_bytes: 64 << 20,
+            bwrap: None,
         }
     }
 }
@@ -121,6 +146,9 @@ pub struct SandboxOutput {
     pub stderr_truncated: bool,
     pub timed_out: bool,
     pub duration: Duration,
+    /// The sandbox reached the skill's program (see the module docs): whatever went wrong
+    /// after that is the program's doing.
+    pub started: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,8 +169,11 @@ pub enum SandboxError {
     PackageNotReadable { path: PathBuf, reason: String },
     #[error("interpreter `{name}` cannot be used in the sandbox: {reason}")]
     Interpreter { name: String, reason: String },
-    #[error("no free sandbox uid: {0} sandboxed processes are already running")]
+    #[error("no free sandbox uid: {0} sandboxed processes are already running or their uids still hold processes")]
     Busy(u32),
+    /// The sandbox's own tools failed before the program started.
+    #[error("the sandbox could not start the program ({status}): {diagnostics}")]
+    Machinery { status: String, diagnostics: String },
 }
 
 /// How [`Sandbox::run`] runs processes on this host.
@@ -168,11 +199,20 @@ impl fmt::Display for SandboxMode {
 }
 
 /// Runs processes under a [`SandboxPolicy`]. Cheap to clone: what was found out about the
-/// host (tools, interpreters, whether bubblewrap works) is shared and probed once per process.
+/// host (tools, interpreters, whether bubblewrap works) is shared and probed once per process
+/// and bubblewrap binary; [`Sandbox::probe`] looks again after a failure.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
     pub policy: SandboxPolicy,
-    host: Arc<Host>,
+    host: Arc<HostCell>,
+}
+
+/// What is known about the host for one bubblewrap binary; replaced when a probe finds the
+/// host changed (bubblewrap installed or repaired).
+#[derive(Debug)]
+struct HostCell {
+    bwrap: Option<PathBuf>,
+    current: std::sync::RwLock<Arc<Host>>,
 }
 
 impl Default for Sandbox {
@@ -214,6 +254,12 @@ const ETC_ENTRIES: &[&str] = &[
     "mime.types",
     "os-release",
 ];
+/// What the sandbox prints on stderr just before it `exec`s the program (as a `printf` format
+/// and as the bytes that come out).
+const STARTED_MARKER_PRINTF: &str = "\\036skilleval-sandbox: exec\\n";
+const STARTED_MARKER: &[u8] = b"\x1eskilleval-sandbox: exec\n";
+/// Diagnostics kept from the sandbox's tools (before the marker).
+const DIAGNOSTICS_KEEP: usize = 8 * 1024;
 /// Interpreters a request may name by bare name.
 const INTERPRETERS: &[&str] = &["python3", "node", "sh"];
 
@@ -223,46 +269,111 @@ impl Sandbox {
         Sandbox::detect(policy)
     }
 
-    /// Finds bubblewrap on PATH and checks once per process that it works here.
+    /// Finds bubblewrap (the policy's `bwrap`, else the system directories, then PATH) and
+    /// checks once per process that it works here.
     pub fn detect(policy: SandboxPolicy) -> Self {
-        let bwrap = find_tool("bwrap");
+        let bwrap = match &policy.bwrap {
+            Some(path) => Some(path.clone()),
+            None => find_tool("bwrap"),
+        };
         Sandbox::with_bwrap_path(policy, bwrap)
     }
 
     /// Uses this bubblewrap binary, or none (`None`: as if bubblewrap were not installed).
     pub fn with_bwrap_path(policy: SandboxPolicy, bwrap: Option<PathBuf>) -> Self {
-        static HOSTS: OnceLock<Mutex<BTreeMap<Option<PathBuf>, Arc<Host>>>> = OnceLock::new();
+        static HOSTS: OnceLock<Mutex<BTreeMap<Option<PathBuf>, Arc<HostCell>>>> = OnceLock::new();
         let hosts = HOSTS.get_or_init(Mutex::default);
         let mut hosts = hosts
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let host = hosts
             .entry(bwrap.clone())
-            .or_insert_with(|| Arc::new(Host::discover(bwrap)))
+            .or_insert_with(|| {
+                Arc::new(HostCell {
+                    current: std::sync::RwLock::new(Arc::new(Host::discover(bwrap.clone()))),
+                    bwrap,
+                })
+            })
             .clone();
         Sandbox { policy, host }
     }
 
+    fn host(&self) -> Arc<Host> {
+        self.host
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// How processes are run under this policy on this host.
     pub fn mode(&self) -> SandboxMode {
-        if self.host.bwrap.is_some() {
-            SandboxMode::Bubblewrap
-        } else if self.policy.allow_unsandboxed {
-            SandboxMode::Unsandboxed
-        } else {
-            SandboxMode::Refusing
-        }
+        self.mode_of(&self.host())
     }
 
     /// Why bubblewrap is not used, when it is not.
-    pub fn unavailable_reason(&self) -> Option<&str> {
-        self.host.bwrap_problem.as_deref()
+    pub fn unavailable_reason(&self) -> Option<String> {
+        self.host().bwrap_problem.clone()
+    }
+
+    /// Which uid sandboxed processes run as, for logs.
+    pub fn identity(&self) -> String {
+        match &self.host().identity {
+            Identity::Pool { .. } => format!(
+                "a private uid per run ({UID_POOL_BASE}..{})",
+                UID_POOL_BASE + UID_POOL_SIZE
+            ),
+            Identity::Shared(uid) => format!("uid {uid}, shared by every run"),
+            Identity::Inherit => "this process's uid".to_string(),
+        }
+    }
+
+    /// Checks that a run can be had right now: `true` through the whole machinery (lease,
+    /// limits, bubblewrap). A sandbox that refuses (no usable bubblewrap) looks at the host
+    /// again first, so installing or repairing bubblewrap is noticed without a restart.
+    /// `Err` says what failed.
+    pub async fn probe(&self) -> Result<(), String> {
+        if self.mode() == SandboxMode::Refusing {
+            let bwrap = self.host.bwrap.clone();
+            let fresh = tokio::task::spawn_blocking(move || Host::discover(bwrap))
+                .await
+                .map_err(|e| format!("looking at the host: {e}"))?;
+            if fresh.bwrap.is_none() {
+                return Err(fresh
+                    .bwrap_problem
+                    .unwrap_or_else(|| "bubblewrap is not usable".to_string()));
+            }
+            *self
+                .host
+                .current
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(fresh);
+        }
+        let req = SandboxRequest {
+            argv: vec!["sh".into(), "-c".into(), "exit 0".into()],
+            package_root: PathBuf::from("/usr"),
+            stdin: Vec::new(),
+            timeout: Duration::from_secs(10),
+            env: BTreeMap::new(),
+        };
+        match self.run(req).await {
+            Ok(out) if out.exit_code == Some(0) => Ok(()),
+            Ok(out) => Err(format!(
+                "a trivial program failed ({}): {}",
+                out.exit_code
+                    .map_or_else(|| "killed".to_string(), |c| format!("exit code {c}")),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// Runs one process to completion, timeout, or output limit, and reaps everything it
     /// started.
     pub async fn run(&self, req: SandboxRequest) -> Result<SandboxOutput, SandboxError> {
-        let mode = self.mode();
+        // One view of the host for the whole run, even if a probe replaces it meanwhile.
+        let host = self.host();
+        let mode = self.mode_of(&host);
         if mode == SandboxMode::Refusing {
             return Err(SandboxError::NoSandbox);
         }
@@ -270,7 +381,7 @@ impl Sandbox {
             static WARNED: AtomicBool = AtomicBool::new(false);
             if !WARNED.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    reason = self.unavailable_reason().unwrap_or("not installed"),
+                    reason = host.bwrap_problem.as_deref().unwrap_or("not installed"),
                     "bubblewrap is not usable: running untrusted package code WITHOUT a sandbox (resource limits only; network and host files are reachable)"
                 );
             }
@@ -282,7 +393,7 @@ impl Sandbox {
             });
         };
         let package = std::fs::canonicalize(&req.package_root)?;
-        let lease = self.host.identity.lease()?;
+        let lease = host.lease()?;
         let uid = lease.as_ref().map(|l| l.uid);
         if let Some(uid) = uid {
             check_world_readable(&package).map_err(|reason| SandboxError::PackageNotReadable {
@@ -290,13 +401,13 @@ impl Sandbox {
                 reason: format!("{reason} (the sandbox runs as uid {uid})"),
             })?;
         }
-        let program = self.host.resolve_program(program)?;
+        let program = host.resolve_program(program)?;
         // Unsandboxed, HOME and TMPDIR are a private scratch directory on the host.
         let scratch = match mode {
             SandboxMode::Unsandboxed => Some(scratch_dir(uid)?),
             _ => None,
         };
-        let plan = self.host.plan(
+        let plan = host.plan(
             &self.policy,
             &req,
             &program,
@@ -305,13 +416,39 @@ impl Sandbox {
             scratch.as_ref().map(tempfile::TempDir::path),
         )?;
         tracing::debug!(argv = ?plan.argv, "sandbox: spawning");
-        let out = self.execute(plan, &req, lease).await;
+        let out = self.execute(&host, plan, &req, lease).await;
         drop(scratch);
-        out
+        let out = out?;
+        if !out.started && !out.timed_out && !out.stdout_truncated {
+            let status = out
+                .exit_code
+                .map_or_else(|| "killed".to_string(), |c| format!("exit code {c}"));
+            let diagnostics = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            return Err(SandboxError::Machinery {
+                status,
+                diagnostics: if diagnostics.is_empty() {
+                    "(no diagnostics)".to_string()
+                } else {
+                    diagnostics
+                },
+            });
+        }
+        Ok(out)
+    }
+
+    fn mode_of(&self, host: &Host) -> SandboxMode {
+        if host.bwrap.is_some() {
+            SandboxMode::Bubblewrap
+        } else if self.policy.allow_unsandboxed {
+            SandboxMode::Unsandboxed
+        } else {
+            SandboxMode::Refusing
+        }
     }
 
     async fn execute(
         &self,
+        host: &Host,
         plan: Plan,
         req: &SandboxRequest,
         lease: Option<UidLease>,
@@ -346,7 +483,7 @@ impl Sandbox {
         // executor's own timeout.
         let mut guard = Reaper {
             pgid,
-            sweep: self.host.sweep_command(lease.as_ref()),
+            sweep: host.sweep_command(lease.as_ref()),
             lease,
             armed: true,
         };
@@ -365,7 +502,7 @@ impl Sandbox {
 
         let limit = self.policy.max_output_bytes;
         let mut out_buf = Vec::new();
-        let mut err_tail = Tail::new(STDERR_KEEP);
+        let mut err_tail = Tail::with_marker(STDERR_KEEP, STARTED_MARKER);
         let mut status = None;
         let mut timed_out = false;
         let mut truncated = false;
@@ -438,6 +575,7 @@ impl Sandbox {
             (None, Some(sig)) => Some(128 + sig),
             (None, None) => None,
         };
+        let started = err_tail.started();
         let (stderr, stderr_truncated) = err_tail.finish();
         Ok(SandboxOutput {
             exit_code,
@@ -447,6 +585,7 @@ impl Sandbox {
             stdout_truncated: truncated,
             timed_out,
             duration,
+            started,
         })
     }
 }
@@ -497,22 +636,10 @@ enum Identity {
     Inherit,
 }
 
-impl Identity {
-    fn lease(&self) -> Result<Option<UidLease>, SandboxError> {
-        match self {
-            Identity::Inherit => Ok(None),
-            Identity::Shared(uid) => Ok(Some(UidLease {
-                uid: *uid,
-                private: false,
-                _lock: None,
-            })),
-            Identity::Pool { lock_dir } => lease_private_uid(lock_dir).map(Some),
-        }
-    }
-}
-
 struct UidLease {
     uid: u32,
+    /// Its place in the pool.
+    slot: u32,
     /// Nothing else runs as this uid, so everything it owns may be killed after the run.
     private: bool,
     _lock: Option<Flock<File>>,
@@ -527,34 +654,114 @@ impl fmt::Debug for UidLease {
     }
 }
 
-/// Leases a uid no other run (in this or another process on the host) is using. The lock is
-/// a `flock` on a per-uid file, released by the kernel even if this process dies.
-fn lease_private_uid(lock_dir: &Path) -> Result<UidLease, SandboxError> {
-    // Start after the last lease so a uid is not reused straight away.
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = NEXT.fetch_add(1, Ordering::Relaxed);
-    for i in 0..UID_POOL_SIZE {
-        let slot = start.wrapping_add(i) % UID_POOL_SIZE;
-        let uid = UID_POOL_BASE + slot;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(lock_dir.join(format!("{uid}.lock")))?;
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => {
-                NEXT.store(slot.wrapping_add(1), Ordering::Relaxed);
-                return Ok(UidLease {
-                    uid,
-                    private: true,
-                    _lock: Some(lock),
-                });
+/// The private uid pool: `size` uids from `base`, leased under `lock_dir`.
+#[derive(Debug, Clone)]
+struct UidPool<'a> {
+    lock_dir: &'a Path,
+    base: u32,
+    size: u32,
+}
+
+impl UidPool<'_> {
+    /// Leases a uid no other run (in this or another process on the host) is using and no
+    /// task of which exists (see the module docs). The lock is a `flock` on a per-uid file,
+    /// released by the kernel even if this process dies; the task census is what makes that
+    /// safe, since a dead holder's processes may outlive its lock. A uid that still has live
+    /// tasks and no holder gets them killed (`kill` runs `sweep`) and is skipped this time.
+    fn lease(&self, start: u32, kill: &dyn Fn(u32)) -> Result<UidLease, SandboxError> {
+        let busy = uids_with_tasks(self.base..self.base + self.size);
+        for i in 0..self.size {
+            let slot = start.wrapping_add(i) % self.size;
+            let uid = self.base + slot;
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(self.lock_dir.join(format!("{uid}.lock")))?;
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => match busy.get(&uid) {
+                    None => {
+                        return Ok(UidLease {
+                            uid,
+                            slot,
+                            private: true,
+                            _lock: Some(lock),
+                        })
+                    }
+                    Some(tasks) => {
+                        tracing::debug!(
+                            uid,
+                            live = tasks.live,
+                            zombies = tasks.zombies,
+                            "sandbox: uid still has processes from an earlier holder; skipped"
+                        );
+                        if tasks.live > 0 {
+                            kill(uid);
+                        }
+                    }
+                },
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
+                Err((_, errno)) => return Err(SandboxError::Io(std::io::Error::from(errno))),
             }
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
-            Err((_, errno)) => return Err(SandboxError::Io(std::io::Error::from(errno))),
+        }
+        Err(SandboxError::Busy(self.size))
+    }
+}
+
+/// Tasks of one uid found in `/proc`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct UidTasks {
+    live: u32,
+    /// Dead, not yet reaped by their parent: still counted against the uid's process limit.
+    zombies: u32,
+}
+
+/// Every uid in `range` that owns a process (by real uid, which is what `RLIMIT_NPROC`
+/// counts), with how many live and zombie processes it has.
+fn uids_with_tasks(range: std::ops::Range<u32>) -> BTreeMap<u32, UidTasks> {
+    let mut found: BTreeMap<u32, UidTasks> = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        // A process that exits meanwhile simply has no status any more.
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let mut uid = None;
+        let mut zombie = false;
+        for line in status.lines() {
+            if let Some(state) = line.strip_prefix("State:") {
+                zombie = state.trim_start().starts_with('Z');
+            } else if let Some(uids) = line.strip_prefix("Uid:") {
+                uid = uids
+                    .split_whitespace()
+                    .next()
+                    .and_then(|u| u.parse::<u32>().ok());
+                break;
+            }
+        }
+        if let Some(uid) = uid.filter(|u| range.contains(u)) {
+            let tasks = found.entry(uid).or_default();
+            if zombie {
+                tasks.zombies += 1;
+            } else {
+                tasks.live += 1;
+            }
         }
     }
-    Err(SandboxError::Busy(UID_POOL_SIZE))
+    found
+}
+
+/// Where the next lease of this process starts looking: random at first, so processes that
+/// start together (or one that replaces a killed one) do not all begin with the same uids.
+fn next_slot() -> &'static AtomicU32 {
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    NEXT.get_or_init(|| AtomicU32::new(rand::random::<u32>() % UID_POOL_SIZE))
 }
 
 impl Host {
@@ -611,7 +818,7 @@ impl Host {
                 host.identity = identity.clone();
                 match host.probe(&policy) {
                     Ok(()) => {
-                        tracing::debug!(identity = ?host.identity, "sandbox: bubblewrap works");
+                        tracing::info!(identity = ?host.identity, "sandbox: bubblewrap works");
                         return host;
                     }
                     Err(problem) => problems.push(format!("as {identity:?}: {problem}")),
@@ -635,13 +842,69 @@ impl Host {
         host
     }
 
-    /// Runs `true` through the full command line, synchronously (once per process).
+    /// A uid for one run under this host's identity.
+    fn lease(&self) -> Result<Option<UidLease>, SandboxError> {
+        match &self.identity {
+            Identity::Inherit => Ok(None),
+            Identity::Shared(uid) => Ok(Some(UidLease {
+                uid: *uid,
+                slot: 0,
+                private: false,
+                _lock: None,
+            })),
+            Identity::Pool { lock_dir } => {
+                let pool = UidPool {
+                    lock_dir,
+                    base: UID_POOL_BASE,
+                    size: UID_POOL_SIZE,
+                };
+                let next = next_slot();
+                let lease = pool.lease(next.fetch_add(1, Ordering::Relaxed), &|uid| {
+                    self.kill_uid_blocking(uid);
+                })?;
+                next.store(lease.slot.wrapping_add(1), Ordering::Relaxed);
+                Ok(Some(lease))
+            }
+        }
+    }
+
+    /// Kills every process of a private uid, waiting for `kill` itself (not for the victims
+    /// to be reaped: that is their parent's business, and the census skips the uid until then).
+    fn kill_uid_blocking(&self, uid: u32) {
+        if let Some(sweep) = self.sweep_for_uid(uid) {
+            if let Some((program, args)) = sweep.split_first() {
+                // Failing (ESRCH: nothing left) is the usual outcome and changes nothing.
+                let _ = std::process::Command::new(program)
+                    .args(args)
+                    .env_clear()
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+
+    /// [`Host::probe_once`], up to three times: one failed start (a transient shortage) must
+    /// not decide the identity for the life of the process.
     fn probe(&self, policy: &SandboxPolicy) -> Result<(), String> {
-        let uid = match &self.identity {
-            Identity::Pool { .. } => Some(UID_POOL_BASE),
-            Identity::Shared(uid) => Some(*uid),
-            Identity::Inherit => None,
-        };
+        let mut last = String::new();
+        for attempt in 0..3 {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            match self.probe_once(policy) {
+                Ok(()) => return Ok(()),
+                Err(problem) => last = problem,
+            }
+        }
+        Err(last)
+    }
+
+    /// Runs `true` through the full command line, synchronously, under a leased uid.
+    fn probe_once(&self, policy: &SandboxPolicy) -> Result<(), String> {
+        let lease = self.lease().map_err(|e| e.to_string())?;
+        let uid = lease.as_ref().map(|l| l.uid);
         let req = SandboxRequest {
             argv: vec!["true".into()],
             package_root: PathBuf::from("/usr"),
@@ -668,6 +931,10 @@ impl Host {
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("could not start {}: {e}", program.to_string_lossy()))?;
+        if let Some(lease) = lease.as_ref().filter(|l| l.private) {
+            self.kill_uid_blocking(lease.uid);
+        }
+        drop(lease);
         if out.status.success() {
             Ok(())
         } else {
@@ -798,8 +1065,7 @@ impl Host {
                     argv.extend(["--setenv".into(), k, v]);
                 }
                 argv.push("--".into());
-                argv.push(program.into());
-                argv.extend(req.argv.iter().skip(1).map(OsString::from));
+                argv.extend(self.exec_with_marker(program, req)?);
                 Ok(Plan {
                     argv,
                     env: Vec::new(),
@@ -807,8 +1073,7 @@ impl Host {
                 })
             }
             None => {
-                argv.push(program.into());
-                argv.extend(req.argv.iter().skip(1).map(OsString::from));
+                argv.extend(self.exec_with_marker(program, req)?);
                 Ok(Plan {
                     argv,
                     env: env.into_iter().collect(),
@@ -818,12 +1083,37 @@ impl Host {
         }
     }
 
+    /// `sh -c 'print the marker; exec the program' program args...`: the marker proves the
+    /// machinery got as far as the program, `exec` keeps the process count unchanged.
+    fn exec_with_marker(
+        &self,
+        program: &Path,
+        req: &SandboxRequest,
+    ) -> Result<Vec<OsString>, SandboxError> {
+        let sh = self
+            .interpreters
+            .get("sh")
+            .filter(|i| i.problem.is_none())
+            .ok_or(SandboxError::MissingTool { tool: "sh" })?;
+        let mut argv: Vec<OsString> = vec![
+            sh.path.clone().into(),
+            "-c".into(),
+            format!("printf '{STARTED_MARKER_PRINTF}' >&2; exec \"$0\" \"$@\"").into(),
+            program.into(),
+        ];
+        argv.extend(req.argv.iter().skip(1).map(OsString::from));
+        Ok(argv)
+    }
+
     /// The command that kills everything a private uid still owns.
     fn sweep_command(&self, lease: Option<&UidLease>) -> Option<Vec<OsString>> {
         let lease = lease.filter(|l| l.private)?;
+        self.sweep_for_uid(lease.uid)
+    }
+
+    fn sweep_for_uid(&self, uid: u32) -> Option<Vec<OsString>> {
         let setpriv = self.setpriv.as_ref()?;
         let kill = self.kill.as_ref()?;
-        let uid = lease.uid;
         Some(vec![
             setpriv.into(),
             format!("--reuid={uid}").into(),
@@ -970,12 +1260,17 @@ async fn read_tail<R: AsyncRead + Unpin>(reader: Option<&mut R>, tail: &mut Tail
     }
 }
 
-/// The last `keep` bytes of a stream.
+/// The last `keep` bytes of a stream. With a marker, what comes before it is kept apart
+/// (the sandbox tools' diagnostics) and the tail starts after it.
 #[derive(Debug)]
 struct Tail {
     buf: Vec<u8>,
     keep: usize,
     dropped: bool,
+    /// Waiting for this marker; `None` once seen (or when there is none).
+    marker: Option<&'static [u8]>,
+    /// Before the marker.
+    pre: Vec<u8>,
 }
 
 impl Tail {
@@ -984,11 +1279,38 @@ impl Tail {
             buf: Vec::new(),
             keep,
             dropped: false,
+            marker: None,
+            pre: Vec::new(),
+        }
+    }
+
+    fn with_marker(keep: usize, marker: &'static [u8]) -> Self {
+        Tail {
+            marker: Some(marker),
+            ..Tail::new(keep)
         }
     }
 
     fn push(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
+        let data = match self.marker {
+            Some(marker) => {
+                self.pre.extend_from_slice(data);
+                let Some(at) = self.pre.windows(marker.len()).position(|w| w == marker) else {
+                    // Keep the diagnostics' tail, and enough to find a marker cut in two.
+                    if self.pre.len() > DIAGNOSTICS_KEEP * 2 {
+                        let excess = self.pre.len() - DIAGNOSTICS_KEEP;
+                        self.pre.drain(..excess);
+                    }
+                    return;
+                };
+                self.marker = None;
+                let after = self.pre.split_off(at + marker.len());
+                self.pre.truncate(at);
+                after
+            }
+            None => data.to_vec(),
+        };
+        self.buf.extend_from_slice(&data);
         // Trim in batches so a byte-at-a-time writer does not cost a memmove per byte.
         if self.buf.len() > self.keep * 2 {
             let excess = self.buf.len() - self.keep;
@@ -997,8 +1319,22 @@ impl Tail {
         }
     }
 
-    /// The kept bytes, and whether anything was dropped.
+    /// Whether the marker was seen (always, without one).
+    fn started(&self) -> bool {
+        self.marker.is_none()
+    }
+
+    /// The kept bytes, and whether anything was dropped. Before the marker was seen, the
+    /// kept bytes are the tools' diagnostics.
     fn finish(mut self) -> (Vec<u8>, bool) {
+        if self.marker.is_some() {
+            let mut pre = self.pre;
+            if pre.len() > DIAGNOSTICS_KEEP {
+                let excess = pre.len() - DIAGNOSTICS_KEEP;
+                pre.drain(..excess);
+            }
+            return (pre, false);
+        }
         if self.buf.len() > self.keep {
             let excess = self.buf.len() - self.keep;
             self.buf.drain(..excess);
@@ -1231,19 +1567,18 @@ impl Sandbox {
     /// The command line [`Sandbox::run`] would spawn for `req` (with a placeholder uid), for
     /// logs and diagnostics.
     pub fn describe(&self, req: &SandboxRequest) -> Result<String, SandboxError> {
+        let host = self.host();
         let program = req
             .argv
             .first()
-            .map_or(Ok(PathBuf::new()), |p| self.host.resolve_program(p))?;
-        let uid = match &self.host.identity {
+            .map_or(Ok(PathBuf::new()), |p| host.resolve_program(p))?;
+        let uid = match &host.identity {
             Identity::Pool { .. } => Some(UID_POOL_BASE),
             Identity::Shared(uid) => Some(*uid),
             Identity::Inherit => None,
         };
         let scratch = (self.mode() == SandboxMode::Unsandboxed).then_some(Path::new("$SCRATCH"));
-        let plan = self
-            .host
-            .plan(&self.policy, req, &program, &req.package_root, uid, scratch)?;
+        let plan = host.plan(&self.policy, req, &program, &req.package_root, uid, scratch)?;
         Ok(display_argv(&plan.argv))
     }
 }
@@ -1264,6 +1599,108 @@ mod tests {
         let mut t = Tail::new(4);
         t.push(b"abcd");
         assert_eq!(t.finish(), (b"abcd".to_vec(), false));
+    }
+
+    #[test]
+    fn the_start_marker_splits_diagnostics_from_the_programs_stderr() {
+        let mut t = Tail::with_marker(1024, STARTED_MARKER);
+        t.push(b"bwrap: some warning\n\x1eskilleval-sand");
+        assert!(!t.started());
+        t.push(b"box: exec\nTraceback: boom\n");
+        assert!(t.started());
+        assert_eq!(t.finish(), (b"Traceback: boom\n".to_vec(), false));
+
+        let mut t = Tail::with_marker(1024, STARTED_MARKER);
+        t.push(b"bwrap: Can't fork for pid 1: Resource temporarily unavailable\n");
+        assert!(!t.started());
+        assert_eq!(
+            t.finish().0,
+            b"bwrap: Can't fork for pid 1: Resource temporarily unavailable\n".to_vec()
+        );
+    }
+
+    /// A process running as `uid` (we are root), killed and reaped on drop.
+    struct Squatter(std::process::Child);
+
+    impl Squatter {
+        fn start(uid: u32) -> Squatter {
+            let child = std::process::Command::new("setpriv")
+                .args([
+                    format!("--reuid={uid}"),
+                    format!("--regid={uid}"),
+                    "--clear-groups".to_string(),
+                    "--".to_string(),
+                    "sleep".to_string(),
+                    "60".to_string(),
+                ])
+                .spawn()
+                .expect("setpriv sleep");
+            let start = Instant::now();
+            while !uids_with_tasks(uid..uid + 1).contains_key(&uid) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "squatter not seen"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Squatter(child)
+        }
+    }
+
+    impl Drop for Squatter {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn a_uid_is_not_leased_while_a_process_of_it_lives() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to run a process as another uid");
+            return;
+        }
+        // A range no real sandbox uses, so this test cannot meet another test's runs.
+        let base = 2_100_000_000 + (std::process::id() % 1000) * 8;
+        let lock_dir = tempfile::tempdir().expect("lock dir");
+        let pool = UidPool {
+            lock_dir: lock_dir.path(),
+            base,
+            size: 4,
+        };
+        let mut squatter = Squatter::start(base);
+        let killed = Mutex::new(Vec::new());
+        let kill = |uid: u32| killed.lock().expect("not poisoned").push(uid);
+
+        let lease = pool.lease(0, &kill).expect("a lease");
+        assert_eq!(
+            lease.uid,
+            base + 1,
+            "the uid with a live process is skipped"
+        );
+        assert_eq!(
+            *killed.lock().expect("not poisoned"),
+            vec![base],
+            "and its leftovers killed"
+        );
+        drop(lease);
+
+        // Killed but not reaped yet: a zombie still counts against the uid's process limit.
+        squatter.0.kill().expect("kill");
+        let start = Instant::now();
+        while uids_with_tasks(base..base + 1)
+            .get(&base)
+            .map(|t| t.zombies)
+            != Some(1)
+        {
+            assert!(start.elapsed() < Duration::from_secs(5), "no zombie seen");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(pool.lease(0, &kill).expect("a lease").uid, base + 1);
+
+        // Reaped: the uid is clean again and leased.
+        squatter.0.wait().expect("reap");
+        assert_eq!(pool.lease(0, &kill).expect("a lease").uid, base);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::executor::{CaseStatus, JobResult};
 use crate::grade::Usage;
-use crate::model::Settings;
+use crate::model::EvalSettings;
 
 /// Pass rate a run needs when the definition sets none: every case must pass.
 pub const DEFAULT_PASS_THRESHOLD: f64 = 1.0;
@@ -179,7 +179,7 @@ pub fn ratio(a: u64, b: u64) -> f64 {
 }
 
 /// Summarises a run's results against its settings.
-pub fn summarize(results: &[JobResult], settings: &Settings) -> RunSummary {
+pub fn summarize(results: &[JobResult], settings: &EvalSettings) -> RunSummary {
     let mut s = Summarizer::default();
     for r in results {
         s.add(r);
@@ -267,7 +267,7 @@ impl Summarizer {
         }
         // Only graded cases say anything about compliance: errored and skipped ones never
         // produced JSON to check.
-        if r.strategy == "json_schema"
+        if r.strategy == crate::strategy::json_schema::NAME
             && matches!(r.status, CaseStatus::Passed | CaseStatus::Failed)
         {
             self.schema.1 += 1;
@@ -293,7 +293,7 @@ impl Summarizer {
     }
 
     /// The summary of every result added, against the run's settings.
-    pub fn finish(self, settings: &Settings) -> RunSummary {
+    pub fn finish(self, settings: &EvalSettings) -> RunSummary {
         let Summarizer {
             passed,
             failed,
@@ -425,7 +425,7 @@ mod tests {
             result("c", CaseStatus::Failed, Some(0.0), 1.0, &[]),
             result("d", CaseStatus::Errored, None, 1.0, &["y"]),
         ];
-        let s = summarize(&rs, &Settings::default());
+        let s = summarize(&rs, &EvalSettings::default());
         assert_eq!((s.total, s.passed, s.failed, s.errored), (4, 1, 2, 1));
         assert!((s.pass_rate - 0.25).abs() < 1e-12);
         assert!((s.mean - 0.5).abs() < 1e-12);
@@ -448,9 +448,9 @@ mod tests {
             result("c", CaseStatus::Passed, Some(1.0), 1.0, &[]),
             result("d", CaseStatus::Failed, Some(0.0), 1.0, &[]),
         ];
-        let settings = Settings {
+        let settings = EvalSettings {
             pass_threshold: Some(0.75),
-            ..Settings::default()
+            ..EvalSettings::default()
         };
         assert_eq!(summarize(&rs, &settings).verdict, Verdict::Pass);
         rs[3].critical = true;
@@ -465,9 +465,9 @@ mod tests {
             result("a", CaseStatus::Passed, Some(0.6), 1.0, &[]),
             result("b", CaseStatus::Passed, Some(0.7), 1.0, &[]),
         ];
-        let settings = Settings {
+        let settings = EvalSettings {
             score_threshold: Some(0.7),
-            ..Settings::default()
+            ..EvalSettings::default()
         };
         let s = summarize(&rs, &settings);
         assert_eq!(s.verdict, Verdict::Fail);
@@ -490,7 +490,7 @@ mod tests {
         c.rubric_scores = Some(json!({"accuracy": {"normalized": 0.5, "weight": 0.4}}));
         let mut d = result("d", CaseStatus::Passed, Some(0.9), 1.0, &[]);
         d.rubric_scores = Some(json!({"accuracy": {"normalized": 1.0, "weight": 0.4}}));
-        let s = summarize(&[a, b, c, d], &Settings::default());
+        let s = summarize(&[a, b, c, d], &EvalSettings::default());
         assert_eq!(s.schema_compliance_rate, Some(0.5));
         let acc = &s.by_criterion["accuracy"];
         assert!((acc.average_score - 0.75).abs() < 1e-12);

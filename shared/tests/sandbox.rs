@@ -993,7 +993,7 @@ async fn command_runner_rejects_bad_scripts_before_running_anything() {
 }
 
 #[tokio::test]
-async fn command_runner_without_a_sandbox_is_a_permanent_fault() {
+async fn command_runner_without_a_sandbox_is_a_fault_of_the_host() {
     let pkg = package(&[("ok.py", "print(1)\n")]);
     let sandbox = Sandbox::with_bwrap_path(SandboxPolicy::default(), None);
     let fault = produce(
@@ -1005,10 +1005,129 @@ async fn command_runner_without_a_sandbox_is_a_permanent_fault() {
     )
     .await
     .expect_err("refused");
-    let Fault::Permanent { message } = &fault else {
-        panic!("expected a permanent fault, got {fault:?}");
+    let Fault::Host { message } = &fault else {
+        panic!("expected a fault of the host, got {fault:?}");
     };
     assert!(message.contains("bubblewrap"), "{message}");
+    assert!(fault.is_transient(), "another worker may have a sandbox");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whose fault: the sandbox's machinery or the skill's code
+// ---------------------------------------------------------------------------------------------
+
+/// A stand-in for bubblewrap that is the real one, except that while `<dir>/broken` exists
+/// it starts the real one with a process limit of 1 for its uid, so that bubblewrap's own
+/// `clone` fails with EAGAIN exactly as on a uid already at its limit.
+fn limited_bwrap() -> (TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let real = ["/usr/bin/bwrap", "/bin/bwrap"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("bubblewrap is installed");
+    let path = dir.path().join("bwrap");
+    let script = format!(
+        "#!/bin/sh\nif [ -e '{dir}/broken' ]; then exec prlimit --nproc=1 -- {real} \"$@\"; fi\nexec {real} \"$@\"\n",
+        dir = dir.path().display()
+    );
+    std::fs::write(&path, script).expect("write the stand-in");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    (dir, path)
+}
+
+#[tokio::test]
+async fn a_sandbox_that_cannot_fork_before_the_program_is_a_machinery_error_and_a_host_fault() {
+    let (dir, bwrap) = limited_bwrap();
+    let sandbox = Sandbox::with_bwrap_path(SandboxPolicy::default(), Some(bwrap));
+    assert_eq!(
+        sandbox.mode(),
+        SandboxMode::Bubblewrap,
+        "{:?}",
+        sandbox.unavailable_reason()
+    );
+    let pkg = package(&[("ok.sh", "echo fine\n")]);
+    std::fs::write(dir.path().join("broken"), "").expect("break it");
+    let err = sandbox
+        .run(request(&pkg, &["sh", "ok.sh"], Duration::from_secs(10)))
+        .await
+        .expect_err("bubblewrap cannot fork");
+    let SandboxError::Machinery { diagnostics, .. } = &err else {
+        panic!("expected a machinery error, got {err:?}");
+    };
+    assert!(
+        diagnostics.contains("bwrap") && diagnostics.contains("Resource temporarily unavailable"),
+        "{diagnostics}"
+    );
+    let fault = produce(
+        &pkg,
+        sandbox.clone(),
+        "ok.sh",
+        &BTreeMap::new(),
+        Duration::from_secs(10),
+    )
+    .await
+    .expect_err("still broken");
+    assert!(fault.is_host(), "{fault:?}");
+    assert!(fault.to_string().contains("not the skill's"), "{fault}");
+    assert!(sandbox.probe().await.is_err(), "the probe sees it too");
+
+    std::fs::remove_file(dir.path().join("broken")).expect("repair it");
+    assert_eq!(sandbox.probe().await, Ok(()));
+    let out = run(
+        &sandbox,
+        request(&pkg, &["sh", "ok.sh"], Duration::from_secs(10)),
+    )
+    .await;
+    assert!(out.started);
+    assert_eq!(stdout(&out).trim(), "fine");
+    assert!(
+        !stderr(&out).contains("skilleval-sandbox"),
+        "the start marker is not shown: {}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn a_skill_that_fork_bombs_itself_fails_as_its_own_fault_with_its_reason() {
+    // The classic shell fork bomb, bounded so a broken limit cannot take the host down.
+    let script = "cat > /dev/null\nbomb() { bomb | bomb & }\nbomb\nsleep 2\nexit 1\n";
+    let pkg = package(&[("bomb.sh", script)]);
+    let sandbox = bwrap_sandbox(SandboxPolicy {
+        max_processes: 32,
+        ..SandboxPolicy::default()
+    });
+    let fault = produce(
+        &pkg,
+        sandbox,
+        "bomb.sh",
+        &BTreeMap::new(),
+        Duration::from_secs(20),
+    )
+    .await
+    .expect_err("a fork bomb does not produce an output");
+    let Fault::Permanent { message } = &fault else {
+        panic!("the skill's own fork bomb is the skill's fault, got {fault:?}");
+    };
+    assert!(
+        message.contains("Cannot fork") || message.contains("Resource temporarily unavailable"),
+        "the reason is the process limit: {message}"
+    );
+}
+
+#[tokio::test]
+async fn a_program_that_exits_at_once_is_still_started() {
+    // The skill's program failing straight away is the skill's, even with nothing on stderr.
+    let pkg = package(&[("quit.sh", "exit 7\n")]);
+    let sandbox = bwrap_sandbox(SandboxPolicy::default());
+    let out = run(
+        &sandbox,
+        request(&pkg, &["sh", "quit.sh"], Duration::from_secs(10)),
+    )
+    .await;
+    assert!(out.started);
+    assert_eq!(out.exit_code, Some(7));
+    assert!(out.stderr.is_empty(), "{}", stderr(&out));
 }
 
 #[test]

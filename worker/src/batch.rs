@@ -10,7 +10,7 @@
 //!
 //! Up to [`FLUSHES_IN_FLIGHT`] batches commit at once: while one waits on its commit the next
 //! fills, so a worker's throughput is not one batch per database round trip. Order between
-//! batches does not matter (each row leaves `queued` once, whichever batch holds it).
+//! batches does not matter (a case's row is inserted once, whichever batch holds it).
 
 use std::collections::HashMap;
 use std::sync::Arc;

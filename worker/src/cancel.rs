@@ -1,9 +1,9 @@
 //! Whether a run was cancelled, asked of the database at most once per TTL per run.
 //!
 //! Every job checks before it runs; a cancelled run's remaining jobs then finish as `skipped`
-//! in milliseconds. The coordinator marks a cancelled run's queued rows `skipped` itself, so a
-//! stale "not cancelled" answer costs at most one needless execution whose result changes
-//! nothing.
+//! in milliseconds. A stopped run records no further result, and the coordinator writes its
+//! unrecorded cases off as `skipped` itself, so a stale "not cancelled" answer costs at most
+//! one needless execution whose result changes nothing.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

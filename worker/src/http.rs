@@ -1,8 +1,9 @@
 //! `/healthz`, `/readyz` and `/metrics` for supervisors and Prometheus.
 //!
-//! `/healthz` answers while the process runs. `/readyz` answers 200 only while a broker session
-//! is consuming and the database answers a query: a worker that lost either is alive (it is
-//! reconnecting) but not doing work.
+//! `/healthz` answers while the process runs. `/readyz` answers 200 only while the sandbox works
+//! ([`crate::sandbox_gate`]), a broker session is consuming and the database answers a query:
+//! a worker that lost any of them is alive (it is reconnecting, or probing its sandbox) but
+//! not doing work, and the 503's body says why.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +18,7 @@ use skilleval_infra::store::Store;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::WorkerMetrics;
+use crate::sandbox_gate::SandboxGate;
 
 #[derive(Debug, Clone)]
 pub struct HttpState {
@@ -24,6 +26,7 @@ pub struct HttpState {
     /// Set while a broker session is consuming.
     pub consuming: Arc<AtomicBool>,
     pub store: Store,
+    pub gate: Arc<SandboxGate>,
 }
 
 pub fn router(state: HttpState) -> Router {
@@ -35,6 +38,12 @@ pub fn router(state: HttpState) -> Router {
 }
 
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    if let Some(reason) = state.gate.reason() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}"),
+        );
+    }
     if !state.consuming.load(Ordering::SeqCst) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,

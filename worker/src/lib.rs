@@ -12,12 +12,14 @@
 //! - [`packages`] fetches a package once per content hash and caches it on disk.
 //! - [`retry`] computes backoff and picks the delay queue tier.
 //! - [`cancel`] caches whether a run was cancelled.
-//! - [`llm`] builds the executor, with the model providers (Postgres cache and fleet-wide
-//!   rate limits) when configured.
+//! - [`llm`] connects the model providers (Postgres cache and fleet-wide rate limits) when
+//!   configured and builds the executor on them with the shared `ExecutorBuilder`.
+//! - [`sandbox_gate`] stops the consumers while the sandbox does not work (none at start, or
+//!   repeated faults of the host) and probes it until it does.
 //! - [`http`] serves `/healthz`, `/readyz` and `/metrics` ([`metrics`]).
 //!
 //! The guarantees, in order: a job's result is committed before its delivery is acked; a
-//! result row leaves `queued` once, however often its job is delivered; every job ends in a
+//! case's row is inserted once, however often its job is delivered; every job ends in a
 //! stored result (retries are bounded, poison jobs are stored `errored`), so every run
 //! completes.
 
@@ -33,6 +35,7 @@ pub mod llm;
 pub mod metrics;
 pub mod packages;
 pub mod retry;
+pub mod sandbox_gate;
 pub mod worker;
 
 pub use worker::{DeliveryInfo, Disposition, HandleError, Worker, WorkerError};

@@ -1,17 +1,14 @@
-//! Model providers in the worker: with providers configured (`llm` in the settings), the
-//! executor gets the real model-backed strategies and the `llm` runner, registered through the
-//! same shared functions as `skilleval run`, but with the fleet's Postgres-backed response
-//! cache and rate limiter instead of the CLI's folder cache and in-process buckets. Without
-//! providers the executor is the built-in one, unchanged.
+//! Model providers in the worker: with providers configured (`llm` in the settings), their
+//! clients use the fleet's Postgres-backed response cache and rate limiter instead of the CLI's
+//! folder cache and in-process buckets; the executor is then built by the same
+//! [`ExecutorBuilder`] as `skilleval run`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use skilleval::executor::Executor;
-use skilleval::llm::{self, ConfigError, ProviderClients, RateLimiter, ResponseCache};
-use skilleval::runner::RunnerRegistry;
+use skilleval::executor::{Executor, ExecutorBuilder};
+use skilleval::llm::{ConfigError, ProviderClients, RateLimiter, ResponseCache};
 use skilleval::sandbox::Sandbox;
-use skilleval::strategy::StrategyRegistry;
 use skilleval_infra::config::Settings;
 use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache, WriteBehindCache};
 use skilleval_infra::store::Store;
@@ -41,25 +38,23 @@ pub fn provider_clients(
     Ok(Some(Arc::new(clients)))
 }
 
-/// The executor a worker runs jobs with: built-in strategies and runners, plus the model-backed
-/// ones when providers are configured; sandboxed as configured.
-pub fn build_executor(settings: &Settings, store: &Store) -> Result<Executor, ConfigError> {
-    let sandbox = Arc::new(Sandbox::detect(settings.sandbox.clone()));
-    let (strategies, runners) = match provider_clients(settings, store)? {
-        Some(clients) => {
-            tracing::info!(
-                providers = ?clients.providers().providers.keys().collect::<Vec<_>>(),
-                "model providers configured"
-            );
-            (
-                llm::register_strategies(StrategyRegistry::builtin(), &clients).build(),
-                llm::register_runner(RunnerRegistry::builtin(), &clients),
-            )
-        }
-        None => (
-            StrategyRegistry::builtin().build(),
-            RunnerRegistry::builtin(),
-        ),
-    };
-    Ok(Executor::new(strategies, runners, sandbox))
+/// The executor a worker runs jobs with: every strategy and runner, the model-backed ones on
+/// the configured providers (when there are any); sandboxed as configured. Also returns the
+/// provider clients (for their request counts in `/metrics`).
+pub fn build_executor(
+    settings: &Settings,
+    store: &Store,
+) -> Result<(Executor, Option<Arc<ProviderClients>>), ConfigError> {
+    let clients = provider_clients(settings, store)?;
+    if let Some(clients) = &clients {
+        tracing::info!(
+            providers = ?clients.providers().providers.keys().collect::<Vec<_>>(),
+            "model providers configured"
+        );
+    }
+    let executor = ExecutorBuilder::new()
+        .providers(clients.clone())
+        .sandbox(Sandbox::detect(settings.sandbox.clone()))
+        .build();
+    Ok((executor, clients))
 }

@@ -60,7 +60,8 @@ impl PackageCache {
     }
 
     /// The package's root folder, fetched and extracted on first use. A database blip is a
-    /// transient fault; a missing or broken package is permanent.
+    /// transient fault; a missing or broken package is permanent; a cache this host cannot
+    /// write or read is the host's fault (retried, possibly on another worker).
     pub async fn root(&self, hash: &str) -> Result<PathBuf, Fault> {
         if hash.is_empty() || hash.len() > 128 || !hash.bytes().all(|b| b.is_ascii_alphanumeric()) {
             return Err(Fault::permanent(format!("invalid package hash `{hash}`")));
@@ -84,9 +85,8 @@ impl PackageCache {
     async fn load(&self, hash: &str) -> Result<PathBuf, Fault> {
         let final_dir = self.dir.join(hash);
         if final_dir.is_dir() {
-            return Package::root_of(&final_dir).map_err(|e| {
-                Fault::permanent(format!("cached package {hash} does not open: {e}"))
-            });
+            return Package::root_of(&final_dir)
+                .map_err(|e| Fault::host(format!("cached package {hash} does not open: {e}")));
         }
         self.fetches.fetch_add(1, Ordering::Relaxed);
         let bytes = self
@@ -102,7 +102,7 @@ impl PackageCache {
             })?
             .ok_or_else(|| Fault::permanent(format!("package {hash} is not stored")))?;
         std::fs::create_dir_all(&self.dir).map_err(|e| {
-            Fault::transient(format!(
+            Fault::host(format!(
                 "creating the package cache {}: {e}",
                 self.dir.display()
             ))
@@ -133,7 +133,7 @@ impl PackageCache {
             // Another process renamed the same package first: use theirs.
             let _ = std::fs::remove_dir_all(&tmp);
             if !final_dir.is_dir() {
-                return Err(Fault::transient(format!(
+                return Err(Fault::host(format!(
                     "moving package {hash} into {}: {e}",
                     final_dir.display()
                 )));

@@ -4,14 +4,14 @@
 //! messages, events) and one consumer channel per lane, each with its own prefetch. Every
 //! delivery becomes a task that decides what the job needs ([`Worker::handle`]): a final
 //! result goes to the [`Batcher`](crate::batch) and is acked after its commit; a retry, a parked
-//! message or an already settled redelivery is acked at once (a retry only after its publish
+//! message or a redelivery of a case already decided is acked at once (a retry only after its publish
 //! was confirmed).
 //!
 //! A consumer stream that ends or errors ends the session: the worker reconnects with backoff,
 //! and exits with an error after `worker.max_reconnect_attempts` failures in a row so its
 //! supervisor restarts it. Jobs still running from the lost session finish and are committed;
 //! their acks fail and the broker redelivers them, which the next delivery recognises as
-//! settled. On shutdown the worker cancels its consumers, lets in-flight jobs finish within the
+//! decided. On shutdown the worker cancels its consumers, lets in-flight jobs finish within the
 //! grace period, flushes the last batch and closes the connection; anything unfinished is
 //! still unacked and is redelivered to another worker.
 
@@ -43,6 +43,7 @@ use crate::cancel::CancelCache;
 use crate::http::{self, HttpState};
 use crate::metrics::WorkerMetrics;
 use crate::packages::PackageCache;
+use crate::sandbox_gate::SandboxGate;
 use crate::{retry, PublisherSlot};
 
 /// After cancelling a consumer, how long to wait for deliveries already sent to it.
@@ -65,6 +66,12 @@ pub enum WorkerError {
     Http(#[source] std::io::Error),
     #[error("model providers: {0}")]
     Providers(#[from] skilleval::llm::ConfigError),
+    /// The database's migrations differ from the ones this binary embeds: consuming would
+    /// write rows in a shape the schema does not have.
+    #[error("refusing to consume: {0}")]
+    Schema(skilleval_infra::store::SchemaStatus),
+    #[error("checking the database schema: {0}")]
+    Store(#[from] skilleval_infra::store::StoreError),
 }
 
 /// What a delivery needs once [`Worker::handle`] looked at it.
@@ -76,9 +83,9 @@ pub enum Disposition {
     Retried { attempt: u32, tier_ms: u64 },
     /// Unparseable, moved to the parking queue (confirmed): ack.
     Parked(String),
-    /// A redelivery of a case already settled: ack without running it; re-announce the
-    /// case in case the first announcement was lost.
-    Settled(Option<CaseFinished>),
+    /// A redelivery of a case already decided (recorded, or its run stopped): ack without
+    /// running it; re-announce the case in case the first announcement was lost.
+    Decided(Option<CaseFinished>),
 }
 
 /// Why a delivery could not be dealt with now; it is requeued.
@@ -154,6 +161,8 @@ pub struct Worker {
     name: String,
     /// Execution slots of the CI and samples lanes (`concurrency`, `samples_slots()`).
     slots: (Semaphore, Semaphore),
+    /// Closed while the sandbox does not work: then no jobs are taken.
+    gate: Arc<SandboxGate>,
 }
 
 impl Worker {
@@ -161,8 +170,12 @@ impl Worker {
     /// providers are configured ([`crate::llm`]), sandboxed as configured. Fails when a
     /// configured provider's API key variable is not set.
     pub fn new(settings: Settings, store: Store) -> Result<Worker, WorkerError> {
-        let executor = crate::llm::build_executor(&settings, &store)?;
-        Ok(Worker::with_executor(settings, store, executor))
+        let (executor, clients) = crate::llm::build_executor(&settings, &store)?;
+        let worker = Worker::with_executor(settings, store, executor);
+        if let Some(clients) = clients {
+            worker.metrics.watch_providers(clients);
+        }
+        Ok(worker)
     }
 
     /// A worker that executes with `executor` (tests register their own runners).
@@ -180,7 +193,12 @@ impl Worker {
             .unwrap_or_else(|| format!("skilleval-worker-{}", std::process::id()));
         let cancelled =
             CancelCache::new(Duration::from_millis(settings.worker.cancel_cache_ttl_ms));
+        let gate = Arc::new(SandboxGate::new(
+            executor.sandbox().clone(),
+            &settings.worker,
+        ));
         Worker {
+            gate,
             store,
             executor: Arc::new(executor),
             packages,
@@ -210,6 +228,11 @@ impl Worker {
         &self.store
     }
 
+    /// Why the worker takes no jobs for want of a working sandbox, while it does not.
+    pub fn sandbox_problem(&self) -> Option<String> {
+        self.gate.reason()
+    }
+
     /// Serves `/healthz`, `/readyz`, `/metrics` on `worker.http_port` until `shutdown`.
     pub async fn serve_http(
         &self,
@@ -219,13 +242,14 @@ impl Worker {
             metrics: self.metrics.clone(),
             consuming: self.consuming.clone(),
             store: self.store.clone(),
+            gate: self.gate.clone(),
         };
         http::serve(self.settings.worker.http_port, state, shutdown)
             .await
             .map_err(WorkerError::Http)
     }
 
-    /// Decides what one delivery needs: parses it, skips settled or cancelled cases, runs the
+    /// Decides what one delivery needs: parses it, skips decided or cancelled cases, runs the
     /// job, and re-publishes it for a later attempt after a transient fault. Publishing (retry,
     /// parking) uses `publisher` and is confirmed before this returns.
     pub async fn handle(
@@ -271,7 +295,7 @@ impl Worker {
     ) -> Result<Disposition, HandleError> {
         if info.redelivered || info.delivery_count > 0 {
             match self.store.case_state(job.run_id, &job.case.id).await {
-                Ok(Some(state)) if state.is_settled() => {
+                Ok(Some(state)) if state.is_decided() => {
                     self.metrics.settled_redeliveries.inc();
                     let event =
                         state
@@ -282,9 +306,9 @@ impl Worker {
                                 test_case_id: job.case.id.clone(),
                                 status,
                             });
-                    return Ok(Disposition::Settled(event));
+                    return Ok(Disposition::Decided(event));
                 }
-                Ok(None) => return Ok(Disposition::Settled(None)),
+                Ok(None) => return Ok(Disposition::Decided(None)),
                 Ok(Some(_)) => {}
                 // Run it anyway: recording is idempotent.
                 Err(e) => tracing::warn!(error = %e, "could not read the case's state"),
@@ -307,9 +331,27 @@ impl Worker {
             let skipped = JobResult::skipped(&job, "the run was cancelled");
             return Ok(Disposition::Record(Box::new(skipped)));
         }
-        let mut result = match self.packages.root(&job.package_hash).await {
-            Ok(root) => self.executor.execute(&job, &root).await,
-            Err(fault) => JobResult::errored(&job, fault),
+        let mut result = if let Some(reason) = self.gate.reason() {
+            // Taken just before the consumers stopped: let a healthy worker run it.
+            JobResult::errored(
+                &job,
+                Fault::host(format!("this worker's sandbox does not work: {reason}")),
+            )
+        } else {
+            let result = match self.packages.root(&job.package_hash).await {
+                Ok(root) => {
+                    let result = self.executor.execute(&job, &root).await;
+                    self.metrics.executed(&result, lane.as_str());
+                    result
+                }
+                Err(fault) => JobResult::errored(&job, fault),
+            };
+            if let Some(fault) = result.error.as_ref().filter(|f| f.is_host()) {
+                self.metrics.host_faults.inc();
+                tracing::warn!(error = %fault, "fault of the host; the job will be retried");
+                self.gate.host_fault(&fault.to_string());
+            }
+            result
         };
         let transient = result.status == CaseStatus::Errored
             && result.error.as_ref().is_some_and(Fault::is_transient);
@@ -346,8 +388,13 @@ impl Worker {
     }
 
     /// Consumes until `shutdown`, reconnecting when the broker goes away. Returns an error when
-    /// the broker stays unreachable (the process should exit non-zero).
+    /// the broker stays unreachable (the process should exit non-zero), and before consuming
+    /// anything when the database's migrations are not the ones this binary embeds.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        match self.store.schema_status().await? {
+            skilleval_infra::store::SchemaStatus::Current => {}
+            other => return Err(WorkerError::Schema(other)),
+        }
         self.packages
             .prepare()
             .map_err(|source| WorkerError::Cache {
@@ -477,6 +524,9 @@ impl Worker {
         let _ = setup.close(200, ShortString::from("declared")).await;
         let publisher = Publisher::open(&conn, self.topology.clone()).await?;
         crate::set_publisher(&self.publisher, Some(publisher));
+        if !self.gate.reopen(shutdown).await {
+            return Ok(SessionEnd::Shutdown(Box::new((conn, Vec::new()))));
+        }
         let mut ci = self
             .consume(
                 &conn,
@@ -502,6 +552,25 @@ impl Worker {
         loop {
             let event = tokio::select! {
                 () = shutdown.cancelled() => None,
+                () = self.gate.wait_closed() => {
+                    // No consumers while the sandbox does not work: the broker hands the jobs
+                    // to other workers. What was already delivered runs (and is retried).
+                    for consumer in [&mut ci, &mut samples] {
+                        consumer.stop(self, tracker, abandon, tx).await;
+                    }
+                    self.consuming.store(false, Ordering::SeqCst);
+                    if !self.gate.reopen(shutdown).await {
+                        tracing::info!("shutdown: stopped consuming");
+                        let held = (conn, vec![ci.channel, samples.channel]);
+                        return Ok(SessionEnd::Shutdown(Box::new(held)));
+                    }
+                    for consumer in [&mut ci, &mut samples] {
+                        consumer.resume().await?;
+                    }
+                    self.consuming.store(true, Ordering::SeqCst);
+                    tracing::info!("consuming again");
+                    continue;
+                }
                 next = ci.consumer.next() => Some((Lane::Ci, next)),
                 next = samples.consumer.next() => Some((Lane::Samples, next)),
             };
@@ -613,6 +682,9 @@ impl Worker {
         };
         let in_flight = self.metrics.in_flight(lane.as_str());
         in_flight.inc();
+        if let Some(published) = delivery.properties.timestamp() {
+            self.metrics.waited(lane.as_str(), *published);
+        }
         let info = DeliveryInfo::from_headers(
             delivery.redelivered,
             delivery.properties.headers().as_ref(),
@@ -643,7 +715,7 @@ impl Worker {
                     tracing::error!("the batcher is gone; the delivery is left for redelivery");
                 }
             }
-            Ok(Disposition::Settled(event)) => {
+            Ok(Disposition::Decided(event)) => {
                 batch::ack(&pending, &self.metrics).await;
                 if let Some(event) = event {
                     batch::publish_events(&self.publisher, &[event]).await;
@@ -670,6 +742,26 @@ struct LaneConsumer {
 }
 
 impl LaneConsumer {
+    /// Consumes again on the same channel (after [`LaneConsumer::stop`]), with the same tag
+    /// and window, so in-flight jobs still settle on it.
+    async fn resume(&mut self) -> Result<(), BrokerError> {
+        let queue = self.consumer.queue();
+        self.consumer = self
+            .channel
+            .basic_consume(
+                queue,
+                self.tag.clone(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|source| BrokerError::Amqp {
+                context: format!("consuming again ({} lane)", self.lane.as_str()),
+                source,
+            })?;
+        Ok(())
+    }
+
     /// Cancels the consumer, then runs the deliveries that were already on their way: they are
     /// this worker's in-flight jobs as much as the running ones.
     async fn stop(

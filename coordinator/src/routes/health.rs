@@ -1,13 +1,14 @@
 //! Probes, metrics and the OpenAPI document: unauthenticated.
 
-use crate::db as runs;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::metrics::StatusLabels;
+use skilleval_infra::store::lifecycle::RunStatus;
+
+use crate::metrics::{QueueLabels, StatusLabels};
 use crate::openapi::OPENAPI_JSON;
 use crate::state::AppState;
 
@@ -18,7 +19,7 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// Readiness: PostgreSQL answers a query and the broker connection is up.
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    let database = match sqlx::query("SELECT 1").execute(&state.pool).await {
+    let database = match state.store.ping().await {
         Ok(_) => "ok".to_string(),
         Err(e) => {
             tracing::warn!(error = %e, "readiness: database unreachable");
@@ -50,18 +51,48 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 
 /// Prometheus text exposition; the run gauges are refreshed from the database first.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    match runs::gauges(&state.pool).await {
+    match state.store.gauges().await {
         Ok((by_status, unpublished)) => {
-            for (status, n) in by_status {
+            // Every status the schema allows is reported, at 0 when no run has it, so a status
+            // whose last run moved on drops to 0 instead of keeping its old count.
+            for status in RunStatus::ALL {
+                let n = by_status
+                    .iter()
+                    .find(|(s, _)| *s == status)
+                    .map_or(0, |(_, n)| *n);
                 state
                     .metrics
                     .runs_by_status
-                    .get_or_create(&StatusLabels { status })
+                    .get_or_create(&StatusLabels {
+                        status: status.as_str().to_string(),
+                    })
                     .set(n);
             }
             state.metrics.jobs_unpublished.set(unpublished);
         }
         Err(e) => tracing::warn!(error = %e, "metrics: could not read run gauges"),
+    }
+    match state.sink.queue_depths().await {
+        Some(Ok(depths)) => {
+            for d in depths {
+                let labels = QueueLabels { queue: d.queue };
+                let metrics = &state.metrics;
+                metrics
+                    .queue_ready
+                    .get_or_create(&labels)
+                    .set(i64::from(d.ready));
+                metrics
+                    .queue_consumers
+                    .get_or_create(&labels)
+                    .set(i64::from(d.consumers));
+            }
+            state.metrics.queue_scrape_ok.set(1);
+        }
+        Some(Err(e)) => {
+            state.metrics.queue_scrape_ok.set(0);
+            tracing::warn!(error = %e, "metrics: could not read the queues");
+        }
+        None => {}
     }
     match state.metrics.encode() {
         Ok(text) => (

@@ -1,15 +1,17 @@
 //! `/v1/runs`: create (idempotent by key), read, list results, report, cancel.
 
-use crate::db::{self as runs, CancelOutcome, RunInsert};
+use crate::db::{ResultRow, RunInsert};
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
+use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::model::RunnerSpec;
 use skilleval::plan::CaseFilter;
 use skilleval::report::{render, ReportContext, ReportFormat};
+use skilleval_infra::store::lifecycle::{RunKind, TransitionError};
 
 use crate::aggregate::{load_results, stored_summary};
 use crate::error::ApiError;
@@ -86,7 +88,7 @@ pub async fn create(
         },
         callback_url: body.callback_url,
         idempotency_key: body.idempotency_key,
-        kind: "manual",
+        kind: RunKind::Manual,
         max_cost_usd: body.max_cost_usd,
         max_tokens: body.max_tokens,
     };
@@ -129,7 +131,9 @@ pub async fn get_run(
     Path(id): Path<String>,
 ) -> Result<Json<RunView>, ApiError> {
     let run_id = parse_uuid("id", &id)?;
-    let run = runs::get_run(&state.pool, run_id)
+    let run = state
+        .store
+        .get_run(run_id)
         .await?
         .ok_or_else(|| ApiError::not_found("run", run_id))?;
     Ok(Json(RunView::from_row(&run)))
@@ -154,15 +158,16 @@ pub async fn results(
     ApiQuery(query): ApiQuery<ResultsQuery>,
 ) -> Result<Json<ResultPage>, ApiError> {
     let run_id = parse_uuid("id", &id)?;
-    if let Some(status) = &query.status {
-        if skilleval::executor::CaseStatus::parse(status).is_none() {
-            return Err(ApiError::invalid_field(
+    let status = match &query.status {
+        None => None,
+        Some(status) => Some(CaseStatus::parse(status).ok_or_else(|| {
+            ApiError::invalid_field(
                 "invalid_query",
                 "status",
                 "must be one of queued, passed, failed, errored, skipped",
-            ));
-        }
-    }
+            )
+        })?),
+    };
     let limit = query.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::invalid_field(
@@ -181,21 +186,32 @@ pub async fn results(
             )
         })?,
     };
-    if runs::get_run(&state.pool, run_id).await?.is_none() {
+    let Some(run) = state.store.get_run(run_id).await? else {
         return Err(ApiError::not_found("run", run_id));
+    };
+    // One more than asked: whether there is a next page.
+    let wanted = usize::try_from(limit).unwrap_or(1) + 1;
+    let mut rows = if status == Some(CaseStatus::Queued) {
+        Vec::new()
+    } else {
+        state
+            .store
+            .list_results(run_id, status, after, limit + 1)
+            .await?
+    };
+    // Cases with no outcome yet have no row: they are listed from the run's plan.
+    if matches!(status, None | Some(CaseStatus::Queued))
+        && run.counters.completed < run.counters.total
+    {
+        let pending = state.launcher.pending_after(run_id, after, wanted).await?;
+        rows.extend(pending.iter().map(pending_row));
+        rows.sort_by_key(|r| r.case_index);
+        rows.truncate(wanted);
     }
-    let rows = runs::list_results(
-        &state.pool,
-        run_id,
-        query.status.as_deref(),
-        after,
-        limit + 1,
-    )
-    .await?;
-    let more = rows.len() as i64 > limit;
+    let more = rows.len() > wanted - 1;
     let mut results: Vec<ResultView> = rows
         .into_iter()
-        .take(limit as usize)
+        .take(wanted - 1)
         .map(ResultView::from_row)
         .collect();
     let next_cursor = if more {
@@ -208,6 +224,20 @@ pub async fn results(
         results,
         next_cursor,
     }))
+}
+
+/// A planned case without an outcome, as a results row.
+fn pending_row(r: &JobResult) -> ResultRow {
+    ResultRow {
+        case_index: i32::try_from(r.case_index).unwrap_or(i32::MAX),
+        test_case_id: r.test_case_id.clone(),
+        name: r.name.clone(),
+        status: CaseStatus::Queued,
+        strategy: r.strategy.clone(),
+        result: None,
+        details: None,
+        finished_at: None,
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -231,7 +261,9 @@ pub async fn report(
         .unwrap_or("markdown")
         .parse()
         .map_err(|e: String| ApiError::invalid_field("invalid_query", "format", e))?;
-    let run = runs::get_run(&state.pool, run_id)
+    let run = state
+        .store
+        .get_run(run_id)
         .await?
         .ok_or_else(|| ApiError::not_found("run", run_id))?;
     let Some(summary) = run
@@ -243,12 +275,12 @@ pub async fn report(
             "run_not_finished",
             format!(
                 "run {run_id} has not finished ({} of {} cases done)",
-                run.completed, run.total
+                run.counters.completed, run.counters.total
             ),
         )
         .with_details(json!({ "status": run.status })));
     };
-    let results = load_results(&state.pool, run_id).await?;
+    let results = load_results(&state.store, run_id).await?;
     let ctx = ReportContext {
         run_id,
         skill_name: &run.skill,
@@ -268,33 +300,37 @@ pub async fn report(
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
 }
 
-/// `POST /v1/runs/{id}/cancel`: queued cases become `skipped`; workers skip the run's jobs.
+/// `POST /v1/runs/{id}/cancel`: the run stops; its cases never recorded are written off as
+/// `skipped`; workers skip the run's remaining jobs.
 #[tracing::instrument(skip_all, fields(run_id = %id))]
 pub async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<CancelResponse>), ApiError> {
     let run_id = parse_uuid("id", &id)?;
-    match runs::cancel_run(&state.pool, run_id).await? {
-        CancelOutcome::NotFound => Err(ApiError::not_found("run", run_id)),
-        CancelOutcome::AlreadyFinished(status) => Err(ApiError::conflict(
-            "run_finished",
-            format!("run {run_id} has already finished ({status})"),
-        )
-        .with_details(json!({ "status": status }))),
-        CancelOutcome::Cancelled { skipped } => {
-            // With nothing in flight the run is complete now; finalise without waiting for the sweep.
-            if let Err(e) = state.aggregator.finalise(run_id).await {
-                tracing::warn!(%run_id, error = ?e, "finalising the cancelled run failed; the sweep retries");
-            }
-            Ok((
-                StatusCode::ACCEPTED,
-                Json(CancelResponse {
-                    run_id,
-                    status: "cancelled",
-                    skipped,
-                }),
-            ))
+    match state.store.cancel(run_id).await {
+        Ok(()) => {}
+        Err(TransitionError::NotFound(_)) => return Err(ApiError::not_found("run", run_id)),
+        Err(TransitionError::Illegal { state: run, .. }) => {
+            return Err(ApiError::conflict(
+                "run_finished",
+                format!("run {run_id} has already finished ({})", run.status),
+            )
+            .with_details(json!({ "status": run.status })))
         }
+        Err(TransitionError::Store(e)) => return Err(ApiError::internal(e)),
     }
+    let skipped = state.launcher.write_off(run_id).await?;
+    // With nothing in flight the run is complete now; finalise without waiting for the sweep.
+    if let Err(e) = state.aggregator.finalise(run_id).await {
+        tracing::warn!(%run_id, error = ?e, "finalising the cancelled run failed; the sweep retries");
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(CancelResponse {
+            run_id,
+            status: "cancelled",
+            skipped,
+        }),
+    ))
 }

@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use crate::db::{self as runs, NewVersion, VersionError};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -20,12 +19,14 @@ use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits};
 use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
 use skilleval::problem::Problem;
 use skilleval::strategy::StrategyRegistry;
+use skilleval_infra::store::versions::{NewVersion, VersionError};
 
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
 use crate::launch::{PlannedVersion, RunRequest};
 use crate::state::AppState;
 use crate::views::{UploadResponse, VersionList, VersionView};
+use skilleval_infra::store::lifecycle::RunKind;
 
 /// The configuration key named in 413 responses.
 pub const UPLOAD_LIMIT_KEY: &str = "coordinator.max_upload_bytes";
@@ -67,15 +68,16 @@ pub async fn upload(
     let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
     let (mut package, definition, warnings) = match opened {
         Ok(ok) => ok,
-        Err(e) => {
-            let reason = if e.code == "package_refused" {
+        Err(Opening::Package(e)) => {
+            let reason = if matches!(e, PackageError::Refused { .. }) {
                 "refused"
             } else {
                 "invalid"
             };
             crate::metrics::Metrics::count(&state.metrics.uploads_refused, reason);
-            return Err(e);
+            return Err(package_error(e));
         }
+        Err(Opening::Failed(e)) => return Err(e),
     };
     let validated = started.elapsed();
     let manifest = &package.manifest;
@@ -103,11 +105,11 @@ pub async fn upload(
         test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),
     };
 
-    let mut tx = state.pool.begin().await?;
-    let stored = runs::upsert_version(&mut tx, &new_version).await.map_err(|e| match e {
+    let mut tx = state.store.pool().begin().await?;
+    let stored = state.store.upsert_version(&mut tx, &new_version).await.map_err(|e| match e {
         VersionError::LabelTaken { .. } => ApiError::conflict("version_conflict", e.to_string())
             .with_details(json!({ "field": "SKILL.md#/metadata/version", "rule": "a version label names one package content" })),
-        VersionError::Db(db) => ApiError::from(db),
+        VersionError::Store(e) => ApiError::internal(e),
     })?;
     drop(new_version);
     let inserted = if query.run {
@@ -117,7 +119,7 @@ pub async fn upload(
             filter: CaseFilter::default(),
             callback_url: query.callback_url.clone(),
             idempotency_key: None,
-            kind: "upload",
+            kind: RunKind::Upload,
             max_cost_usd: None,
             max_tokens: None,
         };
@@ -143,7 +145,8 @@ pub async fn upload(
     package.files = Vec::new();
     let run_id = inserted.as_ref().map(|(_, inserted)| inserted.run_id());
     if let Some((prepared, inserted)) = inserted {
-        state.launcher.start(prepared, inserted).await;
+        // Published in the background: the upload answers now.
+        drop(state.launcher.start(prepared, inserted));
     }
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
@@ -175,7 +178,9 @@ pub async fn versions(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<VersionList>, ApiError> {
-    let (skill_id, versions) = runs::versions_of(&state.pool, &name)
+    let (skill_id, versions) = state
+        .store
+        .versions_of(&name)
         .await?
         .ok_or_else(|| ApiError::not_found("skill", &name))?;
     Ok(Json(VersionList {
@@ -297,7 +302,7 @@ async fn open_package(
     zip: Bytes,
     limits: Arc<PackageLimits>,
     strategies: Arc<StrategyRegistry>,
-) -> Result<(Package, DefinitionText, Vec<Problem>), ApiError> {
+) -> Result<(Package, DefinitionText, Vec<Problem>), Opening> {
     type Opened = (Package, Result<DefinitionText, TextError>, Vec<Problem>);
     let opened = tokio::task::spawn_blocking(move || -> Result<Opened, PackageError> {
         let mut package = Package::from_zip_bytes_streamed(&zip, &limits)?;
@@ -314,10 +319,22 @@ async fn open_package(
         Ok((package, definition, validation.problems))
     })
     .await
-    .map_err(|e| ApiError::internal(anyhow::anyhow!("package validation task failed: {e}")))?;
-    let (package, definition, warnings) = opened.map_err(package_error)?;
-    let definition = definition.map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    .map_err(|e| {
+        Opening::Failed(ApiError::internal(anyhow::anyhow!(
+            "package validation task failed: {e}"
+        )))
+    })?;
+    let (package, definition, warnings) = opened.map_err(Opening::Package)?;
+    let definition =
+        definition.map_err(|e| Opening::Failed(ApiError::internal(anyhow::Error::from(e))))?;
     Ok((package, definition, warnings))
+}
+
+/// Why an upload's package could not be opened: the package's fault (counted as refused or
+/// invalid), or the service's.
+enum Opening {
+    Package(PackageError),
+    Failed(ApiError),
 }
 
 /// Cases checked (and converted, templated, written) at a time by an upload.

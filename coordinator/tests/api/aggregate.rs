@@ -154,6 +154,7 @@ async fn fail_fast_skips_the_rest_of_the_run_at_the_first_failure() {
         .await
         .unwrap();
     let other: uuid::Uuid = upload["run_id"].as_str().unwrap().parse().unwrap();
+    app.wait_created(other).await;
     let events = record_as_worker(&app, other, &[("case-000", CaseStatus::Failed, 0.0)]).await;
     app.state
         .aggregator

@@ -1,7 +1,8 @@
 //! Per-run budget: results recorded as a worker would (through `Store::record_results`) add
 //! their tokens and cost to the run; the batch that pushes a run over its `max_tokens` or
-//! `max_cost_usd` skips the rest of the run with the reason, in the same transaction, and the
-//! run is finalised once with verdict `fail`. Bad caps are 422 naming the field; a run without
+//! `max_cost_usd` stops the run with the reason, in the same transaction; the coordinator,
+//! told by the batch's event, writes the rest of the run off as skipped with that reason, and
+//! the run is finalised once with verdict `fail`. Bad caps are 422 naming the field; a run without
 //! a budget is never stopped.
 
 use serde_json::{json, Value};
@@ -11,7 +12,7 @@ use skilleval_infra::messages::CaseFinished;
 use skilleval_infra::store::Store;
 use uuid::Uuid;
 
-use crate::helpers::{spawn_app, TestApp};
+use crate::helpers::{planned_jobs, spawn_app, TestApp};
 use crate::packages::given_package;
 
 /// Uploads a package of `cases` passing cases without running it and starts a run of it with
@@ -31,7 +32,9 @@ async fn run_with(app: &TestApp, name: &str, cases: usize, extra: Value) -> Uuid
     let response = app.post_json("/v1/runs", &body).await;
     assert_eq!(response.status().as_u16(), 202, "{body}");
     let created: Value = response.json().await.unwrap();
-    created["run_id"].as_str().unwrap().parse().unwrap()
+    let run_id = created["run_id"].as_str().unwrap().parse().unwrap();
+    app.wait_created(run_id).await;
+    run_id
 }
 
 /// A passing result for the case that spent `produce` producing and `grade` grading.
@@ -42,15 +45,9 @@ async fn spent(
     produce: Usage,
     grade: Usage,
 ) -> JobResult {
-    let job: String =
-        sqlx::query_scalar("SELECT job FROM eval_results WHERE run_id = $1 AND test_case_id = $2")
-            .bind(run_id)
-            .bind(case_id)
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
-    let job: skilleval::plan::Job = serde_json::from_str(&job).unwrap();
-    let mut r = JobResult::skipped(&job, "placeholder");
+    let jobs = planned_jobs(app, run_id).await;
+    let job = jobs.iter().find(|j| j.case.id == case_id).unwrap();
+    let mut r = JobResult::skipped(job, "placeholder");
     r.status = CaseStatus::Passed;
     r.score = Some(1.0);
     r.details = json!({ "simulated": true });
@@ -110,22 +107,9 @@ async fn a_run_over_its_token_budget_skips_the_rest_and_fails_with_the_reason() 
     assert!((run["usage"]["cost_usd"].as_f64().unwrap() - 0.024).abs() < 1e-9);
     assert_eq!(
         run["counters"],
-        json!({ "total": 5, "completed": 5, "passed": 2, "failed": 0, "errored": 0, "skipped": 3 }),
-        "the skip counted exactly the rows it moved"
+        json!({ "total": 5, "completed": 2, "passed": 2, "failed": 0, "errored": 0, "skipped": 0 }),
+        "the stop itself writes no row"
     );
-    let skipped: Vec<(String, Value)> = sqlx::query_as(
-        "SELECT test_case_id, details FROM eval_results
-         WHERE run_id = $1 AND status = 'skipped' ORDER BY case_index",
-    )
-    .bind(run_id)
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
-    let ids: Vec<&str> = skipped.iter().map(|(id, _)| id.as_str()).collect();
-    assert_eq!(ids, ["case-002", "case-003", "case-004"]);
-    for (_, details) in &skipped {
-        assert_eq!(details["skipped"], reason);
-    }
 
     // Workers check before running a job: the stopped run's jobs do not run ...
     let store = Store::from_pool(app.pool.clone());
@@ -141,12 +125,33 @@ async fn a_run_over_its_token_budget_skips_the_rest_and_fails_with_the_reason() 
     .await;
     assert!(record(&app, &[late]).await.is_empty());
 
-    // The run completes and is finalised once, failing with the stop as its first reason.
+    // The coordinator, told by the event, writes off the rest with the reason.
     app.state
         .aggregator
         .on_case_finished(&events[0])
         .await
         .unwrap();
+    let skipped: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT test_case_id, details FROM eval_results
+         WHERE run_id = $1 AND status = 'skipped' ORDER BY case_index",
+    )
+    .bind(run_id)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let ids: Vec<&str> = skipped.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["case-002", "case-003", "case-004"]);
+    for (_, details) in &skipped {
+        assert_eq!(details["skipped"], reason);
+    }
+    let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
+    assert_eq!(
+        run["counters"],
+        json!({ "total": 5, "completed": 5, "passed": 2, "failed": 0, "errored": 0, "skipped": 3 }),
+        "the write-off counted exactly the rows it wrote"
+    );
+
+    // The run completed and was finalised once, failing with the stop as its first reason.
     assert!(!app.state.aggregator.finalise(run_id).await.unwrap());
     let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
     assert_eq!(run["status"], "completed", "{run}");
@@ -207,14 +212,15 @@ async fn a_cost_budget_stops_the_run_at_the_batch_that_passes_it_not_before() {
         "{reason}"
     );
     assert_eq!(run["counters"]["passed"], 2);
-    assert_eq!(run["counters"]["skipped"], 2);
-    assert_eq!(run["counters"]["completed"], 4);
     app.state
         .aggregator
         .on_case_finished(&events[0])
         .await
         .unwrap();
     let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
+    assert_eq!(run["counters"]["passed"], 2);
+    assert_eq!(run["counters"]["skipped"], 2);
+    assert_eq!(run["counters"]["completed"], 4);
     assert_eq!(run["verdict"], "fail", "{run}");
     app.cleanup().await;
 }

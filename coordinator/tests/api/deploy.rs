@@ -8,7 +8,7 @@ use std::process::Command;
 
 use serde_yaml_ng::Value;
 use skilleval_infra::config::Settings;
-use skilleval_infra::topology::Topology;
+use skilleval_infra::topology::{Lane, Topology};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -200,22 +200,70 @@ fn kubernetes_manifests_have_the_required_fields_probes_and_grace() {
 }
 
 #[test]
-fn keda_scales_workers_on_the_jobs_queue_counting_unacked_messages() {
+fn keda_scales_workers_on_every_lane_counting_unacked_messages() {
     let all = manifests();
     let (_, scaled) = all
         .iter()
         .find(|(_, d)| d["kind"] == "ScaledObject")
         .expect("a KEDA ScaledObject");
     assert_eq!(scaled["spec"]["scaleTargetRef"]["name"], "skilleval-worker");
-    let trigger = &scaled["spec"]["triggers"][0];
-    assert_eq!(trigger["type"], "rabbitmq");
+    let triggers = scaled["spec"]["triggers"]
+        .as_sequence()
+        .expect("a list of triggers");
     let topology = Topology::from_settings(&Settings::default());
-    assert_eq!(
-        trigger["metadata"]["queueName"].as_str(),
-        Some(topology.jobs_queue().as_str())
-    );
-    assert_eq!(trigger["metadata"]["mode"], "QueueLength");
-    // Only the management API (http) counts unacknowledged messages.
-    assert_eq!(trigger["metadata"]["protocol"], "http");
-    assert_ne!(trigger["metadata"]["excludeUnacknowledged"], "true");
+    for lane in Lane::ALL {
+        let queue = topology.queue(lane);
+        let trigger = triggers
+            .iter()
+            .find(|t| t["metadata"]["queueName"].as_str() == Some(queue.as_str()))
+            .unwrap_or_else(|| panic!("no KEDA trigger on {queue}, which workers consume"));
+        assert_eq!(trigger["type"], "rabbitmq");
+        assert_eq!(trigger["metadata"]["mode"], "QueueLength");
+        // Only the management API (http) counts unacknowledged messages.
+        assert_eq!(trigger["metadata"]["protocol"], "http");
+        assert_ne!(trigger["metadata"]["excludeUnacknowledged"], "true");
+        assert!(
+            trigger["metadata"]["value"]
+                .as_str()
+                .and_then(|v| v.parse::<u32>().ok())
+                .is_some_and(|v| v > 0),
+            "{queue}: a positive target value"
+        );
+    }
+}
+
+/// The configuration files the images, compose file and manifests name exist, and the images
+/// ship them where the binaries look (`config/` in the working directory).
+#[test]
+fn images_ship_the_config_files_their_environment_names() {
+    let repo = deploy_dir().join("..");
+    for dockerfile in ["coordinator.Dockerfile", "worker.Dockerfile"] {
+        let text = std::fs::read_to_string(deploy_dir().join("docker").join(dockerfile)).unwrap();
+        assert!(
+            text.contains("COPY config /app/config") && text.contains("WORKDIR /app"),
+            "{dockerfile} does not ship config/ into its working directory"
+        );
+        let env = text
+            .split("SKILLEVAL_ENV=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("{dockerfile} sets no SKILLEVAL_ENV"));
+        assert!(
+            repo.join("config").join(format!("{env}.toml")).is_file(),
+            "{dockerfile}: SKILLEVAL_ENV={env} but config/{env}.toml does not exist"
+        );
+    }
+    assert!(repo.join("config/default.toml").is_file());
+    let compose = yaml_docs(&deploy_dir().join("docker/compose.yaml"));
+    let env = compose[0]["x-app-env"]["SKILLEVAL_ENV"].as_str().unwrap();
+    assert!(repo.join("config").join(format!("{env}.toml")).is_file());
+    for (file, doc) in manifests() {
+        if let Some(env) = doc["data"]["SKILLEVAL_ENV"].as_str() {
+            assert!(
+                repo.join("config").join(format!("{env}.toml")).is_file(),
+                "{}: SKILLEVAL_ENV={env} names no file in config/",
+                file.display()
+            );
+        }
+    }
 }

@@ -8,12 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::executor::Executor;
+use skilleval::executor::ExecutorBuilder;
 use skilleval::package::{validate, Package};
 use skilleval::plan::{plan, CaseFilter};
-use skilleval::runner::RunnerRegistry;
 use skilleval::sandbox::Sandbox;
-use skilleval::strategy::StrategyRegistry;
 use skilleval::summary::{summarize, RunSummary};
 use skilleval_infra::store::Store;
 use tokio_util::sync::CancellationToken;
@@ -33,30 +31,19 @@ pub(crate) fn local_run(
 }
 
 /// A local run as `skilleval run` does it; with `clients`, the model-backed strategies and the
-/// `llm` runner are registered through the same shared functions as the CLI.
+/// `llm` runner get them through the same executor builder as the CLI.
 pub(crate) fn local_run_with(
     zip: &[u8],
     settings: &skilleval_infra::config::Settings,
     clients: Option<&Arc<skilleval::llm::ProviderClients>>,
 ) -> (RunSummary, CaseScores) {
     let package = Package::from_zip_bytes(zip, &settings.limits, None).expect("the package opens");
-    let (registry, runners) = match clients {
-        Some(c) => (
-            skilleval::llm::register_strategies(StrategyRegistry::builtin(), c).build(),
-            skilleval::llm::register_runner(RunnerRegistry::builtin(), c),
-        ),
-        None => (
-            StrategyRegistry::builtin().build(),
-            RunnerRegistry::builtin(),
-        ),
-    };
-    let validation = validate(&package, &registry);
+    let executor = ExecutorBuilder::new()
+        .providers(clients.cloned())
+        .sandbox(Sandbox::detect(settings.sandbox.clone()))
+        .build();
+    let validation = validate(&package, executor.strategies());
     assert!(validation.is_ok(), "{:?}", validation.problems);
-    let executor = Executor::new(
-        registry,
-        runners,
-        Arc::new(Sandbox::detect(settings.sandbox.clone())),
-    );
     let jobs = plan(
         &package.config,
         &package.content_hash,
@@ -226,7 +213,7 @@ async fn a_run_through_a_real_worker_matches_a_local_run_of_the_same_package() {
         .unavailable_reason()
         .is_none()
     {
-        let zip = crate::submit::cli_submit::zip_folder(&example).unwrap();
+        let zip = skilleval_cli::submit::zip_folder(&example).unwrap();
         round_trip(&app, zip).await;
     } else {
         eprintln!(

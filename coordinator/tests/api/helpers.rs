@@ -13,20 +13,12 @@ use skilleval_coordinator::startup::Application;
 use skilleval_coordinator::state::AppState;
 use skilleval_infra::config::{Secret, Settings};
 use skilleval_infra::topology::{self, Topology};
-use sqlx::{Connection as _, PgConnection, PgPool};
+use skilleval_test_support::Scratch;
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// The maintenance database (test databases are created and dropped through it).
-pub fn admin_url() -> String {
-    std::env::var("SKILLEVAL_TEST_ADMIN_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-pub fn amqp_url() -> String {
-    std::env::var("SKILLEVAL_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
+pub use skilleval_test_support::amqp_url;
 
 pub const WEBHOOK_SECRET: &str = "test-webhook-secret";
 
@@ -60,23 +52,22 @@ pub struct TestApp {
     pub state: AppState,
     pub settings: Settings,
     pub topology: Topology,
-    pub db_name: String,
     pub client: reqwest::Client,
     pub amqp: Connection,
     pub channel: Channel,
     shutdown: CancellationToken,
     server: Option<tokio::task::JoinHandle<()>>,
+    /// The database and the prefix's queues, removed when the test ends however it ends.
+    scratch: Scratch,
 }
 
 /// The settings of a test coordinator (and of an in-process worker next to it).
 pub fn test_settings(db_name: &str, prefix: &str, options: &AppOptions) -> Settings {
     let mut settings = Settings::default();
-    let admin = admin_url();
-    let base = admin
-        .rsplit_once('/')
-        .map_or(admin.as_str(), |(b, _)| b)
-        .to_string();
-    settings.database.url = skilleval_infra::config::SecretUrl::new(format!("{base}/{db_name}"));
+    settings.database.url = skilleval_infra::config::SecretUrl::new(format!(
+        "{}/{db_name}",
+        skilleval_test_support::pg_admin_base()
+    ));
     settings.database.max_connections = 8;
     settings.amqp.url = skilleval_infra::config::SecretUrl::new(amqp_url());
     settings.amqp.prefix = prefix.to_string();
@@ -97,17 +88,9 @@ pub async fn spawn_app() -> TestApp {
 
 pub async fn spawn_app_with(options: AppOptions) -> TestApp {
     init_logs();
-    let db_name = format!("skilleval_test_{}", Uuid::new_v4().simple());
-    let prefix = format!("test-{}", Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&admin_url())
-        .await
-        .expect("connect to the maintenance database");
-    let create = format!(r#"CREATE DATABASE "{db_name}""#);
-    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
-        .execute(&mut admin)
-        .await
-        .expect("create the test database");
-    let settings = test_settings(&db_name, &prefix, &options);
+    let mut scratch = Scratch::create().await;
+    let settings = test_settings(&scratch.db_name, &scratch.prefix, &options);
+    scratch.owns(Topology::from_settings(&settings));
     let app = Application::build_with(settings.clone(), options.background)
         .await
         .expect("build the coordinator");
@@ -125,11 +108,10 @@ pub async fn spawn_app_with(options: AppOptions) -> TestApp {
     let channel = amqp.create_channel().await.expect("open a channel");
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
-        pool: state.pool.clone(),
+        pool: state.store.pool().clone(),
         state,
         topology: Topology::from_settings(&settings),
         settings,
-        db_name,
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .build()
@@ -138,6 +120,7 @@ pub async fn spawn_app_with(options: AppOptions) -> TestApp {
         channel,
         shutdown,
         server: Some(server),
+        scratch,
     }
 }
 
@@ -272,51 +255,17 @@ impl TestApp {
         if let Some(server) = self.server.take() {
             let _ = tokio::time::timeout(Duration::from_secs(30), server).await;
         }
-        let _ = self.topology.delete(&self.channel).await;
         let _ = self.amqp.close(200, "test done".into()).await;
         self.pool.close().await;
-        drop_database(&self.db_name).await;
-    }
-}
-
-pub async fn drop_database(db_name: &str) {
-    if let Ok(mut admin) = PgConnection::connect(&admin_url()).await {
-        let drop = format!(r#"DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)"#);
-        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-            .execute(&mut admin)
-            .await;
+        self.scratch.remove().await;
     }
 }
 
 impl Drop for TestApp {
-    /// A test that panicked never reached `cleanup`: clean up on a helper thread with its own
-    /// runtime (Drop cannot await).
+    /// A test that panicked never reached `cleanup`: stop the server; the scratch's own drop
+    /// removes the database and the queues.
     fn drop(&mut self) {
-        if self.server.is_none() {
-            return;
-        }
         self.shutdown.cancel();
-        let db_name = self.db_name.clone();
-        let topology = self.topology.clone();
-        let settings = self.settings.clone();
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                if let Ok(conn) = topology::connect(&settings, "skilleval-test-cleanup").await {
-                    if let Ok(ch) = conn.create_channel().await {
-                        let _ = topology.delete(&ch).await;
-                    }
-                    let _ = conn.close(200, "cleanup".into()).await;
-                }
-                drop_database(&db_name).await;
-            });
-        })
-        .join();
     }
 }
 
@@ -401,18 +350,14 @@ pub async fn record_as_worker(
     outcomes: &[(&str, skilleval::executor::CaseStatus, f64)],
 ) -> Vec<skilleval_infra::messages::CaseFinished> {
     let store = skilleval_infra::store::Store::from_pool(app.pool.clone());
+    let jobs = planned_jobs(app, run_id).await;
     let mut results = Vec::new();
     for (case_id, status, score) in outcomes {
-        let job: String = sqlx::query_scalar(
-            "SELECT job FROM eval_results WHERE run_id = $1 AND test_case_id = $2",
-        )
-        .bind(run_id)
-        .bind(case_id)
-        .fetch_one(&app.pool)
-        .await
-        .expect("the case's job");
-        let job: skilleval::plan::Job = serde_json::from_str(&job).expect("a job");
-        let mut r = skilleval::executor::JobResult::skipped(&job, "placeholder");
+        let job = jobs
+            .iter()
+            .find(|j| j.case.id == *case_id)
+            .expect("the case is planned");
+        let mut r = skilleval::executor::JobResult::skipped(job, "placeholder");
         r.status = *status;
         r.score = Some(*score);
         r.details = serde_json::json!({ "simulated": true });
@@ -430,4 +375,34 @@ pub async fn record_as_worker(
             status: c.status,
         })
         .collect()
+}
+
+impl TestApp {
+    /// Waits until the run's creation pass is over (status no longer `creating`).
+    pub async fn wait_created(&self, run_id: Uuid) {
+        for _ in 0..200 {
+            let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_one(&self.pool)
+                .await
+                .expect("the run's status");
+            if status != "creating" {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("run {run_id} still creating after 4 s");
+    }
+}
+
+/// The run's jobs as its plan gives them (what the coordinator publishes).
+pub async fn planned_jobs(app: &TestApp, run_id: Uuid) -> Vec<skilleval::plan::Job> {
+    app.state
+        .launcher
+        .plan_of(run_id)
+        .await
+        .expect("the run's plan")
+        .all()
+        .await
+        .expect("the plan's jobs")
 }

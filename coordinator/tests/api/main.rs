@@ -7,10 +7,14 @@
 
 mod aggregate;
 mod budget;
+mod cache_sweep;
 mod deploy;
 mod e2e;
 mod e2e_llm;
 mod helpers;
+mod lifecycle;
+mod migrate;
+mod monitoring;
 mod openapi;
 mod packages;
 mod publish;

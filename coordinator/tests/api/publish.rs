@@ -1,19 +1,33 @@
-//! Publishing: a coordinator killed between commit and publish loses nothing (the sweeper
-//! publishes after the grace period), and `maxConcurrentTests` holds jobs back until earlier
-//! ones finish.
+//! Publishing: a run is committed with its plan and published from it chunk by chunk; a
+//! coordinator killed before or during that loses nothing (the sweeper resumes from the
+//! published watermark after the grace period), a stop while it is published writes the
+//! never-recorded cases off, and `maxConcurrentTests` holds jobs back until earlier ones
+//! finish.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use skilleval::executor::CaseStatus;
-use skilleval::plan::CaseFilter;
-use skilleval::plan::Job;
 use skilleval_coordinator::db;
-use skilleval_coordinator::launch::{PreparedRun, RunRequest};
+use skilleval_coordinator::launch::{PreparedRun, RunRequest, PUBLISH_CHUNK};
+use skilleval_infra::store::lifecycle::RunKind;
 use uuid::Uuid;
 
 use crate::helpers::{record_as_worker, spawn_app, spawn_app_with, AppOptions, TestApp};
 use crate::packages::given_package;
+
+/// The run's status and watermark, and how many rows it has.
+async fn publishing(app: &TestApp, run_id: Uuid) -> (String, i32, i64) {
+    sqlx::query_as(
+        "SELECT status, published_through,
+                (SELECT count(*) FROM eval_results WHERE run_id = $1)
+         FROM runs WHERE id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
 
 #[tokio::test]
 async fn a_run_committed_but_never_published_is_published_by_the_sweeper_after_the_grace_period() {
@@ -23,37 +37,22 @@ async fn a_run_committed_but_never_published_is_published_by_the_sweeper_after_t
     })
     .await;
     let version_id = stored_version(&app, "crashy", 3).await;
-    // What a coordinator killed right after the commit leaves behind: the run committed,
-    // still `creating`, none of its rows inserted, nothing published.
-    let (prepared, inserted) = committed_run(&app, version_id).await;
-    assert!(prepared.streamed);
+    // What a coordinator killed right after the commit leaves behind: the run and its plan
+    // committed, still `creating`, nothing published.
+    let (_, inserted) = committed_run(&app, version_id).await;
     let run_id = inserted.run_id();
     let launcher = &app.state.launcher;
-
-    let rows = || async {
-        sqlx::query_as::<_, (i64, i64, bool)>(
-            "SELECT count(e.test_case_id),
-                    count(e.test_case_id) FILTER (WHERE e.status = 'queued' AND e.published_at IS NULL
-                                          AND e.case_index >= r.published_through),
-                    bool_or(r.creating)
-             FROM runs r LEFT JOIN eval_results e ON e.run_id = r.id WHERE r.id = $1",
-        )
-        .bind(run_id)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap()
-    };
-    assert_eq!(rows().await, (0, 0, true));
+    assert_eq!(publishing(&app, run_id).await, ("creating".into(), 0, 0));
     assert_eq!(app.queue_depth(&app.topology.jobs_queue()).await, 0);
 
     // Within the grace period the sweeper leaves the run alone (its creator may be busy).
     assert_eq!(launcher.sweep_unpublished().await.unwrap(), 0);
-    assert_eq!(rows().await, (0, 0, true));
+    assert_eq!(publishing(&app, run_id).await, ("creating".into(), 0, 0));
     tokio::time::sleep(Duration::from_millis(2_200)).await;
-    // After it, nobody holds the run's lock: the sweeper plans it again, inserts its rows
-    // and publishes them.
+    // After it, nobody holds the run's lock: the sweeper plans it again and publishes it
+    // from the watermark, and the creation ends.
     assert_eq!(launcher.sweep_unpublished().await.unwrap(), 3);
-    assert_eq!(rows().await, (3, 0, false));
+    assert_eq!(publishing(&app, run_id).await, ("running".into(), 3, 0));
     assert_eq!(app.wait_for_jobs(3).await, 3);
     let jobs = app.drain_jobs().await;
     assert!(jobs.iter().all(|j| j.run_id == run_id));
@@ -63,31 +62,33 @@ async fn a_run_committed_but_never_published_is_published_by_the_sweeper_after_t
 }
 
 #[tokio::test]
-async fn a_creation_cut_off_midway_is_finished_by_the_sweeper_and_publishes_what_was_not_confirmed()
-{
+async fn a_creation_cut_off_midway_is_resumed_from_the_watermark_and_publishes_only_what_is_not_recorded(
+) {
     let app = spawn_app_with(AppOptions {
         publish_grace_secs: 1,
         ..AppOptions::default()
     })
     .await;
     let version_id = stored_version(&app, "midway", 5).await;
-    let (prepared, inserted) = committed_run(&app, version_id).await;
+    let (_, inserted) = committed_run(&app, version_id).await;
     let run_id = inserted.run_id();
     let launcher = &app.state.launcher;
-    // The creator committed a first chunk of two rows, published it, recorded the confirm of
-    // the first one only, and died.
+    // The creator published a first chunk (cases 0-1) and recorded its confirms, published
+    // a second (cases 2-3) whose confirms it never recorded, and died; a worker recorded
+    // case 3 meanwhile.
     let mut conn = app.pool.acquire().await.unwrap();
-    insert_first_chunk(&mut conn, run_id, &prepared.plan_all().await.unwrap()[..2]).await;
-    db::advance_published(&mut conn, run_id, 1).await.unwrap();
+    let store = &app.state.store;
+    store.advance_published(&mut conn, run_id, 2).await.unwrap();
+    record_as_worker(&app, run_id, &[("case-003", CaseStatus::Passed, 1.0)]).await;
     // A live creator holds the run's lock: the sweeper leaves the run alone, grace or not.
-    db::lock_run_release(&mut conn, run_id).await.unwrap();
+    store.lock_publishing(&mut conn, run_id).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     assert_eq!(launcher.sweep_unpublished().await.unwrap(), 0);
-    db::unlock_run_release(&mut conn, run_id).await.unwrap();
+    store.unlock_publishing(&mut conn, run_id).await.unwrap();
 
-    // Case 0 is confirmed; cases 1 (inserted, unconfirmed) and 2-4 (never inserted) are not.
-    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 4);
-    assert_eq!(app.wait_for_jobs(4).await, 4);
+    // From the watermark: case 2 (unconfirmed) and 4 (never published); case 3 is recorded.
+    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 2);
+    assert_eq!(app.wait_for_jobs(2).await, 2);
     let mut published: Vec<u32> = app
         .drain_jobs()
         .await
@@ -95,75 +96,76 @@ async fn a_creation_cut_off_midway_is_finished_by_the_sweeper_and_publishes_what
         .map(|j| j.case_index)
         .collect();
     published.sort_unstable();
-    assert_eq!(published, vec![1, 2, 3, 4]);
-    let (rows, total, creating): (i64, i32, bool) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM eval_results WHERE run_id = $1 AND status = 'queued'),
-                total, creating FROM runs WHERE id = $1",
-    )
-    .bind(run_id)
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
-    assert_eq!((rows, total, creating), (5, 5, false));
+    assert_eq!(published, vec![2, 4]);
+    assert_eq!(publishing(&app, run_id).await, ("running".into(), 5, 1));
     drop(conn);
     app.cleanup().await;
 }
 
 #[tokio::test]
-async fn a_run_cancelled_while_it_is_created_skips_the_cases_not_yet_queued_and_finalises() {
+async fn a_run_cancelled_while_it_is_created_writes_off_the_cases_not_recorded_and_finalises() {
     let app = spawn_app().await;
     let version_id = stored_version(&app, "cut", 5).await;
     let (prepared, inserted) = committed_run(&app, version_id).await;
     let run_id = inserted.run_id();
     let launcher = &app.state.launcher;
-    // Two rows are in when the run is cancelled; the creator then goes on.
+    // Two cases are published and one recorded when the run is cancelled; the creator then
+    // goes on.
     let mut conn = app.pool.acquire().await.unwrap();
-    insert_first_chunk(&mut conn, run_id, &prepared.plan_all().await.unwrap()[..2]).await;
-    assert_eq!(
-        db::cancel_run(&app.pool, run_id).await.unwrap(),
-        db::CancelOutcome::Cancelled { skipped: 2 }
-    );
-    launcher.start(prepared, inserted).await;
+    app.state
+        .store
+        .advance_published(&mut conn, run_id, 2)
+        .await
+        .unwrap();
+    drop(conn);
+    record_as_worker(&app, run_id, &[("case-000", CaseStatus::Passed, 1.0)]).await;
+    app.state.store.cancel(run_id).await.unwrap();
+    assert_eq!(launcher.write_off(run_id).await.unwrap(), 4);
+    launcher.start(prepared, inserted).unwrap().await.unwrap();
 
     assert_eq!(
         app.queue_depth(&app.topology.jobs_queue()).await,
         0,
         "nothing published"
     );
-    let skipped: Vec<(String, Value)> = sqlx::query_as(
-        "SELECT status, details FROM eval_results WHERE run_id = $1 ORDER BY case_index",
+    let rows: Vec<(String, String, Value)> = sqlx::query_as(
+        "SELECT test_case_id, status, details FROM eval_results WHERE run_id = $1 ORDER BY case_index",
     )
     .bind(run_id)
     .fetch_all(&app.pool)
     .await
     .unwrap();
-    assert_eq!(skipped.len(), 5, "{skipped:?}");
-    assert!(skipped
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    assert_eq!(rows[0].1, "passed");
+    assert!(rows[1..]
         .iter()
-        .all(|(status, details)| status == "skipped"
+        .all(|(_, status, details)| status == "skipped"
             && details["skipped"] == "the run was cancelled"));
     assert_eq!(app.state.aggregator.sweep().await.unwrap(), 1);
     let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
     assert_eq!(run["status"], "cancelled", "{run}");
-    assert_eq!(run["counters"]["skipped"], 5, "{run}");
-    drop(conn);
+    assert_eq!(run["counters"]["skipped"], 4, "{run}");
+    assert_eq!(run["counters"]["completed"], 5, "{run}");
     app.cleanup().await;
 }
 
 #[tokio::test]
-async fn a_run_cancelled_before_its_creation_starts_skips_every_chunk() {
+async fn a_run_cancelled_before_its_creation_starts_writes_off_every_chunk() {
     let app = spawn_app().await;
-    // More than one chunk: the stop is seen at the first, and the cases of the chunks never
-    // reached are skipped with it.
-    let n = skilleval_coordinator::launch::RELEASE_PAGE + 3;
+    // More than one chunk: the write-off plans every chunk of the run.
+    let n = PUBLISH_CHUNK + 3;
     let version_id = stored_version(&app, "cut-large", n).await;
     let (prepared, inserted) = committed_run(&app, version_id).await;
     let run_id = inserted.run_id();
-    assert_eq!(
-        db::cancel_run(&app.pool, run_id).await.unwrap(),
-        db::CancelOutcome::Cancelled { skipped: 0 }
-    );
-    app.state.launcher.start(prepared, inserted).await;
+    app.state.store.cancel(run_id).await.unwrap();
+    let written = app.state.launcher.write_off(run_id).await.unwrap();
+    assert_eq!(written, i64::try_from(n).unwrap());
+    app.state
+        .launcher
+        .start(prepared, inserted)
+        .unwrap()
+        .await
+        .unwrap();
 
     assert_eq!(app.queue_depth(&app.topology.jobs_queue()).await, 0);
     let (rows, skipped, first, last): (i64, i64, i32, i32) = sqlx::query_as(
@@ -179,6 +181,8 @@ async fn a_run_cancelled_before_its_creation_starts_skips_every_chunk() {
     let n = i64::try_from(n).unwrap();
     assert_eq!((rows, skipped), (n, n));
     assert_eq!((i64::from(first), i64::from(last)), (0, n - 1));
+    // A second write-off writes nothing twice.
+    assert_eq!(app.state.launcher.write_off(run_id).await.unwrap(), 0);
     assert_eq!(app.state.aggregator.sweep().await.unwrap(), 1);
     let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
     assert_eq!(run["status"], "cancelled", "{run}");
@@ -222,6 +226,7 @@ async fn max_concurrent_tests_publishes_more_as_earlier_cases_finish() {
         .await
         .unwrap();
     let run_id: uuid::Uuid = upload["run_id"].as_str().unwrap().parse().unwrap();
+    app.wait_created(run_id).await;
     assert_eq!(
         app.wait_for_jobs(2).await,
         2,
@@ -260,7 +265,7 @@ async fn max_concurrent_tests_publishes_more_as_earlier_cases_finish() {
 #[tokio::test]
 async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
     let app = spawn_app_with(AppOptions::default()).await;
-    let n = skilleval_coordinator::launch::RELEASE_PAGE * 2 + 7;
+    let n = PUBLISH_CHUNK * 2 + 7;
     let outputs = vec!["ok"; n];
     let upload: Value = app
         .upload_zip(given_package("paged", &outputs, json!({})), "")
@@ -269,19 +274,13 @@ async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
         .await
         .unwrap();
     let run_id: uuid::Uuid = upload["run_id"].as_str().unwrap().parse().unwrap();
-    // The upload answers once every chunk is confirmed: the watermark covers the run, and no
-    // row needed a mark of its own.
-    let (through, marked, creating): (i32, i64, bool) = sqlx::query_as(
-        "SELECT published_through,
-                (SELECT count(*) FROM eval_results WHERE run_id = $1 AND published_at IS NOT NULL),
-                creating
-         FROM runs WHERE id = $1",
-    )
-    .bind(run_id)
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
-    assert_eq!((through, marked, creating), (n as i32, 0, false));
+    // The upload answers at once; its run is published in the background, the watermark
+    // moving chunk by chunk over the whole run, and no case has a row before its outcome.
+    app.wait_created(run_id).await;
+    assert_eq!(
+        publishing(&app, run_id).await,
+        ("running".into(), n as i32, 0)
+    );
     assert_eq!(app.wait_for_jobs(n as u32).await, n as u32);
     let jobs = app.drain_jobs().await;
     assert_eq!(jobs.len(), n);
@@ -298,7 +297,7 @@ async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
 #[tokio::test]
 async fn a_filtered_run_of_a_large_stored_definition_gets_exactly_its_cases_each_once() {
     let app = spawn_app().await;
-    let n = skilleval_coordinator::launch::RELEASE_PAGE * 2 + 7;
+    let n = PUBLISH_CHUNK * 2 + 7;
     // Every third case tagged `slow`: the run's chunks are planned from the stored text
     // across the definition's pages, and the last one is short.
     let mut tests = crate::packages::given_tests(&vec!["ok"; n], json!({}));
@@ -341,52 +340,42 @@ async fn a_filtered_run_of_a_large_stored_definition_gets_exactly_its_cases_each
     assert!(jobs
         .iter()
         .all(|j| j.run_id == run_id && j.case.tags == ["slow"]));
-    let (total, rows, creating): (i32, i64, bool) = sqlx::query_as(
-        "SELECT total, (SELECT count(*) FROM eval_results WHERE run_id = $1), creating
-         FROM runs WHERE id = $1",
-    )
-    .bind(run_id)
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
-    assert_eq!((total, rows, creating), (want as i32, want as i64, false));
+    app.wait_created(run_id).await;
+    let total: i32 = sqlx::query_scalar("SELECT total FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(total, want as i32);
+    assert_eq!(
+        publishing(&app, run_id).await,
+        ("running".into(), want as i32, 0)
+    );
     app.cleanup().await;
 }
 
 #[tokio::test]
 async fn a_creation_goes_on_when_its_caller_goes_away() {
     let app = spawn_app().await;
-    let n = skilleval_coordinator::launch::RELEASE_PAGE * 2 + 7;
+    let n = PUBLISH_CHUNK * 2 + 7;
     let version_id = stored_version(&app, "left", n).await;
     let (prepared, inserted) = committed_run(&app, version_id).await;
     let launcher = &app.state.launcher;
-    // The caller (an HTTP request whose client disconnected) is dropped at once.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(1), launcher.start(prepared, inserted))
-            .await
-            .is_err(),
-        "the creation of {n} rows takes longer than 1 ms"
-    );
+    // The caller (an HTTP request whose client disconnected) does not wait for the pass.
+    drop(launcher.start(prepared, inserted));
     let run_id = inserted.run_id();
-    let mut state = (0, true, 0);
+    let mut state = publishing(&app, run_id).await;
     for _ in 0..100 {
-        state = sqlx::query_as::<_, (i64, bool, i32)>(
-            "SELECT (SELECT count(*) FROM eval_results WHERE run_id = $1), creating, published_through
-             FROM runs WHERE id = $1",
-        )
-        .bind(run_id)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
-        if state == (n as i64, false, n as i32) {
+        state = publishing(&app, run_id).await;
+        if state == ("running".into(), n as i32, 0) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
         state,
-        (n as i64, false, n as i32),
-        "every row in and confirmed"
+        ("running".into(), n as i32, 0),
+        "every chunk published and confirmed"
     );
     assert_eq!(app.wait_for_jobs(n as u32).await, n as u32);
     app.cleanup().await;
@@ -404,26 +393,13 @@ async fn stored_version(app: &TestApp, name: &str, n: usize) -> Uuid {
 }
 
 /// A manual run of the version planned and committed as `POST /v1/runs` does before it starts
-/// it: a streamed run is left `creating`, without rows; nothing is published.
+/// it: the run and its plan, `creating`; nothing is published.
 async fn committed_run(app: &TestApp, version_id: Uuid) -> (PreparedRun, db::RunInsert) {
-    let request = RunRequest {
-        version_id,
-        filter: CaseFilter::default(),
-        kind: "manual",
-        ..RunRequest::default()
-    };
+    let request = RunRequest::all_cases(version_id, RunKind::Manual);
     let launcher = &app.state.launcher;
     let mut tx = app.pool.begin().await.unwrap();
     let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
     let inserted = launcher.insert(&mut tx, &prepared).await.unwrap();
     tx.commit().await.unwrap();
     (prepared, inserted)
-}
-
-/// What a creator does with its first chunk: `jobs` inserted `queued`, the creation not ended.
-async fn insert_first_chunk(conn: &mut sqlx::PgConnection, run_id: Uuid, jobs: &[Job]) {
-    let texts = db::encode_jobs(jobs).unwrap();
-    assert!(db::insert_chunk(conn, run_id, jobs, &texts, false)
-        .await
-        .unwrap());
 }

@@ -35,8 +35,18 @@ async fn the_same_idempotency_key_returns_the_same_run() {
         assert_eq!(v["run_id"], first["run_id"]);
     }
     assert_eq!(app.count("runs").await, 1);
-    assert_eq!(app.count("eval_results").await, 2, "one set of rows");
+    assert_eq!(
+        app.count("eval_results").await,
+        0,
+        "no row before an outcome"
+    );
     assert_eq!(app.wait_for_jobs(2).await, 2, "published once");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        app.queue_depth(&app.topology.jobs_queue()).await,
+        2,
+        "published once"
+    );
     // Without a key, every request is a new run.
     let other: Value = app
         .post_json("/v1/runs", &json!({ "version_id": version_id }))
@@ -130,6 +140,7 @@ async fn results_page_with_a_cursor_and_filter_by_status_and_the_report_follows_
         .await
         .unwrap();
     let run_id: uuid::Uuid = upload["run_id"].as_str().unwrap().parse().unwrap();
+    app.wait_created(run_id).await;
     let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
     assert_eq!(run["status"], "running");
     assert_eq!(run["counters"]["total"], 7);

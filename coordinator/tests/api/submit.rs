@@ -1,11 +1,7 @@
-//! `skilleval submit` against a real coordinator. The CLI's submit module is compiled into
-//! this test binary as is (it depends on nothing else in the CLI crate).
-
-#[path = "../../../cli/src/submit.rs"]
-#[allow(dead_code)]
-pub(crate) mod cli_submit;
+//! `skilleval submit` against a real coordinator, through the CLI's library crate.
 
 use serde_json::json;
+use skilleval_cli::submit as cli_submit;
 
 use crate::helpers::spawn_app;
 use crate::packages::{given_tests, invalid_tests_package, skill_md};
@@ -38,7 +34,7 @@ async fn submit_zips_a_folder_uploads_it_and_exits_2_on_a_bad_package() {
         0
     );
     assert_eq!(app.count("runs").await, 1);
-    assert_eq!(app.count("eval_results").await, 2);
+    assert_eq!(app.wait_for_jobs(2).await, 2, "one job per case");
 
     let bad = dir.path().join("bad.zip");
     std::fs::write(&bad, invalid_tests_package()).unwrap();

@@ -1,4 +1,4 @@
-//! `POST /v1/skills`: good uploads are stored and queued; bad ones are refused with every
+//! `POST /v1/skills`: good uploads are stored and their run published; bad ones are refused with every
 //! problem listed, and leave nothing behind.
 
 use serde_json::{json, Value};
@@ -7,7 +7,7 @@ use crate::helpers::{spawn_app, spawn_app_with, AppOptions};
 use crate::packages::{given_package, invalid_tests_package, zip_bomb, zip_slip, zip_symlink};
 
 #[tokio::test]
-async fn upload_stores_the_version_queues_one_row_and_one_message_per_case() {
+async fn upload_stores_the_version_and_publishes_one_message_per_case_writing_no_row() {
     let app = spawn_app().await;
     let zip = given_package("queued-skill", &["ok", "ok", "no"], json!({}));
     let response = app.upload_zip(zip, "").await;
@@ -18,21 +18,17 @@ async fn upload_stores_the_version_queues_one_row_and_one_message_per_case() {
     assert_eq!(body["test_cases"], 3);
     let run_id: uuid::Uuid = body["run_id"].as_str().unwrap().parse().unwrap();
 
-    let rows: Vec<(String, String, bool)> = sqlx::query_as(
-        "SELECT e.test_case_id, e.status, e.published_at IS NOT NULL OR e.case_index < r.published_through
-         FROM eval_results e JOIN runs r ON r.id = e.run_id
-         WHERE e.run_id = $1 ORDER BY e.case_index",
-    )
-    .bind(run_id)
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
-    assert_eq!(rows.len(), 3);
-    assert!(
-        rows.iter()
-            .all(|(_, status, published)| status == "queued" && *published),
-        "{rows:?}"
-    );
+    // The run and its plan are all that is written: no row per case before its outcome.
+    assert_eq!(app.count("eval_results").await, 0);
+    app.wait_created(run_id).await;
+    let (total, published): (i32, i32) =
+        sqlx::query_as("SELECT total, published_through FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!((total, published), (3, 3), "every planned case confirmed");
+    assert_eq!(app.count("eval_results").await, 0);
 
     assert_eq!(app.wait_for_jobs(3).await, 3);
     let jobs = app.drain_jobs().await;

@@ -480,3 +480,36 @@ impl RateLimiter for PgRateLimiter {
         });
     }
 }
+
+/// Expired `llm_cache` rows deleted per statement: short transactions that never hold many
+/// row locks, however much expired since the last sweep.
+pub const EXPIRED_DELETE_BATCH: i64 = 5_000;
+
+impl super::Store {
+    /// Deletes the `llm_cache` rows past their `expires_at` (reads already ignore them; this
+    /// keeps the table from growing), [`EXPIRED_DELETE_BATCH`] per statement until none is
+    /// left. Returns how many rows went. The coordinator's periodic sweep calls it.
+    pub async fn delete_expired_llm_cache(&self) -> Result<u64, super::StoreError> {
+        let mut deleted = 0;
+        loop {
+            let n = sqlx::query(
+                "DELETE FROM llm_cache WHERE key IN (
+                     SELECT key FROM llm_cache
+                     WHERE expires_at IS NOT NULL AND expires_at <= now()
+                     LIMIT $1
+                     FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(EXPIRED_DELETE_BATCH)
+            .execute(self.pool())
+            .await
+            .map_err(super::StoreError::query(
+                "deleting expired model cache entries",
+            ))?
+            .rows_affected();
+            deleted += n;
+            if n < EXPIRED_DELETE_BATCH as u64 {
+                return Ok(deleted);
+            }
+        }
+    }
+}

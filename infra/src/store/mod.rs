@@ -2,14 +2,19 @@
 //!
 //! Queries are checked at run time (`sqlx::query`, not the compile-time macros), so the
 //! workspace builds without a database; the integration tests run each of them against a real
-//! one. [`results`] holds the workers' writes (result upserts and run counters), [`runs`] the
-//! coordinator's (skills, versions, runs, queries, finalisation), [`llm`] the model response
-//! cache and the fleet-wide provider rate limits.
+//! one. Every statement is a method of [`Store`] returning [`StoreError`] with context, one
+//! file per concern: [`lifecycle`] (a run's states and every transition), [`versions`]
+//! (skills, versions, definitions), [`runs`] (creating and reading runs and their results),
+//! [`publishing`] (watermarks, the publish lock, the sweeper's lists), [`results`] (the
+//! workers' writes), [`llm`] (the model response cache and fleet-wide provider rate limits).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
-//! and the others wait, then find nothing to do.
+//! and the others wait, then find nothing to do. [`Store::schema_status`] compares the applied
+//! ones with the embedded ones (workers refuse to consume on a mismatch), and
+//! [`create_database_if_missing`] is `migrate --create-database`.
 
+use std::fmt;
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateError, Migrator};
@@ -18,9 +23,12 @@ use sqlx::PgPool;
 
 use crate::config::{redact_url, DatabaseSettings};
 
+pub mod lifecycle;
 pub mod llm;
+pub mod publishing;
 pub mod results;
 pub mod runs;
+pub mod versions;
 
 pub use results::{CaseState, Changed};
 
@@ -136,11 +144,105 @@ impl Store {
             .map_err(StoreError::query("pinging the database"))?;
         Ok(())
     }
+}
 
-    /// The stored ZIP of a package, by content hash (what workers fetch and cache).
-    pub async fn package_bytes(&self, package_hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        runs::package_bytes(&self.pool, package_hash)
+/// How the database's applied migrations compare with the ones this binary embeds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchemaStatus {
+    /// Every embedded migration is applied, and nothing else.
+    Current,
+    /// Embedded migrations not applied yet (all of them on an empty database): run `migrate`.
+    Behind { missing: Vec<i64> },
+    /// Applied migrations this binary does not know: a newer release migrated the database.
+    Ahead { unknown: Vec<i64> },
+}
+
+impl fmt::Display for SchemaStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+        match self {
+            SchemaStatus::Current => write!(f, "the schema is current"),
+            SchemaStatus::Behind { missing } => write!(
+                f,
+                "the database schema is older than this binary: migration(s) {} not applied; \
+                 run `skilleval-coordinator migrate` (add --create-database for a new database)",
+                list(missing)
+            ),
+            SchemaStatus::Ahead { unknown } => write!(
+                f,
+                "the database schema is newer than this binary: migration(s) {} applied by a \
+                 newer release; run that release's binaries",
+                list(unknown)
+            ),
+        }
+    }
+}
+
+/// Creates the database `url` names when it does not exist (on the same server, through its
+/// `postgres` maintenance database); returns whether it created it.
+pub async fn create_database_if_missing(url: &str) -> Result<bool, StoreError> {
+    use sqlx::migrate::MigrateDatabase as _;
+    let connect = |source| StoreError::Connect {
+        url: redact_url(url),
+        source,
+    };
+    if sqlx::Postgres::database_exists(url)
+        .await
+        .map_err(connect)?
+    {
+        return Ok(false);
+    }
+    match sqlx::Postgres::create_database(url).await {
+        Ok(()) => Ok(true),
+        // 42P04 duplicate_database: another process created it meanwhile.
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P04") => Ok(false),
+        Err(source) => Err(StoreError::Query {
+            context: "creating the database",
+            source,
+        }),
+    }
+}
+
+impl Store {
+    /// Compares the migrations applied (sqlx's `_sqlx_migrations`, successful rows) with the
+    /// embedded ones. A database without that table has none applied.
+    pub async fn schema_status(&self) -> Result<SchemaStatus, StoreError> {
+        let table: Option<String> =
+            sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(StoreError::query("looking for the migrations table"))?;
+        let applied: Vec<i64> = if table.is_some() {
+            sqlx::query_scalar(
+                "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
+            )
+            .fetch_all(&self.pool)
             .await
-            .map_err(StoreError::query("reading a package"))
+            .map_err(StoreError::query("reading the applied migrations"))?
+        } else {
+            Vec::new()
+        };
+        let embedded: Vec<i64> = MIGRATOR
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration())
+            .map(|m| m.version)
+            .collect();
+        let unknown: Vec<i64> = applied
+            .iter()
+            .filter(|v| !embedded.contains(v))
+            .copied()
+            .collect();
+        if !unknown.is_empty() {
+            return Ok(SchemaStatus::Ahead { unknown });
+        }
+        let missing: Vec<i64> = embedded
+            .iter()
+            .filter(|v| !applied.contains(v))
+            .copied()
+            .collect();
+        if !missing.is_empty() {
+            return Ok(SchemaStatus::Behind { missing });
+        }
+        Ok(SchemaStatus::Current)
     }
 }

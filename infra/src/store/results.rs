@@ -1,19 +1,15 @@
 //! The workers' writes: results and the run counters they advance.
 //!
-//! A result row is created `queued` with its run (by the coordinator) and leaves `queued`
-//! exactly once. [`Store::record_results`] writes a whole batch in one statement: it updates
-//! only rows still `queued` (so a redelivered job, or the same case finished by two workers,
-//! changes nothing the second time) and, in the same statement, adds to each run's counters
-//! exactly the rows that changed, once per run — cases and the tokens and cost they spent
-//! (producing and grading). When that pushes a run over its budget (`max_tokens`,
-//! `max_cost_usd`), the same transaction stops it: [`runs::stop_for_budget`] sets its
-//! `stop_reason` and skips its remaining queued rows, holding the run's row lock throughout.
-//! A concurrent batch of the same run that already locked some of those rows can deadlock with
-//! the stop; Postgres aborts one of the two (a transient error, as below), and a retry either
-//! finds its rows skipped or stops the run itself. Concurrent writers of the same row serialise on
-//! its row lock; the loser re-checks `status = 'queued'` after the winner commits and matches
-//! nothing. Two batches that overlap in rows can deadlock; Postgres then aborts one, which
-//! [`super::StoreError::is_transient`] reports as worth retrying.
+//! A case's row is written once, when its outcome is known. [`Store::record_results`] inserts
+//! a whole batch in one statement: only for runs still live (locked first, in id order, so a
+//! stop and a batch serialise), `ON CONFLICT DO NOTHING` on `(run_id, test_case_id)` (so a
+//! redelivered job, or the same case finished by two workers, writes nothing the second time),
+//! and, in the same statement, adds to each run's counters exactly the rows inserted — cases
+//! and the tokens and cost they spent (producing and grading). When that pushes a run over its
+//! budget (`max_tokens`, `max_cost_usd`), the same transaction stops it
+//! ([`lifecycle::stop_in`], reason `budget`) while the run's row is still locked; the
+//! coordinator then writes off the cases never recorded. Deadlocks and lost connections are
+//! transient ([`super::StoreError::is_transient`]): the batch is retried.
 
 use std::collections::HashSet;
 
@@ -22,9 +18,10 @@ use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::budget::BUDGET_EXCEEDED;
 use uuid::Uuid;
 
-use super::{runs, Store, StoreError};
+use super::lifecycle::{self, RunState, StopReason};
+use super::{Store, StoreError};
 
-/// A result whose row this call moved out of `queued`.
+/// A result whose row this call inserted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Changed {
     pub run_id: Uuid,
@@ -35,15 +32,16 @@ pub struct Changed {
 /// Where a case stands, read before running a redelivered job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaseState {
-    pub run_status: String,
-    /// `None`: the run has no row for this case.
+    /// The run still records results ([`RunState::is_live`]).
+    pub run_live: bool,
+    /// `None`: no outcome is recorded for this case yet.
     pub case_status: Option<CaseStatus>,
 }
 
 impl CaseState {
-    /// Nothing is left to do for the case: it finished, or its run is gone or cancelled.
-    pub fn is_settled(&self) -> bool {
-        self.run_status == "cancelled" || self.case_status.is_none_or(CaseStatus::is_final)
+    /// Nothing is left to do for the case: it is recorded, or its run stopped or finished.
+    pub fn is_decided(&self) -> bool {
+        !self.run_live || self.case_status.is_some()
     }
 }
 
@@ -54,56 +52,50 @@ WITH input AS (
         $8::text[], $9::bool[], $10::text[], $11::text[], $12::text[], $13::int8[], $14::text[],
         $15::text[], $16::int8[], $17::int8[], $18::float8[], $19::int8[], $20::int8[],
         $21::float8[], $22::text[], $23::text[], $24::text[], $25::float8[], $26::bool[],
-        $27::text[], $28::timestamptz[], $29::timestamptz[]
+        $27::text[], $28::timestamptz[], $29::timestamptz[], $30::text[], $31::int4[]
     ) AS t(run_id, test_case_id, status, strategy, score, rubric_scores, feedback,
            output, output_truncated, expected_output, matched_patterns, schema_errors,
            duration_ms, attempts, error, produce_input_tokens, produce_output_tokens,
            produce_cost_usd, grade_input_tokens, grade_output_tokens, grade_cost_usd,
-           details, tags, suites, weight, critical, result, started_at, finished_at)
+           details, tags, suites, weight, critical, result, started_at, finished_at,
+           name, case_index)
 ),
-changed AS (
-    UPDATE eval_results e SET
-        status = i.status,
-        strategy = i.strategy,
-        score = i.score,
-        rubric_scores = i.rubric_scores::jsonb,
-        feedback = i.feedback,
-        output = i.output,
-        output_truncated = i.output_truncated,
-        expected_output = i.expected_output,
-        matched_patterns = CASE WHEN i.matched_patterns IS NULL THEN NULL
-                                ELSE ARRAY(SELECT jsonb_array_elements_text(i.matched_patterns::jsonb)) END,
-        schema_errors = i.schema_errors::jsonb,
-        duration_ms = i.duration_ms,
-        attempts = i.attempts::jsonb,
-        error = i.error::jsonb,
-        produce_input_tokens = i.produce_input_tokens,
-        produce_output_tokens = i.produce_output_tokens,
-        produce_cost_usd = i.produce_cost_usd,
-        grade_input_tokens = i.grade_input_tokens,
-        grade_output_tokens = i.grade_output_tokens,
-        grade_cost_usd = i.grade_cost_usd,
-        details = i.details::jsonb,
-        tags = ARRAY(SELECT jsonb_array_elements_text(i.tags::jsonb)),
-        suites = ARRAY(SELECT jsonb_array_elements_text(i.suites::jsonb)),
-        weight = i.weight,
-        critical = i.critical,
-        result = i.result,
-        -- Nothing reads a recorded case's job again (see the migration that made it nullable).
-        job = NULL,
-        started_at = i.started_at,
-        finished_at = i.finished_at,
-        updated_at = now()
-    FROM input i
-    -- `status || ''` keeps the planner off any index on `status` for this join (there was a
-    -- `(run_id, status)` one: a new run's rows looked rare to it, so it walked every queued row
-    -- of the run for each input row, 1 s per 200-row batch at 30,000 cases) and on the
-    -- primary key (run_id, test_case_id), one row each.
-    WHERE e.run_id = i.run_id AND e.test_case_id = i.test_case_id AND e.status || '' = 'queued'
-    RETURNING e.run_id, e.test_case_id, e.status,
-              e.produce_input_tokens + e.produce_output_tokens
-                + e.grade_input_tokens + e.grade_output_tokens AS tokens,
-              e.produce_cost_usd + e.grade_cost_usd AS cost_usd
+-- The batch's runs that still take results (live: not stopped, not finalised), locked in id
+-- order before anything is written: a stop or cancel (which updates the run's row) waits for
+-- this batch to commit, or this batch waits for it and then finds the run stopped and writes
+-- nothing for it. Either way no case is recorded past a stop.
+live AS (
+    SELECT id, total FROM runs
+    WHERE id IN (SELECT DISTINCT run_id FROM input)
+      AND status IN ('creating', 'running') AND stop_reason IS NULL AND NOT finalised
+    ORDER BY id
+    FOR NO KEY UPDATE
+),
+added AS (
+    INSERT INTO eval_results (
+        run_id, test_case_id, name, case_index, status, strategy, score, rubric_scores,
+        feedback, output, output_truncated, expected_output, matched_patterns, schema_errors,
+        duration_ms, attempts, error, produce_input_tokens, produce_output_tokens,
+        produce_cost_usd, grade_input_tokens, grade_output_tokens, grade_cost_usd, details,
+        tags, suites, weight, critical, result, started_at, finished_at)
+    SELECT i.run_id, i.test_case_id, i.name, i.case_index, i.status, i.strategy, i.score,
+           i.rubric_scores::jsonb, i.feedback, i.output, i.output_truncated, i.expected_output,
+           CASE WHEN i.matched_patterns IS NULL THEN NULL
+                ELSE ARRAY(SELECT jsonb_array_elements_text(i.matched_patterns::jsonb)) END,
+           i.schema_errors::jsonb, i.duration_ms, i.attempts::jsonb, i.error::jsonb,
+           i.produce_input_tokens, i.produce_output_tokens, i.produce_cost_usd,
+           i.grade_input_tokens, i.grade_output_tokens, i.grade_cost_usd, i.details::jsonb,
+           ARRAY(SELECT jsonb_array_elements_text(i.tags::jsonb)),
+           ARRAY(SELECT jsonb_array_elements_text(i.suites::jsonb)),
+           i.weight, i.critical, i.result, i.started_at, i.finished_at
+    -- Positions outside the plan are not the run's cases.
+    FROM input i JOIN live l ON l.id = i.run_id AND i.case_index < l.total
+    -- A redelivered job, or the same case finished by two workers: the first row stays.
+    ON CONFLICT (run_id, test_case_id) DO NOTHING
+    RETURNING run_id, test_case_id, status,
+              produce_input_tokens + produce_output_tokens
+                + grade_input_tokens + grade_output_tokens AS tokens,
+              produce_cost_usd + grade_cost_usd AS cost_usd
 ),
 counts AS (
     SELECT run_id,
@@ -114,7 +106,7 @@ counts AS (
            (count(*) FILTER (WHERE status = 'failed'))::int4 AS failed,
            (count(*) FILTER (WHERE status = 'errored'))::int4 AS errored,
            (count(*) FILTER (WHERE status = 'skipped'))::int4 AS skipped
-    FROM changed GROUP BY run_id
+    FROM added GROUP BY run_id
 ),
 bumped AS (
     UPDATE runs r SET
@@ -130,25 +122,15 @@ bumped AS (
     WHERE r.id = c.run_id
     -- The new totals and the caps: the caller stops a run over budget in this transaction,
     -- while this statement's row lock on the run is still held.
-    RETURNING r.id, r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd,
-              (r.status = 'running' AND NOT r.finalised AND r.stop_reason IS NULL) AS stoppable
+    RETURNING r.id, r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd
 )
-SELECT c.run_id, c.test_case_id, c.status,
-       b.tokens, b.cost_usd, b.budget_max_tokens, b.budget_max_cost_usd, b.stoppable
-FROM changed c JOIN bumped b ON b.id = c.run_id
+SELECT a.run_id, a.test_case_id, a.status,
+       b.tokens, b.cost_usd, b.budget_max_tokens, b.budget_max_cost_usd
+FROM added a JOIN bumped b ON b.id = a.run_id
 ";
 
 /// A changed row with its run's totals after this batch, as [`RECORD_RESULTS`] returns it.
-type RecordedRow = (
-    Uuid,
-    String,
-    String,
-    i64,
-    f64,
-    Option<i64>,
-    Option<f64>,
-    bool,
-);
+type RecordedRow = (Uuid, String, String, i64, f64, Option<i64>, Option<f64>);
 
 /// What a run spent against its caps, right after a batch was added to it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -214,6 +196,8 @@ struct Columns<'a> {
     result: Vec<String>,
     started_at: Vec<DateTime<Utc>>,
     finished_at: Vec<DateTime<Utc>>,
+    name: Vec<&'a str>,
+    case_index: Vec<i32>,
 }
 
 fn int8(n: u64) -> i64 {
@@ -269,6 +253,9 @@ impl<'a> Columns<'a> {
         self.result.push(json(r)?);
         self.started_at.push(r.started_at);
         self.finished_at.push(r.finished_at);
+        self.name.push(&r.name);
+        self.case_index
+            .push(i32::try_from(r.case_index).unwrap_or(i32::MAX));
         Ok(())
     }
 }
@@ -326,15 +313,17 @@ impl Store {
             .bind(cols.result)
             .bind(cols.started_at)
             .bind(cols.finished_at)
+            .bind(cols.name)
+            .bind(cols.case_index)
             .fetch_all(&mut *tx)
             .await
             .map_err(StoreError::query("recording results"))?;
-        // A run this batch pushed over its budget stops now, in the same transaction: its
-        // remaining queued rows are skipped (with their counters) before any other batch of
-        // the run can commit, so no case is recorded past the stop and the counters stay exact.
+        // A run this batch pushed over its budget stops now, in the same transaction (its row
+        // is still locked): no other batch of the run records a case past the stop. The
+        // coordinator writes off its unrecorded cases when it learns of the stop.
         let mut over: Vec<(Uuid, String)> = Vec::new();
-        for (run_id, _, _, tokens, cost_usd, max_tokens, max_cost_usd, stoppable) in &rows {
-            if !*stoppable || over.iter().any(|(id, _)| id == run_id) {
+        for (run_id, _, _, tokens, cost_usd, max_tokens, max_cost_usd) in &rows {
+            if over.iter().any(|(id, _)| id == run_id) {
                 continue;
             }
             let spend = RunSpend {
@@ -348,10 +337,12 @@ impl Store {
             }
         }
         for (run_id, reason) in &over {
-            let skipped = runs::stop_for_budget(&mut tx, *run_id, reason)
+            let stopped = lifecycle::stop_in(&mut tx, *run_id, StopReason::Budget, reason)
                 .await
                 .map_err(StoreError::query("stopping a run over its budget"))?;
-            tracing::info!(%run_id, skipped, reason = %reason, "budget exceeded: run stopped");
+            if stopped {
+                tracing::info!(%run_id, reason = %reason, "budget exceeded: run stopped");
+            }
         }
         tx.commit()
             .await
@@ -383,25 +374,27 @@ impl Store {
         Ok(cancelled.unwrap_or(false))
     }
 
-    /// The run's status and the case's, or `None` when the run does not exist.
+    /// Whether the run takes results and the case's recorded outcome, or `None` when the
+    /// run does not exist.
     pub async fn case_state(
         &self,
         run_id: Uuid,
         test_case_id: &str,
     ) -> Result<Option<CaseState>, StoreError> {
-        let row: Option<(String, Option<String>)> = sqlx::query_as(
-            "SELECT r.status, e.status FROM runs r
-             LEFT JOIN eval_results e ON e.run_id = r.id AND e.test_case_id = $2
-             WHERE r.id = $1",
+        let Some(run) = self.run_state(run_id).await? else {
+            return Ok(None);
+        };
+        let status: Option<String> = sqlx::query_scalar(
+            "SELECT status FROM eval_results WHERE run_id = $1 AND test_case_id = $2",
         )
         .bind(run_id)
         .bind(test_case_id)
         .fetch_optional(self.pool())
         .await
         .map_err(StoreError::query("reading a case's state"))?;
-        Ok(row.map(|(run_status, case_status)| CaseState {
-            run_status,
-            case_status: case_status.as_deref().and_then(CaseStatus::parse),
+        Ok(Some(CaseState {
+            run_live: RunState::is_live(&run),
+            case_status: status.as_deref().and_then(CaseStatus::parse),
         }))
     }
 }

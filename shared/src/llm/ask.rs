@@ -15,6 +15,19 @@ use super::client::{ChatRequest, ChatResponse, LlmClient, Message};
 use super::json::{extract_json, Recovery};
 use crate::grade::{Fault, Usage};
 
+/// The schema of a list of objects with these `properties`, all `required` (a judge's
+/// per-criterion or per-assertion answers).
+pub fn object_list_schema(properties: Value, required: &[&str]) -> Value {
+    let mut items = serde_json::Map::new();
+    items.insert("type".into(), "object".into());
+    items.insert("properties".into(), properties);
+    items.insert("required".into(), required.into());
+    let mut list = serde_json::Map::new();
+    list.insert("type".into(), "array".into());
+    list.insert("items".into(), Value::Object(items));
+    Value::Object(list)
+}
+
 /// Most characters of a judge's raw answer kept in a fault message.
 pub const MAX_RAW_CHARS: usize = 4_000;
 

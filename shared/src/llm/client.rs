@@ -206,8 +206,10 @@ pub struct LlmClient {
     retry: CallRetry,
     /// The structured-output form this provider accepts ([`StructuredMode`] as a number).
     mode: AtomicU8,
-    /// HTTP requests sent (retries included), for logs and tests.
+    /// HTTP requests sent (retries included), for logs, metrics and tests.
     requests: AtomicU64,
+    /// Answers that were HTTP 429 (rate limited), for metrics.
+    rate_limited: AtomicU64,
 }
 
 impl std::fmt::Debug for LlmClient {
@@ -262,6 +264,7 @@ impl LlmClient {
             retry,
             mode: AtomicU8::new(StructuredMode::JsonSchema as u8),
             requests: AtomicU64::new(0),
+            rate_limited: AtomicU64::new(0),
         })
     }
 
@@ -291,6 +294,11 @@ impl LlmClient {
     /// HTTP requests sent so far (retries and fallbacks included).
     pub fn requests_sent(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// HTTP 429 answers so far (each retried or handed up as a transient fault).
+    pub fn rate_limited(&self) -> u64 {
+        self.rate_limited.load(Ordering::Relaxed)
     }
 
     /// The current adaptive concurrency limit.
@@ -452,6 +460,7 @@ impl LlmClient {
                 Err(SendError { fault, status }) => {
                     self.rate.record(name, estimate, 0);
                     if status == Some(429) {
+                        self.rate_limited.fetch_add(1, Ordering::Relaxed);
                         self.concurrency.on_overload();
                     }
                     if !fault.is_transient() {

@@ -13,10 +13,10 @@ use std::fmt::Write;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::ask::ask_json;
+use super::ask::{ask_json, object_list_schema};
 use super::client::{ChatRequest, LlmClient, Message, OutputSchema};
-use super::llm_judge::JUDGE_SYSTEM;
 use crate::grade::{Fault, Usage};
+use crate::strategy::llm_judge::JUDGE_SYSTEM;
 use crate::strategy::rubric::default_creative_rubric;
 
 /// A criterion the two outputs are compared on.
@@ -116,23 +116,26 @@ pub struct Comparison {
 
 pub fn answer_schema(criteria: &[ComparisonCriterion]) -> Value {
     let names: Vec<&str> = criteria.iter().map(|c| c.name.as_str()).collect();
+    let scored = object_list_schema(
+        json!({
+            "criterion": {"type": "string", "enum": names},
+            "score_1": {"type": "number", "minimum": 1, "maximum": 5},
+            "score_2": {"type": "number", "minimum": 1, "maximum": 5},
+            "justification_1": {"type": "string"},
+            "justification_2": {"type": "string"}
+        }),
+        &[
+            "criterion",
+            "score_1",
+            "score_2",
+            "justification_1",
+            "justification_2",
+        ],
+    );
     json!({
         "type": "object",
         "properties": {
-            "criteria": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "criterion": {"type": "string", "enum": names},
-                        "score_1": {"type": "number", "minimum": 1, "maximum": 5},
-                        "score_2": {"type": "number", "minimum": 1, "maximum": 5},
-                        "justification_1": {"type": "string"},
-                        "justification_2": {"type": "string"}
-                    },
-                    "required": ["criterion", "score_1", "score_2", "justification_1", "justification_2"]
-                }
-            },
+            "criteria": scored,
             "winner": {"type": "string", "enum": ["1", "2", "tie"]},
             "key_differentiators": {"type": "array", "items": {"type": "string"}},
             "summary": {"type": "string"}

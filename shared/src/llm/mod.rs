@@ -1,6 +1,7 @@
-//! Model providers and everything that calls them: the `llm` runner, the model-backed
-//! strategies (`llm_judge`, `assertions`, `semantic_sim`), the A/B comparator, trigger evals,
-//! and the pure arithmetic of baselines, repeats and budgets.
+//! Model providers and everything that calls them but grades no case: the `llm` runner, the A/B
+//! comparator, trigger evals, and the pure arithmetic of baselines, repeats and budgets. The
+//! model-backed strategies (`llm_judge`, `assertions`, `semantic_sim`) live with the others in
+//! [`crate::strategy`] and get their clients from here.
 //!
 //! Layout:
 //! - [`config`]: [`Providers`] by name ([`ProviderConfig`]: endpoint, model, key variable,
@@ -12,26 +13,22 @@
 //! - [`ask`] + [`json`]: a JSON answer of a known shape from a model, recovered when fenced,
 //!   wrapped in prose or truncated, corrected once, else a fault carrying the raw answer.
 //! - [`runner`]: the `llm` runner (SKILL.md as system prompt; baseline without it; repeats).
-//! - [`llm_judge`], [`assertions`], [`semantic_sim`]: the strategies, registered over the
-//!   placeholders by [`register_strategies`]; [`comparator`]; [`triggers`].
+//! - [`comparator`] (A/B comparison of two outputs); [`triggers`] (does the skill's
+//!   description make a model pick it).
 //! - [`benchmark`] (pass@k, uplift, skill-creator's `benchmark.json`) and [`budget`]: pure.
 //!
 //! The CLI builds [`ProviderClients`] with a [`cache::DirCache`] and in-process limits; the
 //! service builds them with its Postgres-backed [`cache::ResponseCache`] and
-//! [`limit::RateLimiter`]. Both then register the same runner and strategies.
+//! [`limit::RateLimiter`]. Both then hand them to the one
+//! [`ExecutorBuilder`](crate::executor::ExecutorBuilder).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::grade::Fault;
-use crate::model::TestCase;
-use crate::problem::Problem;
-use crate::runner::RunnerRegistry;
-use crate::strategy::{CompileContext, StrategyRegistryBuilder};
 
 mod anthropic;
 pub mod ask;
-pub mod assertions;
 pub mod benchmark;
 pub mod budget;
 pub mod cache;
@@ -41,10 +38,8 @@ pub mod config;
 pub mod faults;
 pub mod json;
 pub mod limit;
-pub mod llm_judge;
 mod openai;
 pub mod runner;
-pub mod semantic_sim;
 pub mod triggers;
 
 #[cfg(test)]
@@ -134,6 +129,11 @@ impl ProviderClients {
         self.clients.get(name)
     }
 
+    /// Every client, by provider name.
+    pub fn clients(&self) -> impl Iterator<Item = &Arc<LlmClient>> {
+        self.clients.values()
+    }
+
     /// The client for `purpose`: the one named, else the purpose's default.
     pub fn pick(&self, named: Option<&str>, purpose: Purpose) -> Result<Arc<LlmClient>, String> {
         let name = match named {
@@ -165,55 +165,4 @@ impl ProviderClients {
     ) -> Result<Arc<LlmClient>, Fault> {
         self.pick(named, purpose).map_err(Fault::permanent)
     }
-}
-
-/// The provider a case names in option `provider`, resolved at compile time (a problem at the
-/// option when it is not a configured one).
-pub(crate) fn case_client(
-    clients: &ProviderClients,
-    case: &TestCase,
-    ctx: &CompileContext<'_>,
-    purpose: Purpose,
-    strategy: &str,
-) -> Result<Arc<LlmClient>, Vec<Problem>> {
-    let named = case.option(PROVIDER_OPTION);
-    let pointer = if case.evaluation.options.contains_key(PROVIDER_OPTION) {
-        "/evaluation/options/provider"
-    } else {
-        "/expected/provider"
-    };
-    let named = match named {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(s)) => Some(s.as_str()),
-        Some(_) => {
-            return Err(vec![ctx.problem(
-                pointer,
-                format!("{strategy}: option `provider` must be a provider name"),
-            )])
-        }
-    };
-    clients.pick(named, purpose).map_err(|message| {
-        let at = if named.is_some() {
-            pointer
-        } else {
-            "/evaluation/strategy"
-        };
-        vec![ctx.problem(at, format!("{strategy}: {message}"))]
-    })
-}
-
-/// Registers the model-backed strategies over their placeholders.
-pub fn register_strategies(
-    builder: StrategyRegistryBuilder,
-    clients: &Arc<ProviderClients>,
-) -> StrategyRegistryBuilder {
-    builder
-        .register(Arc::new(llm_judge::LlmJudge::new(clients.clone())))
-        .register(Arc::new(assertions::Assertions::new(clients.clone())))
-        .register(Arc::new(semantic_sim::SemanticSim::new(clients.clone())))
-}
-
-/// Adds the `llm` runner.
-pub fn register_runner(registry: RunnerRegistry, clients: &Arc<ProviderClients>) -> RunnerRegistry {
-    registry.with(Arc::new(runner::LlmRunner::new(clients.clone())))
 }

@@ -84,14 +84,15 @@ pub struct SkillPrompt {
     pub skipped: Vec<(String, String)>,
 }
 
-/// The `llm` runner.
+/// The `llm` runner, producing with the providers of `clients` (none: it refuses to produce
+/// and [`OutputRunner::missing_provider`] says so).
 pub struct LlmRunner {
-    clients: Arc<ProviderClients>,
+    clients: Option<Arc<ProviderClients>>,
     prompts: Mutex<HashMap<PathBuf, Arc<SkillPrompt>>>,
 }
 
 impl LlmRunner {
-    pub fn new(clients: Arc<ProviderClients>) -> Self {
+    pub fn new(clients: Option<Arc<ProviderClients>>) -> Self {
         LlmRunner {
             clients,
             prompts: Mutex::new(HashMap::new()),
@@ -275,15 +276,18 @@ impl OutputRunner for LlmRunner {
         "llm"
     }
 
-    fn needs_model(&self) -> bool {
-        true
+    fn missing_provider(&self) -> bool {
+        self.clients.is_none()
     }
 
     #[tracing::instrument(skip_all, fields(test_case_id = %req.case.id, runner = "llm"))]
     async fn produce(&self, req: &ProduceRequest<'_>, env: &GradeEnv) -> Result<Produced, Fault> {
-        let client = self
-            .clients
-            .pick_or_fault(req.runner.provider.as_deref(), Purpose::Produce)?;
+        let Some(clients) = &self.clients else {
+            return Err(Fault::permanent(
+                "runner `llm` needs a model provider; none is configured (see docs/providers.md)",
+            ));
+        };
+        let client = clients.pick_or_fault(req.runner.provider.as_deref(), Purpose::Produce)?;
         let without = without_skill(req.runner);
         let repeat = repeat_of(req.runner);
         let skill = if without {

@@ -22,13 +22,12 @@ use super::client::{CallRetry, ChatRequest, LlmClient, Message, OutputSchema};
 use super::comparator::{compare, default_criteria, CompareInput};
 use super::config::{ApiKey, ProviderConfig, ProviderKind};
 use super::triggers::{evaluate_triggers, SkillCard, TriggerOptions};
-use super::{register_runner, register_strategies, ProviderClients};
-use crate::executor::{CaseStatus, Executor};
+use super::ProviderClients;
+use crate::executor::{CaseStatus, ExecutorBuilder};
 use crate::grade::{Fault, Grade};
 use crate::model::{Profile, TestCase};
 use crate::package::{validate, Package, PackageLimits, TriggerCase};
 use crate::plan::{plan, CaseFilter};
-use crate::runner::RunnerRegistry;
 use crate::sandbox::Sandbox;
 use crate::strategy::{CompileContext, GradeEnv, GradeInput, StrategyRegistry};
 
@@ -202,7 +201,7 @@ fn chat_reply(content: &str, input_tokens: u64, output_tokens: u64) -> Reply {
 }
 
 fn registry(clients: &Arc<ProviderClients>) -> StrategyRegistry {
-    register_strategies(StrategyRegistry::builtin(), clients).build()
+    StrategyRegistry::with_providers(Some(clients)).build()
 }
 
 fn clients_with(client: LlmClient) -> Arc<ProviderClients> {
@@ -313,15 +312,10 @@ async fn the_llm_runner_sends_skill_md_and_the_templated_prompt_and_the_judge_gr
     write_package(dir.path(), tests);
 
     let clients = clients_with(server.client(ProviderKind::Openai));
-    let strategies = registry(&clients);
+    let executor = ExecutorBuilder::new().providers(Some(clients)).build();
     let package = Package::open(dir.path(), &PackageLimits::default()).unwrap();
-    let validation = validate(&package, &strategies);
+    let validation = validate(&package, executor.strategies());
     assert!(validation.is_ok(), "{:?}", validation.problems);
-    let executor = Executor::new(
-        strategies,
-        register_runner(RunnerRegistry::builtin(), &clients),
-        Arc::new(Sandbox::default()),
-    );
     let jobs = plan(
         &package.config,
         &package.content_hash,
@@ -425,7 +419,7 @@ async fn the_baseline_runner_sends_no_system_prompt() {
         json!({"testCases": [{"id": "a", "input": {"prompt": "hi"}, "expected": {"output": "bare"}}]}),
     );
     let clients = clients_with(server.client(ProviderKind::Openai));
-    let runner = super::runner::LlmRunner::new(clients);
+    let runner = super::runner::LlmRunner::new(Some(clients));
     let c = case(json!({"input": {"prompt": "hi"}}));
     let cfg = super::runner::runner_for(
         &crate::model::RunnerConfig {
@@ -540,7 +534,7 @@ async fn a_429_with_retry_after_2_is_waited_out_and_succeeds() {
     let before = clients.get("mock").unwrap().concurrency_limit();
     let dir = tempfile::tempdir().unwrap();
     write_package(dir.path(), json!({"testCases": []}));
-    let runner = super::runner::LlmRunner::new(clients.clone());
+    let runner = super::runner::LlmRunner::new(Some(clients.clone()));
     let c = case(json!({"input": {"prompt": "hi"}}));
     let cfg = crate::model::RunnerConfig {
         kind: "llm".into(),

@@ -10,7 +10,11 @@ use tempfile::TempDir;
 
 use super::*;
 use crate::grade::{Fault, Grade};
-use crate::model::{Evaluation, Expected, Input, Metadata, Profile, Settings, TestCase};
+use crate::model::{EvalSettings, Evaluation, Expected, Input, Metadata, Profile, TestCase};
+use crate::strategy::assertions::Assertions;
+use crate::strategy::llm_judge::LlmJudge;
+use crate::strategy::provider::ModelBacked;
+use crate::strategy::semantic_sim::SemanticSim;
 use crate::strategy::{CompileContext, GradeEnv, GradeInput, Grader, Strategy, StrategyRegistry};
 
 const SKILL: &str = "---\nname: demo-skill\ndescription: Does demo things.\n---\n# Demo\n";
@@ -79,11 +83,16 @@ impl Strategy for Stub {
     }
 }
 
+/// Stubs for the deterministic strategies, and the real model-backed ones without a provider
+/// (as `skilleval validate` has them).
 fn registry() -> StrategyRegistry {
     StrategyRegistry::builder()
         .register(Arc::new(Stub("exact_match")))
         .register(Arc::new(Stub("regex_match")))
         .register(Arc::new(Stub("hybrid")))
+        .register(Arc::new(ModelBacked::<LlmJudge>::new(None)))
+        .register(Arc::new(ModelBacked::<Assertions>::new(None)))
+        .register(Arc::new(ModelBacked::<SemanticSim>::new(None)))
         .build()
 }
 
@@ -141,7 +150,7 @@ fn v1_converts_to_the_expected_v2_model() {
     let expected = EvalConfig {
         version: "2.0".into(),
         profile: Profile::Deterministic,
-        settings: Settings::default(),
+        settings: EvalSettings::default(),
         setup: None,
         teardown: None,
         test_cases: vec![
@@ -251,7 +260,7 @@ fn skill_creator_evals_convert_to_the_expected_v2_model() {
     let expected = EvalConfig {
         version: "2.0".into(),
         profile: Profile::Deterministic,
-        settings: Settings::default(),
+        settings: EvalSettings::default(),
         setup: None,
         teardown: None,
         test_cases: vec![
@@ -315,10 +324,27 @@ fn skill_creator_evals_convert_to_the_expected_v2_model() {
         pointers(&pkg.problems),
         [("evals/evals.json", "/evals/3", false)]
     );
-    // `assertions` is not registered here (no model): accepted, no grader, fields checked.
-    let v = validate(&pkg, &registry());
+    // `assertions` has no provider here: accepted, fields checked, graded by nothing but a
+    // grader that says a provider is needed.
+    let registry = registry();
+    let v = validate(&pkg, &registry);
     assert!(v.is_ok(), "{:?}", v.problems);
-    assert_eq!(v.graders.keys().collect::<Vec<_>>(), ["4"]);
+    assert_eq!(v.graders.keys().collect::<Vec<_>>(), ["1", "2", "3", "4"]);
+    let missing: Vec<_> = pkg
+        .config
+        .test_cases
+        .iter()
+        .map(|c| registry.missing_provider(c.strategy_name(pkg.config.profile), c))
+        .collect();
+    assert_eq!(
+        missing,
+        [
+            Some("assertions"),
+            Some("assertions"),
+            Some("assertions"),
+            None
+        ]
+    );
 }
 
 #[test]
@@ -621,7 +647,7 @@ fn non_utf8_json_is_refused_naming_the_file() {
 }
 
 #[test]
-fn unregistered_model_strategies_are_accepted_with_their_fields_checked() {
+fn model_strategies_without_a_provider_are_accepted_with_their_fields_checked() {
     let tests = json!({
         "version": "2.0",
         "profile": "creative",
@@ -645,7 +671,11 @@ fn unregistered_model_strategies_are_accepted_with_their_fields_checked() {
             ("eval/tests.json", "/testCases/2/expected/output", true),
         ]
     );
-    assert!(v.problems[0].message.contains("sum to 0.700"));
+    assert!(
+        v.problems[0].message.contains("they sum to 0.7"),
+        "{}",
+        v.problems[0].message
+    );
 }
 
 #[test]

@@ -9,10 +9,9 @@
 //! timeouts `> 0`; thresholds in [0, 1]; `settings.runner` is `command`, `given` or `llm` and a
 //! `command` runner's script exists; setup/teardown scripts exist; suite ids exist.
 //!
-//! Strategies that need a model (`llm_judge`, `assertions`, `semantic_sim`) may be absent from
-//! the registry (no provider configured, e.g. `skilleval validate`): they are accepted, get no
-//! grader, and their essential fields are checked here instead (assertions listed, rubric
-//! weights summing to 1, an expected output to compare with).
+//! Strategies that need a model (`llm_judge`, `assertions`, `semantic_sim`) check their fields
+//! the same whether or not a provider is configured (e.g. `skilleval validate` has none), so
+//! validation needs nothing of them beyond compiling.
 //! Problems found in a converted format (v1, eval_metadata, skill-creator) point at the field
 //! the author wrote, not at the converted v2 field.
 
@@ -25,13 +24,10 @@ use super::paths;
 use super::Package;
 use crate::model::{RunnerSpec, TestCase};
 use crate::problem::{escape_token, Problem};
-use crate::strategy::{CompileContext, DefinitionKey, Grader, StrategyRegistry, MODEL_STRATEGIES};
+use crate::strategy::{CompileContext, DefinitionKey, Grader, StrategyRegistry};
 
 /// Runner names `settings.runner` accepts.
 pub const RUNNERS: &[&str] = &["command", "given", "llm"];
-
-/// Rubric weights must sum to 1 within this tolerance.
-pub const RUBRIC_WEIGHT_TOLERANCE: f64 = 0.001;
 
 /// The outcome of validating a package.
 #[derive(Debug, Default)]
@@ -248,7 +244,9 @@ impl Validator<'_> {
     }
 
     /// The problems, each once, and the graders kept.
-    fn finish(self) -> Validation {
+    fn finish(mut self) -> Validation {
+        // The `monitoring` section, if any: production criteria, validated like the cases.
+        (self.problems).extend(crate::monitor::package_problems(self.pkg, self.registry));
         Validation {
             problems: unique(self.problems),
             graders: self.graders,
@@ -259,10 +257,6 @@ impl Validator<'_> {
         let pkg = self.pkg;
         let profile = pkg.config.profile;
         let name = case.strategy_name(profile);
-        if self.registry.get(name).is_none() && MODEL_STRATEGIES.contains(&name) {
-            self.model_strategy_fields(i, case, name);
-            return;
-        }
         let key = DefinitionKey::of(&pkg.content_hash, profile, case);
         if let Some(known) = self.seen.compiled.get(&key) {
             if let Some(grader) = known {
@@ -297,91 +291,6 @@ impl Validator<'_> {
                     self.problems.push(p);
                 }
             }
-        }
-    }
-
-    /// Essential fields of a model-backed strategy that is not registered in this process.
-    fn model_strategy_fields(&mut self, i: usize, case: &TestCase, name: &str) {
-        match name {
-            "assertions" => {
-                if case.expected.assertions.is_empty() {
-                    self.case_error(
-                        i,
-                        "/expected/assertions",
-                        "strategy `assertions` needs at least one assertion",
-                    );
-                }
-                for (k, a) in case.expected.assertions.iter().enumerate() {
-                    if a.trim().is_empty() {
-                        self.case_error(
-                            i,
-                            &format!("/expected/assertions/{k}"),
-                            "an assertion must not be empty",
-                        );
-                    }
-                }
-            }
-            "semantic_sim" => {
-                if case
-                    .expected
-                    .output
-                    .as_deref()
-                    .is_none_or(|o| o.trim().is_empty())
-                {
-                    self.case_error(
-                        i,
-                        "/expected/output",
-                        "strategy `semantic_sim` needs `expected.output` to compare with",
-                    );
-                }
-                if let Some(t) = case.expected.semantic_threshold {
-                    if !(0.0..=1.0).contains(&t) {
-                        self.case_error(
-                            i,
-                            "/expected/semanticThreshold",
-                            format!("must be between 0 and 1, not {t}"),
-                        );
-                    }
-                }
-            }
-            "llm_judge" => {
-                let Some(rubric) = &case.expected.rubric else {
-                    return; // the creative profile's default rubric applies
-                };
-                if rubric.criteria.is_empty() {
-                    self.case_error(
-                        i,
-                        "/expected/rubric/criteria",
-                        "a rubric needs at least one criterion",
-                    );
-                    return;
-                }
-                for (k, c) in rubric.criteria.iter().enumerate() {
-                    if !(c.weight.is_finite() && c.weight >= 0.0) {
-                        self.case_error(
-                            i,
-                            &format!("/expected/rubric/criteria/{k}/weight"),
-                            format!("a criterion weight must be >= 0, not {}", c.weight),
-                        );
-                    }
-                }
-                let sum: f64 = rubric.criteria.iter().map(|c| c.weight).sum();
-                if (sum - 1.0).abs() > RUBRIC_WEIGHT_TOLERANCE {
-                    self.case_error(
-                        i,
-                        "/expected/rubric/criteria",
-                        format!("rubric weights sum to {sum:.3}; they must sum to 1.0 (±{RUBRIC_WEIGHT_TOLERANCE})"),
-                    );
-                }
-                if !(0.0..=1.0).contains(&rubric.passing_threshold) {
-                    self.case_error(
-                        i,
-                        "/expected/rubric/passingThreshold",
-                        format!("must be between 0 and 1, not {}", rubric.passing_threshold),
-                    );
-                }
-            }
-            _ => {}
         }
     }
 

@@ -330,7 +330,7 @@ mod tests {
     use super::*;
     use crate::executor::test_result;
     use crate::executor::JobResult;
-    use crate::model::Settings;
+    use crate::model::EvalSettings;
     use crate::report::{render, ReportFormat};
     use crate::summary::summarize;
     use chrono::Utc;
@@ -351,7 +351,7 @@ mod tests {
     }
 
     fn render_both(results: &[JobResult]) -> (String, serde_json::Value) {
-        let summary = summarize(results, &Settings::default());
+        let summary = summarize(results, &EvalSettings::default());
         let ctx = ReportContext {
             run_id: Uuid::nil(),
             skill_name: "calc",
@@ -440,6 +440,7 @@ mod tests {
                 status: CaseStatus::Failed,
                 score: Some(0.0),
                 duration_ms: 1,
+                grade_ms: 0,
                 error: None,
             },
             crate::executor::Attempt {
@@ -447,11 +448,12 @@ mod tests {
                 status: CaseStatus::Passed,
                 score: Some(1.0),
                 duration_ms: 1,
+                grade_ms: 0,
                 error: None,
             },
         ];
         let rs = vec![t, f];
-        let s = summarize(&rs, &Settings::default());
+        let s = summarize(&rs, &EvalSettings::default());
         let lines = recommendation_lines(&s, &rs).join("\n");
         assert!(lines.contains("1 case(s) timed out"), "{lines}");
         assert!(

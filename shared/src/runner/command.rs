@@ -126,15 +126,10 @@ fn interpreter_for(script: &str) -> Result<&'static str, Fault> {
     }
 }
 
+/// Whatever the sandbox itself fails with happened before the script ran (see
+/// [`crate::sandbox`]): the host's fault, never the skill's.
 fn fault_from(e: &SandboxError) -> Fault {
-    match e {
-        // Pipe or spawn trouble and a full uid pool can pass; the rest is how the host or the
-        // package is, and will not change on retry.
-        SandboxError::Io(_) | SandboxError::Busy(_) => {
-            Fault::transient(format!("runner `command`: {e}"))
-        }
-        _ => Fault::permanent(format!("runner `command`: {e}")),
-    }
+    Fault::host(format!("runner `command`: {e}"))
 }
 
 /// The last `max` bytes as text, starting on a character boundary.

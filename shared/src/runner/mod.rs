@@ -1,7 +1,8 @@
 //! Output runners: how a test case's output is produced before it is graded.
 //!
 //! `given` takes a recorded output supplied with the case or the job; `command` runs a package
-//! script in the sandbox with the test input as JSON on stdin. LLM runners register here too.
+//! script in the sandbox with the test input as JSON on stdin; `llm` ([`crate::llm::runner`])
+//! asks a model provider. All three are registered by name in [`RunnerRegistry::with_providers`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,6 +12,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use crate::grade::{Fault, ToolCall, Usage};
+use crate::llm::runner::LlmRunner;
+use crate::llm::ProviderClients;
 use crate::model::{Given, RunnerConfig, TestCase};
 use crate::strategy::GradeEnv;
 
@@ -52,8 +55,9 @@ pub struct Produced {
 pub trait OutputRunner: Send + Sync {
     fn name(&self) -> &'static str;
 
-    /// Whether this runner calls a model.
-    fn needs_model(&self) -> bool {
+    /// Whether this runner needs a model provider the registry was built without (then it
+    /// refuses to produce, and callers report a configuration problem, not a failing case).
+    fn missing_provider(&self) -> bool {
         false
     }
 
@@ -75,11 +79,18 @@ impl fmt::Debug for RunnerRegistry {
 }
 
 impl RunnerRegistry {
-    /// `given` and `command`.
+    /// Every runner, `llm` without a provider (see [`RunnerRegistry::with_providers`]).
     pub fn builtin() -> Self {
+        RunnerRegistry::with_providers(None)
+    }
+
+    /// `given`, `command`, and `llm` producing with `providers` (none: `llm` refuses to produce
+    /// and says a provider is needed).
+    pub fn with_providers(providers: Option<&Arc<ProviderClients>>) -> Self {
         RunnerRegistry::default()
             .with(Arc::new(given::GivenRunner))
             .with(Arc::new(command::CommandRunner))
+            .with(Arc::new(LlmRunner::new(providers.cloned())))
     }
 
     pub fn with(mut self, runner: Arc<dyn OutputRunner>) -> Self {

@@ -1,10 +1,12 @@
-//! The one place built-in strategies are registered by name.
+//! The one place strategies are registered by name.
 //!
-//! Model-backed strategies are registered here as [`ModelRequired`] placeholders that validate
-//! but refuse to grade; registering the real ones later under the same names replaces them.
+//! The model-backed ones (`llm_judge`, `assertions`, `semantic_sim`) get the provider clients
+//! the registry is built with; without, they validate the same and report the missing
+//! provider instead of grading.
 
 use std::sync::Arc;
 
+use super::assertions::Assertions;
 use super::contains::Contains;
 use super::custom::Custom;
 use super::exact_match::ExactMatch;
@@ -12,15 +14,21 @@ use super::hybrid::Hybrid;
 use super::json_schema::JsonSchema;
 use super::keyword_coverage::KeywordCoverage;
 use super::lexical_similarity::LexicalSimilarity;
-use super::model_required::ModelRequired;
+use super::llm_judge::LlmJudge;
+use super::provider::ModelBacked;
 use super::regex_match::RegexMatch;
+use super::semantic_sim::SemanticSim;
 use super::sentiment::Sentiment;
 use super::tool_usage::ToolUsage;
 use super::toxicity::Toxicity;
-use super::{StrategyRegistryBuilder, MODEL_STRATEGIES};
+use super::StrategyRegistryBuilder;
+use crate::llm::ProviderClients;
 
-pub(super) fn register(builder: StrategyRegistryBuilder) -> StrategyRegistryBuilder {
-    let builder = builder
+pub(super) fn register(
+    builder: StrategyRegistryBuilder,
+    providers: Option<&Arc<ProviderClients>>,
+) -> StrategyRegistryBuilder {
+    builder
         .register(Arc::new(ExactMatch))
         .register(Arc::new(RegexMatch))
         .register(Arc::new(JsonSchema))
@@ -32,16 +40,22 @@ pub(super) fn register(builder: StrategyRegistryBuilder) -> StrategyRegistryBuil
         .register(Arc::new(Toxicity))
         .register(Arc::new(ToolUsage))
         .register(Arc::new(Hybrid))
-        .register(Arc::new(Custom));
-    MODEL_STRATEGIES.iter().fold(builder, |b, name| {
-        b.register(Arc::new(ModelRequired::new(name)))
-    })
+        .register(Arc::new(Custom))
+        .register(Arc::new(ModelBacked::<LlmJudge>::new(providers.cloned())))
+        .register(Arc::new(ModelBacked::<Assertions>::new(providers.cloned())))
+        .register(Arc::new(ModelBacked::<SemanticSim>::new(
+            providers.cloned(),
+        )))
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::needless_pass_by_value)]
 mod tests {
+    use std::sync::Arc;
+
     use super::super::StrategyRegistry;
+    use crate::llm::ProviderClients;
+    use crate::model::TestCase;
 
     #[test]
     fn every_design_strategy_is_registered() {
@@ -69,11 +83,21 @@ mod tests {
             registry.get("rule_based").map(|s| s.name()),
             Some("contains")
         );
-        let needs_model: Vec<&str> = registry
-            .names()
-            .into_iter()
-            .filter(|n| registry.get(n).is_some_and(|s| s.needs_model()))
-            .collect();
-        assert_eq!(needs_model, vec!["assertions", "llm_judge", "semantic_sim"]);
+        let case = TestCase::default();
+        let needs_model = |registry: &StrategyRegistry| -> Vec<&str> {
+            registry
+                .names()
+                .into_iter()
+                .filter_map(|n| registry.missing_provider(n, &case))
+                .collect()
+        };
+        assert_eq!(
+            needs_model(&registry),
+            vec!["assertions", "llm_judge", "semantic_sim"]
+        );
+        let clients = Arc::new(ProviderClients::default());
+        let configured = StrategyRegistry::with_providers(Some(&clients)).build();
+        assert_eq!(configured.names(), registry.names());
+        assert!(needs_model(&configured).is_empty());
     }
 }

@@ -12,7 +12,8 @@
 //! score reaches `evaluation.passingThreshold`, else 0.5. The grade's details are the script's
 //! `details`. A non-zero exit, output that is not such an object, or output cut at the sandbox
 //! limit is a permanent fault carrying the end of stderr; running past the timeout is a
-//! timeout fault; a host without a sandbox is a permanent fault saying so.
+//! timeout fault; a failure of the sandbox itself (none on this host, bubblewrap unable to
+//! start) is a fault of the host, retried, never the skill's.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
@@ -166,14 +167,10 @@ impl Grader for CustomGrader {
     }
 }
 
-/// How a sandbox failure is reported: a busy sandbox or an I/O error talking to the child may
-/// clear up; a missing sandbox, tool or interpreter will not fix itself.
+/// A sandbox failure happened before the grader script ran (see [`crate::sandbox`]): the
+/// host's fault, never the skill's.
 fn sandbox_fault(script: &str, error: &SandboxError) -> Fault {
-    let message = format!("custom grader `{script}`: {error}");
-    match error {
-        SandboxError::Io(_) | SandboxError::Busy(_) => Fault::transient(message),
-        _ => Fault::permanent(message),
-    }
+    Fault::host(format!("custom grader `{script}`: {error}"))
 }
 
 /// Reads a finished grader script's result (see the module docs for the contract).
@@ -446,9 +443,9 @@ mod tests {
                 assert_eq!(g.score, 1.0);
                 assert_eq!(g.details, json!({"ok": true}));
             }
-            // Without one (or without node) the fault is permanent and names the script.
-            Err(fault @ Fault::Permanent { .. }) => {
-                assert!(fault.to_string().starts_with("custom grader"), "{fault}");
+            // Without one (or without node) it is the host's fault, naming the script.
+            Err(fault @ Fault::Host { .. }) => {
+                assert!(fault.to_string().contains("custom grader"), "{fault}");
             }
             Err(other) => panic!("unexpected fault {other:?}"),
         }

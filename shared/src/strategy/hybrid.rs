@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 
 use super::options::{option_pointer, OptionReader};
-use super::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
+use super::{CompileContext, GradeEnv, GradeInput, Grader, Strategy, StrategyRegistry};
 use crate::grade::{Fault, Grade};
 use crate::model::TestCase;
 use crate::problem::{escape_token, Problem};
@@ -42,6 +42,19 @@ struct Component {
 impl Strategy for Hybrid {
     fn name(&self) -> &'static str {
         "hybrid"
+    }
+
+    /// The first part (in `evaluation.weights` order) that lacks its provider.
+    fn missing_provider(
+        &self,
+        case: &TestCase,
+        registry: &StrategyRegistry,
+    ) -> Option<&'static str> {
+        case.evaluation
+            .weights
+            .keys()
+            .filter(|name| name.as_str() != self.name())
+            .find_map(|name| registry.missing_provider(name, case))
     }
 
     fn compile(
@@ -78,7 +91,7 @@ impl Strategy for Hybrid {
         let mut total = 0.0;
         for (name, &weight) in weights {
             let pointer = format!("/evaluation/weights/{}", escape_token(name));
-            if name == "hybrid" {
+            if name == self.name() {
                 opts.problem(&pointer, "hybrid cannot include hybrid");
                 continue;
             }

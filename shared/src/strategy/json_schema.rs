@@ -33,11 +33,15 @@ pub const MAX_REPORTED_ERRORS: usize = 100;
 /// hostile output).
 const MAX_EMBEDDED_ATTEMPTS: usize = 32;
 
+/// The name test cases use (results carry it; the run summary's schema compliance counts
+/// the results graded by this strategy).
+pub const NAME: &str = "json_schema";
+
 pub struct JsonSchema;
 
 impl Strategy for JsonSchema {
     fn name(&self) -> &'static str {
-        "json_schema"
+        NAME
     }
 
     fn compile(

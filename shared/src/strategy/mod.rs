@@ -1,12 +1,14 @@
 //! Grading strategies: one file per strategy, all behind [`Strategy`], registered by name in
-//! [`StrategyRegistry::builtin`].
+//! one place ([`StrategyRegistry::with_providers`], in `builtin.rs`).
 //!
 //! A strategy has two phases. [`Strategy::compile`] runs once per test-case definition (at
 //! validation and when a worker first sees a case): it checks the case's fields, reports every
 //! problem with a JSON pointer, and builds a [`Grader`] holding the compiled artefacts (regexes,
 //! schema validators). [`Grader::grade`] then runs once per output and never recompiles.
-//! Graders are async so strategies that call HTTP (LLM judges, embeddings) plug in through
-//! [`StrategyRegistryBuilder::register`] without touching the executor or the runners.
+//! Graders are async so strategies that call HTTP (LLM judges, embeddings) plug in like any
+//! other without touching the executor or the runners. Those (`llm_judge`, `assertions`,
+//! `semantic_sim`) receive the provider clients the registry is built with; built without,
+//! they check their fields all the same and report the missing provider ([`provider`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +19,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use crate::grade::{Fault, Grade, ToolCall};
+use crate::llm::ProviderClients;
 use crate::model::{Profile, TestCase};
 use crate::problem::Problem;
 use crate::sandbox::Sandbox;
@@ -26,9 +29,15 @@ pub trait Strategy: Send + Sync {
     /// The name test cases use in `evaluation.strategy`.
     fn name(&self) -> &'static str;
 
-    /// Whether grading calls a model (the CLI says which cases need one when none is configured).
-    fn needs_model(&self) -> bool {
-        false
+    /// The strategy grading `case` would need a model provider for that this registry was
+    /// built without (this one, or a part of a `hybrid`). Such a case compiles but cannot be
+    /// graded: callers report it as a configuration problem, not a failing case.
+    fn missing_provider(
+        &self,
+        _case: &TestCase,
+        _registry: &StrategyRegistry,
+    ) -> Option<&'static str> {
+        None
     }
 
     /// Checks the case and builds its grader. Problems carry pointers under `ctx.pointer`.
@@ -101,7 +110,8 @@ impl fmt::Debug for StrategyRegistry {
     }
 }
 
-/// Builds a registry: the built-in strategies plus any registered later (LLM-backed ones).
+/// Builds a registry (tests register their own strategies; the product's are in
+/// [`StrategyRegistry::with_providers`]).
 #[derive(Default)]
 pub struct StrategyRegistryBuilder {
     registry: StrategyRegistry,
@@ -128,9 +138,22 @@ impl StrategyRegistry {
         StrategyRegistryBuilder::default()
     }
 
-    /// Every strategy that needs neither a model nor a network, under its design name.
+    /// Every strategy of the design, the model-backed ones without a provider (they validate
+    /// and report the missing provider).
     pub fn builtin() -> StrategyRegistryBuilder {
-        builtin::register(StrategyRegistry::builder())
+        StrategyRegistry::with_providers(None)
+    }
+
+    /// Every strategy of the design under its name, the model-backed ones grading with
+    /// `providers`' clients.
+    pub fn with_providers(providers: Option<&Arc<ProviderClients>>) -> StrategyRegistryBuilder {
+        builtin::register(StrategyRegistry::builder(), providers)
+    }
+
+    /// The strategy grading `case` needs a model provider for and this registry has none for
+    /// (see [`Strategy::missing_provider`]); `None` also for an unknown strategy name.
+    pub fn missing_provider(&self, name: &str, case: &TestCase) -> Option<&'static str> {
+        self.get(name)?.missing_provider(case, self)
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Strategy>> {
@@ -207,10 +230,7 @@ impl DefinitionKey {
     }
 }
 
-/// Strategies known by name but not registered in this process (LLM-backed ones before a
-/// provider is configured). Validation accepts them; running them says a model is needed.
-pub const MODEL_STRATEGIES: &[&str] = &["llm_judge", "assertions", "semantic_sim"];
-
+pub mod assertions;
 mod builtin;
 pub mod contains;
 pub mod custom;
@@ -219,10 +239,12 @@ pub mod hybrid;
 pub mod json_schema;
 pub mod keyword_coverage;
 pub mod lexical_similarity;
-pub mod model_required;
+pub mod llm_judge;
 mod options;
+pub(crate) mod provider;
 pub mod regex_match;
 pub mod rubric;
+pub mod semantic_sim;
 pub mod sentiment;
 mod sentiment_lexicon;
 #[cfg(test)]

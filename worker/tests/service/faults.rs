@@ -3,6 +3,8 @@
 use std::time::{Duration, Instant};
 
 use lapin::types::{AMQPValue, FieldTable};
+use skilleval::executor::JobResult;
+use skilleval_infra::store::lifecycle::WrittenOff;
 use skilleval_infra::topology::{Outgoing, JOB_ROUTING_KEY, PARKED_REASON_HEADER};
 
 use crate::helpers::{
@@ -131,19 +133,36 @@ async fn jobs_of_a_cancelled_run_are_skipped_without_running() {
     let seeded = env
         .seed_run(30, &Produce::Hang { timeout_ms: 20_000 })
         .await;
-    sqlx::query("UPDATE runs SET status = 'cancelled' WHERE id = $1")
-        .bind(seeded.run_id)
-        .execute(env.store.pool())
-        .await
-        .unwrap();
+    env.store.cancel(seeded.run_id).await.unwrap();
     let w = env.start_worker(env.settings("cancel")).await;
     env.publish(&seeded.jobs).await;
     // Hanging cases would take 20 s each: skipping is what makes this fast.
-    let c = env
-        .wait_for_run(seeded.run_id, Duration::from_secs(15))
-        .await;
+    eventually(Duration::from_secs(15), "every job handled", || async {
+        metric_sum(
+            &w.worker.metrics().encode().unwrap(),
+            "skilleval_worker_batch_size_sum",
+        ) >= 30
+    })
+    .await;
+    // What the worker recorded for the stopped run changed nothing ...
+    assert!(env.rows_by_status(seeded.run_id).await.is_empty());
+    assert_eq!(env.counters(seeded.run_id).await.completed, 0);
+    // ... the coordinator writes its cases off, each once.
+    let skipped: Vec<JobResult> = seeded
+        .jobs
+        .iter()
+        .map(|j| JobResult::skipped(j, "the run was cancelled"))
+        .collect();
+    let mut cases = WrittenOff::default();
+    for r in &skipped {
+        cases.push(r, serde_json::to_string(r).unwrap());
+    }
+    assert_eq!(
+        env.store.write_off(seeded.run_id, &cases).await.unwrap(),
+        30
+    );
+    let c = env.assert_run_consistent(&seeded).await;
     assert_eq!(c.skipped, 30, "{c:?}");
-    env.assert_run_consistent(&seeded).await;
     w.stop().await.unwrap();
 }
 

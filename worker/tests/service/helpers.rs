@@ -1,6 +1,6 @@
 //! What every service test needs: a fresh, migrated database with a random name, a random
 //! queue prefix with its topology declared, a real skill package stored in the database, a run
-//! seeded with one `queued` row per case, and ways to start workers (in this process, or the
+//! seeded with its plan (no case recorded), and ways to start workers (in this process, or the
 //! real `skilleval-worker` binary) and to wait for the run. Everything is removed on drop
 //! (`DROP DATABASE ... WITH (FORCE)`, the prefix's queues and exchanges), even when a test
 //! fails.
@@ -21,29 +21,22 @@ use std::time::{Duration, Instant};
 use lapin::options::BasicGetOptions;
 use lapin::types::ShortString;
 use lapin::Connection;
-use serde_json::{json, Value};
+use serde_json::json;
 use skilleval::package::{Package, PackageLimits};
 use skilleval::plan::{plan, CaseFilter, Job};
 use skilleval_infra::config::{SecretUrl, Settings};
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::{self, Lane, Publisher, Topology};
+use skilleval_test_support::Scratch;
 use skilleval_worker::Worker;
-use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
+use sqlx::{Connection as _, PgConnection};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipWriter};
 
-pub fn pg_admin_base() -> String {
-    std::env::var("SKILLEVAL_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
-}
-
-pub fn amqp_url() -> String {
-    std::env::var("SKILLEVAL_TEST_AMQP")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
+pub use skilleval_test_support::{amqp_url, pg_admin_base};
 
 /// How the package's cases produce their output.
 #[derive(Debug, Clone)]
@@ -129,58 +122,7 @@ pub struct SeededRun {
     pub jobs: Vec<Job>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counters {
-    pub total: i32,
-    pub completed: i32,
-    pub passed: i32,
-    pub failed: i32,
-    pub errored: i32,
-    pub skipped: i32,
-}
-
-/// Removes the database and the broker objects when the test ends, however it ends.
-struct Cleanup {
-    db_name: String,
-    topology: Topology,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let db_name = self.db_name.clone();
-        let topology = self.topology.clone();
-        // Drop cannot await; a thread with its own runtime can, even while unwinding.
-        let done = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                if let Ok(mut admin) =
-                    PgConnection::connect(&format!("{}/postgres", pg_admin_base())).await
-                {
-                    let drop = format!("DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)");
-                    if let Err(e) = sqlx::query(AssertSqlSafe(drop)).execute(&mut admin).await {
-                        eprintln!("cleanup: dropping {db_name}: {e}");
-                    }
-                }
-                if let Ok(conn) =
-                    Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
-                {
-                    if let Ok(ch) = conn.create_channel().await {
-                        if let Err(e) = topology.delete(&ch).await {
-                            eprintln!("cleanup: deleting queues of {}: {e}", topology.prefix());
-                        }
-                    }
-                    let _ = conn.close(200, ShortString::from("cleanup")).await;
-                }
-            });
-        });
-        let _ = done.join();
-    }
-}
+pub use skilleval_infra::store::runs::Counters;
 
 /// One test's database, queue prefix, publisher and package cache.
 pub struct TestEnv {
@@ -192,7 +134,8 @@ pub struct TestEnv {
     pub conn: Connection,
     pub publisher: Publisher,
     pub cache_dir: tempfile::TempDir,
-    _cleanup: Cleanup,
+    /// Removes the database and the prefix's queues when the test ends.
+    _scratch: Scratch,
 }
 
 impl TestEnv {
@@ -204,26 +147,18 @@ impl TestEnv {
                 format: skilleval_infra::config::LogFormat::Text,
             });
         }
-        let id = Uuid::new_v4().simple().to_string();
-        let db_name = format!("skilleval_test_{}", &id[..16]);
-        let prefix = format!("t{}", &id[..12]);
+        let mut scratch = Scratch::create().await;
+        let (db_name, db_url, prefix) = (
+            scratch.db_name.clone(),
+            scratch.db_url.clone(),
+            scratch.prefix.clone(),
+        );
         let topology = Topology::new(
             prefix.clone(),
             vec![300, 600, 1_200],
             topology::DELIVERY_LIMIT,
         );
-        let cleanup = Cleanup {
-            db_name: db_name.clone(),
-            topology: topology.clone(),
-        };
-        let mut admin = PgConnection::connect(&format!("{}/postgres", pg_admin_base()))
-            .await
-            .expect("connect to the postgres maintenance database");
-        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{db_name}\"")))
-            .execute(&mut admin)
-            .await
-            .expect("create the test database");
-        let db_url = format!("{}/{db_name}", pg_admin_base());
+        scratch.owns(topology.clone());
         let store = Store::connect_url(&db_url, 5)
             .await
             .expect("connect to the test database");
@@ -249,7 +184,7 @@ impl TestEnv {
             conn,
             publisher,
             cache_dir: tempfile::tempdir().expect("cache dir"),
-            _cleanup: cleanup,
+            _scratch: scratch,
         }
     }
 
@@ -278,7 +213,7 @@ impl TestEnv {
         format!("worker-{}-{name}", self.prefix)
     }
 
-    /// Stores the package as a skill version and seeds a run of `n` cases, all `queued`.
+    /// Stores the package as a skill version and seeds a run of `n` cases, none recorded.
     pub async fn seed_run(&self, n: usize, produce: &Produce) -> SeededRun {
         let zip = package_zip(n, produce);
         let package =
@@ -326,38 +261,18 @@ impl TestEnv {
         .execute(pool)
         .await
         .expect("eval config");
-        sqlx::query("INSERT INTO runs (id, version_id, kind, status, total) VALUES ($1, $2, 'manual', 'running', $3)")
-            .bind(run_id)
-            .bind(version_id)
-            .bind(i32::try_from(jobs.len()).expect("total"))
-            .execute(pool)
-            .await
-            .expect("run");
-        let ids: Vec<String> = jobs.iter().map(|j| j.case.id.clone()).collect();
-        let names: Vec<String> = jobs.iter().map(|j| j.case.name.clone()).collect();
-        let idx: Vec<i32> = jobs
-            .iter()
-            .map(|j| i32::try_from(j.case_index).expect("idx"))
-            .collect();
-        let strategies: Vec<String> = jobs.iter().map(|j| j.strategy().to_string()).collect();
-        let payloads: Vec<Value> = jobs
-            .iter()
-            .map(|j| serde_json::to_value(j).expect("job"))
-            .collect();
+        // The run and its plan as the coordinator commits them, its jobs all confirmed: no
+        // case has a row until its outcome is recorded.
         sqlx::query(
-            "INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy, status, job, published_at)
-             SELECT $1, t.id, t.name, t.idx, t.strategy, 'queued', t.job::text, now()
-             FROM UNNEST($2::text[], $3::text[], $4::int4[], $5::text[], $6::jsonb[]) AS t(id, name, idx, strategy, job)",
+            "INSERT INTO runs (id, version_id, kind, status, total, published_through)
+             VALUES ($1, $2, 'manual', 'running', $3, $3)",
         )
         .bind(run_id)
-        .bind(&ids)
-        .bind(&names)
-        .bind(&idx)
-        .bind(&strategies)
-        .bind(&payloads)
+        .bind(version_id)
+        .bind(i32::try_from(jobs.len()).expect("total"))
         .execute(pool)
         .await
-        .expect("queued rows");
+        .expect("run");
         SeededRun { run_id, jobs }
     }
 

@@ -8,3 +8,5 @@ mod faults;
 mod llm;
 mod pipeline;
 mod processes;
+mod sandbox;
+mod schema;

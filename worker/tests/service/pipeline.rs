@@ -85,14 +85,17 @@ async fn a_result_changes_its_row_once_and_counters_by_exactly_that() {
     let c = env.counters(seeded.run_id).await;
     assert_eq!((c.completed, c.passed, c.failed, c.errored), (3, 1, 1, 1));
 
-    // Queued results and unknown rows are ignored.
+    // Queued results, results outside the run's plan and of unknown runs are ignored.
     let mut queued = JobResult::skipped(&j[3], "x");
     queued.status = CaseStatus::Queued;
+    let mut unplanned = JobResult::skipped(&j[3], "x");
+    unplanned.test_case_id = "no-such-case".into();
+    unplanned.case_index = 4;
     let mut unknown = JobResult::skipped(&j[3], "x");
-    unknown.test_case_id = "no-such-case".into();
+    unknown.run_id = uuid::Uuid::now_v7();
     assert!(env
         .store
-        .record_results(&[queued, unknown])
+        .record_results(&[queued, unplanned, unknown])
         .await
         .unwrap()
         .is_empty());
@@ -285,11 +288,11 @@ async fn one_step_decides_what_each_delivery_needs() {
         .await
         .unwrap()
     {
-        Disposition::Settled(Some(event)) => {
+        Disposition::Decided(Some(event)) => {
             assert_eq!(event.test_case_id, seeded.jobs[0].case.id);
             assert_eq!(event.status, CaseStatus::Passed);
         }
-        other => panic!("a recorded case is settled, not run again: {other:?}"),
+        other => panic!("a recorded case is decided, not run again: {other:?}"),
     }
 
     let poison = DeliveryInfo {

@@ -11,11 +11,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    deserialize_id, name_from_prompt, named_case_list, typed, warn_unknown_keys, CaseSource,
-    Converted, EvalFormat, Renames,
+    deserialize_id, name_from_prompt, CaseShape, Converted, EvalFormat, NamedListFormat, Renames,
 };
 use crate::model::{Evaluation, Expected, Input, TestCase};
-use crate::problem::Problem;
 
 const RENAMES: Renames = &[
     ("/input/prompt", "/prompt"),
@@ -26,8 +24,17 @@ const RENAMES: Renames = &[
     ("/name", "/name"),
 ];
 
-const TOP_KEYS: &[&str] = &["skill_name", "version", "test_cases"];
-const CASE_KEYS: &[&str] = &["id", "name", "prompt", "assertions", "tags", "weight"];
+const FORMAT: NamedListFormat = NamedListFormat {
+    format: EvalFormat::EvalMetadata,
+    list_key: "test_cases",
+    top_keys: &["skill_name", "version", "test_cases"],
+    not_object: "eval_metadata.json must be a JSON object",
+    case: CaseShape {
+        keys: &["id", "name", "prompt", "assertions", "tags", "weight"],
+        a_noun: "a test case",
+        noun: "test case",
+    },
+};
 
 #[derive(Debug, Deserialize)]
 struct MetaCase {
@@ -45,40 +52,9 @@ struct MetaCase {
 }
 
 pub fn convert(value: &Value, file: &str) -> Converted {
-    let mut out = Converted::empty(EvalFormat::EvalMetadata, "/test_cases");
-    let Some(items) = named_case_list(
-        value,
-        file,
-        TOP_KEYS,
-        "test_cases",
-        "eval_metadata.json must be a JSON object",
-        &mut out,
-    ) else {
-        return out;
-    };
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("/test_cases/{i}");
-        if !item.is_object() {
-            out.problems.push(Problem::error(
-                file,
-                &at,
-                "a test case must be a JSON object",
-            ));
-            continue;
-        }
-        warn_unknown_keys(item, CASE_KEYS, file, &at, "test case", &mut out.problems);
-        match typed::<MetaCase>(item, file, &at) {
-            Ok(case) => {
-                out.config.test_cases.push(to_v2(case));
-                out.sources.push(CaseSource {
-                    pointer: at,
-                    renames: RENAMES,
-                });
-            }
-            Err(problem) => out.problems.push(problem),
-        }
-    }
-    out
+    FORMAT.convert(value, file, |_, case: MetaCase, _, _| {
+        (to_v2(case), RENAMES)
+    })
 }
 
 fn to_v2(case: MetaCase) -> TestCase {

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::PackageError;
-use crate::model::EvalConfig;
+use crate::model::{EvalConfig, TestCase};
 use crate::problem::{escape_token, Problem};
 
 pub mod eval_metadata;
@@ -541,56 +541,153 @@ fn path_problem(
     )
 }
 
-/// The top level of the `{skill_name, <list_key>: [...]}` formats (skill-creator,
-/// eval_metadata): warns on unknown keys, records `skill_name` in `out` and returns the items
-/// under `list_key`, or `None` once a problem says why there are none.
-pub(crate) fn named_case_list<'v>(
-    value: &'v Value,
-    file: &str,
-    top_keys: &[&str],
-    list_key: &str,
-    not_object: &str,
-    out: &mut Converted,
-) -> Option<&'v Vec<Value>> {
-    #[derive(Deserialize)]
-    struct Top {
-        #[serde(default)]
-        skill_name: Option<String>,
+/// A `{skill_name, <list_key>: [...]}` format (skill-creator, eval_metadata).
+pub(crate) struct NamedListFormat {
+    pub format: EvalFormat,
+    pub list_key: &'static str,
+    /// The top-level fields; others are warned about and ignored.
+    pub top_keys: &'static [&'static str],
+    /// The error when the document is not an object.
+    pub not_object: &'static str,
+    pub case: CaseShape,
+}
+
+impl NamedListFormat {
+    /// Converts the document: unknown top-level keys warned about, `skill_name` recorded, then
+    /// each item under `list_key` through [`convert_cases`] and `to_v2`.
+    pub(crate) fn convert<T: DeserializeOwned>(
+        &self,
+        value: &Value,
+        file: &str,
+        to_v2: impl FnMut(usize, T, &str, &mut Vec<Problem>) -> (TestCase, Renames),
+    ) -> Converted {
+        let mut out = Converted::empty(self.format, &format!("/{}", self.list_key));
+        if let Some(items) = self.case_list(value, file, &mut out) {
+            convert_cases(&mut out, items, file, &self.case, to_v2);
+        }
+        out
     }
 
-    let Value::Object(obj) = value else {
-        out.problems.push(Problem::error(file, "", not_object));
-        return None;
-    };
-    warn_unknown_keys(value, top_keys, file, "", "top-level", &mut out.problems);
-    // Everything but the cases (which are read one by one), without copying the cases.
-    let top: serde_json::Map<String, Value> = obj
-        .iter()
-        .filter(|(key, _)| key.as_str() != list_key)
-        .map(|(key, v)| (key.clone(), v.clone()))
-        .collect();
-    match typed::<Top>(&Value::Object(top), file, "") {
-        Ok(top) => out.skill_name = top.skill_name.map(|n| (n, "/skill_name".to_string())),
-        Err(problem) => out.problems.push(problem),
-    }
-    let pointer = format!("/{list_key}");
-    match obj.get(list_key) {
-        Some(Value::Array(items)) => Some(items),
-        Some(_) => {
-            out.problems.push(Problem::error(
-                file,
-                &pointer,
-                format!("`{list_key}` must be a list"),
-            ));
-            None
+    /// Reads the top level into `out` and returns the items under `list_key`, or `None` once
+    /// a problem says why there are none.
+    fn case_list<'v>(
+        &self,
+        value: &'v Value,
+        file: &str,
+        out: &mut Converted,
+    ) -> Option<&'v Vec<Value>> {
+        #[derive(Deserialize)]
+        struct Top {
+            #[serde(default)]
+            skill_name: Option<String>,
         }
-        None => {
-            out.problems.push(Problem::error(
+
+        let list_key = self.list_key;
+        let Value::Object(obj) = value else {
+            out.problems.push(Problem::error(file, "", self.not_object));
+            return None;
+        };
+        warn_unknown_keys(
+            value,
+            self.top_keys,
+            file,
+            "",
+            "top-level",
+            &mut out.problems,
+        );
+        // Everything but the cases (which are read one by one), without copying the cases.
+        let top: serde_json::Map<String, Value> = obj
+            .iter()
+            .filter(|(key, _)| key.as_str() != list_key)
+            .map(|(key, v)| (key.clone(), v.clone()))
+            .collect();
+        match typed::<Top>(&Value::Object(top), file, "") {
+            Ok(top) => out.skill_name = top.skill_name.map(|n| (n, "/skill_name".to_string())),
+            Err(problem) => out.problems.push(problem),
+        }
+        let pointer = format!("/{list_key}");
+        match obj.get(list_key) {
+            Some(Value::Array(items)) => Some(items),
+            Some(_) => {
+                out.problems.push(Problem::error(
+                    file,
+                    &pointer,
+                    format!("`{list_key}` must be a list"),
+                ));
+                None
+            }
+            None => {
+                out.problems.push(Problem::error(
+                    file,
+                    &pointer,
+                    format!("`{list_key}` is required"),
+                ));
+                None
+            }
+        }
+    }
+}
+
+/// What a format's case items are called and which fields they have, for the problems of
+/// [`convert_cases`] and [`CaseShape::check`].
+pub(crate) struct CaseShape {
+    /// The fields an item may have; others are warned about and ignored.
+    pub keys: &'static [&'static str],
+    /// The item with its article, for "a test case must be a JSON object".
+    pub a_noun: &'static str,
+    /// The item in "unknown test case field `x` is ignored".
+    pub noun: &'static str,
+}
+
+impl CaseShape {
+    /// Whether the item at `at` is an object worth decoding; its unknown fields are warned
+    /// about, a non-object is an error.
+    pub(crate) fn check(
+        &self,
+        item: &Value,
+        file: &str,
+        at: &str,
+        problems: &mut Vec<Problem>,
+    ) -> bool {
+        if !item.is_object() {
+            problems.push(Problem::error(
                 file,
-                &pointer,
-                format!("`{list_key}` is required"),
+                at,
+                format!("{} must be a JSON object", self.a_noun),
             ));
-            None
+            return false;
+        }
+        warn_unknown_keys(item, self.keys, file, at, self.noun, problems);
+        true
+    }
+}
+
+/// The per-item loop of the converted formats (v1, eval_metadata, skill-creator): each item
+/// of the list at `out.list_pointer` is checked, decoded as `T` and turned into a v2 case by
+/// `to_v2` (given its index, pointer and the problem list), with its source recorded; a broken
+/// item becomes a problem and the next is read all the same.
+pub(crate) fn convert_cases<T: DeserializeOwned>(
+    out: &mut Converted,
+    items: &[Value],
+    file: &str,
+    shape: &CaseShape,
+    mut to_v2: impl FnMut(usize, T, &str, &mut Vec<Problem>) -> (TestCase, Renames),
+) {
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{}/{i}", out.list_pointer);
+        if !shape.check(item, file, &at, &mut out.problems) {
+            continue;
+        }
+        match typed::<T>(item, file, &at) {
+            Ok(decoded) => {
+                let (case, renames) = to_v2(i, decoded, &at, &mut out.problems);
+                out.config.test_cases.push(case);
+                out.sources.push(CaseSource {
+                    pointer: at,
+                    renames,
+                });
+            }
+            Err(problem) => out.problems.push(problem),
         }
     }
 }

@@ -23,8 +23,7 @@ use serde_json::Value;
 
 use super::v1::NON_EMPTY_PATTERN;
 use super::{
-    deserialize_id, name_from_prompt, named_case_list, typed, warn_unknown_keys, CaseSource,
-    Converted, EvalFormat, Renames,
+    deserialize_id, name_from_prompt, CaseShape, Converted, EvalFormat, NamedListFormat, Renames,
 };
 use crate::model::{Evaluation, Expected, Input, TestCase};
 use crate::problem::Problem;
@@ -55,16 +54,25 @@ const FROM_EXPECTED_OUTPUT: Renames = &[
     ("/name", "/name"),
 ];
 
-const TOP_KEYS: &[&str] = &["skill_name", "evals"];
-const CASE_KEYS: &[&str] = &[
-    "id",
-    "name",
-    "prompt",
-    "expected_output",
-    "files",
-    "expectations",
-    "assertions",
-];
+const FORMAT: NamedListFormat = NamedListFormat {
+    format: EvalFormat::SkillCreator,
+    list_key: "evals",
+    top_keys: &["skill_name", "evals"],
+    not_object: "evals.json must be a JSON object with `evals`",
+    case: CaseShape {
+        keys: &[
+            "id",
+            "name",
+            "prompt",
+            "expected_output",
+            "files",
+            "expectations",
+            "assertions",
+        ],
+        a_noun: "an eval",
+        noun: "eval",
+    },
+};
 
 #[derive(Debug, Deserialize)]
 struct Eval {
@@ -84,38 +92,9 @@ struct Eval {
 }
 
 pub fn convert(value: &Value, file: &str) -> Converted {
-    let mut out = Converted::empty(EvalFormat::SkillCreator, "/evals");
-    let Some(items) = named_case_list(
-        value,
-        file,
-        TOP_KEYS,
-        "evals",
-        "evals.json must be a JSON object with `evals`",
-        &mut out,
-    ) else {
-        return out;
-    };
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("/evals/{i}");
-        if !item.is_object() {
-            out.problems
-                .push(Problem::error(file, &at, "an eval must be a JSON object"));
-            continue;
-        }
-        warn_unknown_keys(item, CASE_KEYS, file, &at, "eval", &mut out.problems);
-        match typed::<Eval>(item, file, &at) {
-            Ok(eval) => {
-                let (case, renames) = to_v2(eval, file, &at, &mut out.problems);
-                out.config.test_cases.push(case);
-                out.sources.push(CaseSource {
-                    pointer: at,
-                    renames,
-                });
-            }
-            Err(problem) => out.problems.push(problem),
-        }
-    }
-    out
+    FORMAT.convert(value, file, |_, eval: Eval, at, problems| {
+        to_v2(eval, file, at, problems)
+    })
 }
 
 fn to_v2(eval: Eval, file: &str, at: &str, problems: &mut Vec<Problem>) -> (TestCase, Renames) {

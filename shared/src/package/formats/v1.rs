@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{typed, warn_unknown_keys, CaseSource, Converted, EvalFormat, Renames};
+use super::{convert_cases, CaseShape, Converted, EvalFormat, Renames};
 use crate::model::{Evaluation, Expected, Input, Profile, TestCase};
 use crate::problem::Problem;
 
@@ -35,14 +35,18 @@ const RENAMES: Renames = &[
     ("/description", "/description"),
 ];
 
-const CASE_KEYS: &[&str] = &[
-    "name",
-    "description",
-    "input",
-    "expectedOutput",
-    "expectedPatterns",
-    "timeout",
-];
+const SHAPE: CaseShape = CaseShape {
+    keys: &[
+        "name",
+        "description",
+        "input",
+        "expectedOutput",
+        "expectedPatterns",
+        "timeout",
+    ],
+    a_noun: "a test",
+    noun: "v1 test",
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -86,25 +90,9 @@ pub fn convert(value: &Value, file: &str) -> Converted {
     };
     let mut out = Converted::empty(EvalFormat::V1, base);
     out.config.profile = Profile::Deterministic;
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("{base}/{i}");
-        if !item.is_object() {
-            out.problems
-                .push(Problem::error(file, &at, "a test must be a JSON object"));
-            continue;
-        }
-        warn_unknown_keys(item, CASE_KEYS, file, &at, "v1 test", &mut out.problems);
-        match typed::<V1Case>(item, file, &at) {
-            Ok(case) => {
-                out.config.test_cases.push(to_v2(i, case));
-                out.sources.push(CaseSource {
-                    pointer: at,
-                    renames: RENAMES,
-                });
-            }
-            Err(problem) => out.problems.push(problem),
-        }
-    }
+    convert_cases(&mut out, items, file, &SHAPE, |i, case: V1Case, _, _| {
+        (to_v2(i, case), RENAMES)
+    });
     out
 }
 

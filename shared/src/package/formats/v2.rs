@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::{typed_owned, warn_unknown_keys, CaseSource, Converted, EvalFormat};
+use super::{typed_owned, warn_unknown_keys, CaseShape, CaseSource, Converted, EvalFormat};
 use crate::model::{EvalConfig, TestCase};
 use crate::problem::Problem;
 
@@ -18,19 +18,24 @@ const TOP_KEYS: &[&str] = &[
     "teardown",
     "testCases",
     "suites",
+    "monitoring",
 ];
-const CASE_KEYS: &[&str] = &[
-    "id",
-    "name",
-    "description",
-    "tags",
-    "input",
-    "expected",
-    "evaluation",
-    "metadata",
-    "weight",
-    "given",
-];
+const CASE_SHAPE: CaseShape = CaseShape {
+    keys: &[
+        "id",
+        "name",
+        "description",
+        "tags",
+        "input",
+        "expected",
+        "evaluation",
+        "metadata",
+        "weight",
+        "given",
+    ],
+    a_noun: "a test case",
+    noun: "test case",
+};
 
 /// Takes the parsed document by value: each case's JSON is moved into its typed form (no
 /// string copied) and freed as soon as it is converted, so loading never holds the whole
@@ -92,15 +97,9 @@ impl CaseList {
     /// case becomes a problem and the next is read all the same.
     pub fn push(&mut self, index: usize, item: Value, file: &str) {
         let at = format!("/testCases/{index}");
-        if !item.is_object() {
-            self.problems.push(Problem::error(
-                file,
-                &at,
-                "a test case must be a JSON object",
-            ));
+        if !CASE_SHAPE.check(&item, file, &at, &mut self.problems) {
             return;
         }
-        warn_unknown_keys(&item, CASE_KEYS, file, &at, "test case", &mut self.problems);
         match typed_owned::<TestCase>(item, file, &at) {
             Ok(mut case) => {
                 merge_metadata_tags(&mut case);

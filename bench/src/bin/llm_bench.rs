@@ -1,6 +1,6 @@
 //! Model-backed cases against a provider answering after 50 ms: cases/s by concurrency.
 //!
-//! Run with `cargo run --release -p skilleval-cli --example llm_bench`
+//! Run with `cargo run --release -p skilleval-bench --bin llm_bench`
 //! (`-- --max-concurrency N` sets the provider's `max_concurrency`, 512 by default;
 //! `-- --spawn` runs each case as a tokio task of its own instead of through `execute_all`,
 //! to compare).
@@ -32,18 +32,13 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context};
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
-use skilleval::executor::{CaseStatus, Executor, RetryPolicy};
-use skilleval::llm::{self, NoCache, ProviderClients, Providers, ResponseCache};
+use skilleval::executor::{CaseStatus, Executor, ExecutorBuilder, RetryPolicy};
+use skilleval::llm::{NoCache, ProviderClients, Providers, ResponseCache};
 use skilleval::package::{validate, Package, PackageLimits};
 use skilleval::plan::{plan, CaseFilter};
-use skilleval::runner::RunnerRegistry;
-use skilleval::sandbox::Sandbox;
-use skilleval::strategy::StrategyRegistry;
 use uuid::Uuid;
 
-#[path = "../../bench-support/mock_provider.rs"]
-mod mock_provider;
-use mock_provider::LATENCY;
+use skilleval_bench::mock_provider::{self, LATENCY};
 
 const CONCURRENCY: [usize; 4] = [1, 16, 128, 512];
 const PROVIDER: &str = "mock";
@@ -193,22 +188,20 @@ async fn bench(server: &Server, max_concurrency: u32, spawn: bool) -> anyhow::Re
     )?;
     let cache: Arc<dyn ResponseCache> = Arc::new(NoCache);
     let clients = Arc::new(ProviderClients::connect(&providers, &cache, None)?);
-    let registry = llm::register_strategies(StrategyRegistry::builtin(), &clients).build();
-    let runners = llm::register_runner(RunnerRegistry::builtin(), &clients);
+    let executor = Arc::new(
+        ExecutorBuilder::new()
+            .providers(Some(clients.clone()))
+            .build(),
+    );
 
     let package = Package::open(&root, &PackageLimits::default())?;
-    let validation = validate(&package, &registry);
+    let validation = validate(&package, executor.strategies());
     if !validation.is_ok() {
         bail!(
             "the bench package does not validate: {:?}",
             validation.problems
         );
     }
-    let executor = Arc::new(Executor::new(
-        registry,
-        runners,
-        Arc::new(Sandbox::default()),
-    ));
     executor.prime(
         &package.content_hash,
         package.config.profile,

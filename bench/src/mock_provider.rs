@@ -1,6 +1,5 @@
-//! The 50 ms OpenAI-compatible provider both benchmarks run against (`cli/examples/llm_bench.rs`
-//! and `coordinator/examples/pipeline_bench.rs` include this file with `#[path]`), so the two
-//! measure against the same server: a child process on a multi-threaded runtime answering every
+//! The 50 ms OpenAI-compatible provider both model-backed benchmarks (`llm_bench` and
+//! `pipeline_bench`) run against, so the two measure against the same server: a child process on a multi-threaded runtime answering every
 //! chat completion after [`LATENCY`] with a valid completion, counting what it served.
 
 use std::io::Write;

@@ -1,6 +1,6 @@
 //! Grading throughput of the deterministic strategies, single-threaded.
 //!
-//! Run with `cargo run --release -p skilleval-shared --example grading_bench`. Each strategy
+//! Run with `cargo run --release -p skilleval-bench --bin grading_bench`. Each strategy
 //! compiles one case once, then grades a ~1 KB output repeatedly on a current-thread tokio
 //! runtime for about a second (at most 200,000 times), and prints `strategy cases/s`.
 //! Targets: >= 100,000 cases/s for exact_match, regex_match and contains; >= 30,000 for
@@ -207,7 +207,7 @@ fn main() -> anyhow::Result<()> {
                 passed = grade.passed;
                 black_box(grade);
                 graded += 1;
-                if graded % 1024 == 0 && start.elapsed() >= BUDGET {
+                if graded.is_multiple_of(1024) && start.elapsed() >= BUDGET {
                     break;
                 }
             }

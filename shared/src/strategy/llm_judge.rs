@@ -2,8 +2,9 @@
 //! their scales ([`crate::scale::normalize`]) and weighted.
 //!
 //! - Rubric: `expected.rubric`, else the creative profile's default (completeness .30,
-//!   coherence .25, professionalism .25, accuracy .20, 1–5, pass at 0.7). Checked exactly as the
-//!   placeholder checks it ([`crate::strategy::rubric::validate`]).
+//!   coherence .25, professionalism .25, accuracy .20, 1–5, pass at 0.7). Checked by
+//!   [`super::rubric::validate`] (weights sum to 1.0 ±0.001, scales known with min < max), with
+//!   or without a provider ([`super::provider`]).
 //! - The prompt gives each criterion's name, description, weight, scale and score descriptions;
 //!   the judge answers `{criteria: [{name, score, reasoning}], feedback?}` (a forced tool call
 //!   or a JSON-schema response format; see [`super::ask`]).
@@ -14,26 +15,22 @@
 //!   `evaluation.passingThreshold`, else the rubric's `passingThreshold`.
 //! - `rubric_scores`: `{name: {score, scale, normalized, weight, reasoning}}` (what the run
 //!   summary's per-criterion breakdown reads); `feedback` when `rubric.overallFeedback`.
-//!
-//! `needs_model()` is false: this strategy has its provider. `needs_model` marks the
-//! placeholders that stand in when none is configured (see `Executor::needs_missing_model`).
 
 use std::fmt::Write;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-use super::ask::{ask_json, AnswerNotes};
-use super::client::{ChatRequest, LlmClient, Message, OutputSchema};
-use super::{case_client, ProviderClients, Purpose};
-use crate::grade::{Fault, Grade, Usage};
+use super::options::OptionReader;
+use super::provider::ModelStrategy;
+use super::rubric::{self, default_creative_rubric};
+use super::GradeInput;
+use crate::grade::{Fault, Grade};
+use crate::llm::ask::{ask_json, object_list_schema};
+use crate::llm::client::{ChatRequest, LlmClient, Message, OutputSchema};
+use crate::llm::Purpose;
 use crate::model::{Rubric, Scale, TestCase};
-use crate::problem::Problem;
 use crate::scale;
-use crate::strategy::model_required::ModelRequired;
-use crate::strategy::rubric::default_creative_rubric;
-use crate::strategy::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
 
 /// Longest output shown to the judge (characters); the rest is cut and the judge told so.
 pub const MAX_JUDGED_CHARS: usize = 60_000;
@@ -42,52 +39,46 @@ pub(crate) const JUDGE_SYSTEM: &str = "You are a meticulous, impartial evaluator
 You judge only what the response actually says, against the criteria you are given. You do not reward length or confidence, \
 you do not guess at intentions, and you cite the response in your reasoning. You answer with JSON only.";
 
-/// The `llm_judge` strategy.
-pub struct LlmJudge {
-    clients: Arc<ProviderClients>,
-}
+/// The `llm_judge` strategy (registered wrapped in `ModelBacked`, which gives it its provider).
+pub struct LlmJudge;
 
-impl LlmJudge {
-    pub fn new(clients: Arc<ProviderClients>) -> Self {
-        LlmJudge { clients }
-    }
-}
+#[async_trait]
+impl ModelStrategy for LlmJudge {
+    const NAME: &'static str = "llm_judge";
+    const PURPOSE: Purpose = Purpose::Judge;
+    /// The rubric and the pass threshold.
+    type Checked = (Rubric, f64);
 
-impl Strategy for LlmJudge {
-    fn name(&self) -> &'static str {
-        "llm_judge"
-    }
-
-    fn compile(
-        &self,
-        case: &TestCase,
-        ctx: &CompileContext<'_>,
-    ) -> Result<Arc<dyn Grader>, Vec<Problem>> {
-        // The placeholder's checks are the rules: a rubric valid here is valid without a model.
-        ModelRequired::new("llm_judge").compile(case, ctx)?;
-        let client = case_client(&self.clients, case, ctx, Purpose::Judge, "llm_judge")?;
+    fn check(case: &TestCase, opts: &mut OptionReader<'_, '_>) -> (Rubric, f64) {
         let rubric = case
             .expected
             .rubric
             .clone()
             .unwrap_or_else(default_creative_rubric);
+        for issue in rubric::validate(&rubric) {
+            opts.problem(&format!("/expected/rubric{}", issue.pointer), issue.message);
+        }
         let threshold = case
             .evaluation
             .passing_threshold
             .unwrap_or(rubric.passing_threshold);
-        Ok(Arc::new(JudgeGrader {
-            client,
-            rubric,
-            threshold,
-        }))
+        (rubric, threshold)
     }
-}
 
-#[derive(Debug)]
-struct JudgeGrader {
-    client: Arc<LlmClient>,
-    rubric: Rubric,
-    threshold: f64,
+    async fn grade(
+        (rubric, threshold): &(Rubric, f64),
+        client: &LlmClient,
+        input: &GradeInput<'_>,
+    ) -> Result<Grade, Fault> {
+        ask_judge(
+            client,
+            judge_prompt(input, rubric),
+            OutputSchema::new("record_rubric_scores", answer_schema(rubric)),
+            |v| interpret(v, rubric),
+            |answer| grade_answer(answer, rubric, *threshold),
+        )
+        .await
+    }
 }
 
 /// One criterion as the judge scored it.
@@ -152,23 +143,17 @@ pub fn answer_schema(rubric: &Rubric) -> Value {
     if rubric.overall_feedback {
         required.push("feedback");
     }
+    let criteria = object_list_schema(
+        json!({
+            "name": {"type": "string", "enum": names},
+            "score": {"type": "number"},
+            "reasoning": {"type": "string"}
+        }),
+        &["name", "score", "reasoning"],
+    );
     json!({
         "type": "object",
-        "properties": {
-            "criteria": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "name": {"type": "string", "enum": names},
-                        "score": {"type": "number"},
-                        "reasoning": {"type": "string"}
-                    },
-                    "required": ["name", "score", "reasoning"]
-                }
-            },
-            "feedback": {"type": "string"}
-        },
+        "properties": {"criteria": criteria, "feedback": {"type": "string"}},
         "required": required
     })
 }
@@ -383,13 +368,28 @@ pub fn grade_answer(answer: &JudgeAnswer, rubric: &Rubric, threshold: f64) -> Gr
     grade
 }
 
-pub(crate) fn judge_details(
-    grade: &mut Grade,
+/// Asks the judge: `prompt` under [`JUDGE_SYSTEM`] at temperature 0, the answer shaped by
+/// `schema` and read by `interpret` ([`ask_json`]: recovered, corrected once); `grade` turns it
+/// into the grade, to which `details.judge` (provider, model, how the answer was read) and the
+/// judging cost are added.
+pub(crate) async fn ask_judge<T: Send>(
     client: &LlmClient,
-    notes: &AnswerNotes,
-    usage: Usage,
-) {
-    if let Value::Object(map) = &mut grade.details {
+    prompt: String,
+    schema: OutputSchema,
+    interpret: impl Fn(&Value) -> Result<T, String> + Send + Sync,
+    grade: impl FnOnce(&T) -> Grade + Send,
+) -> Result<Grade, Fault> {
+    let req = ChatRequest {
+        system: Some(JUDGE_SYSTEM.to_string()),
+        messages: vec![Message::user(prompt)],
+        temperature: Some(0.0),
+        schema: Some(schema),
+        ..ChatRequest::default()
+    };
+    let answer = ask_json(client, &req, interpret).await?;
+    let mut graded = grade(&answer.value);
+    let notes = answer.notes();
+    if let Value::Object(map) = &mut graded.details {
         map.insert(
             "judge".into(),
             json!({
@@ -401,37 +401,51 @@ pub(crate) fn judge_details(
             }),
         );
     }
-    grade.usage = usage;
-}
-
-#[async_trait]
-impl Grader for JudgeGrader {
-    #[tracing::instrument(skip_all, fields(test_case_id = %input.case.id, strategy = "llm_judge"))]
-    async fn grade(&self, input: &GradeInput<'_>, _env: &GradeEnv) -> Result<Grade, Fault> {
-        let req = ChatRequest {
-            system: Some(JUDGE_SYSTEM.to_string()),
-            messages: vec![Message::user(judge_prompt(input, &self.rubric))],
-            temperature: Some(0.0),
-            schema: Some(OutputSchema::new(
-                "record_rubric_scores",
-                answer_schema(&self.rubric),
-            )),
-            ..ChatRequest::default()
-        };
-        let rubric = &self.rubric;
-        let answer = ask_json(&self.client, &req, |v| interpret(v, rubric)).await?;
-        let mut grade = grade_answer(&answer.value, rubric, self.threshold);
-        judge_details(&mut grade, &self.client, &answer.notes(), answer.usage);
-        Ok(grade)
-    }
+    graded.usage = answer.usage;
+    Ok(graded)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::super::test_support::{case, pointers, Fixture};
     use super::*;
     use crate::model::Criterion;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn rubric_weights_are_checked() {
+        let f = Fixture::new();
+        let rubric = |w2: f64| {
+            case(json!({
+                "expected": {"rubric": {"criteria": [
+                    {"name": "a", "weight": 0.5, "scale": "likert5"},
+                    {"name": "b", "weight": w2, "scale": {"min": 0, "max": 10}}
+                ]}},
+                "evaluation": {"strategy": "llm_judge"}
+            }))
+        };
+        let problems = f.problems(&rubric(0.49));
+        assert_eq!(
+            pointers(&problems),
+            vec!["/testCases/0/expected/rubric/criteria"]
+        );
+        assert!(
+            problems[0].message.contains("they sum to 0.99"),
+            "{}",
+            problems[0].message
+        );
+        assert!(f.compile(&rubric(0.5005)).is_ok());
+
+        let c = case(json!({
+            "expected": {"rubric": {"criteria": [{"name": "a", "weight": 1.0, "scale": {"min": 3, "max": 3}}]}},
+            "evaluation": {"strategy": "llm_judge"}
+        }));
+        assert_eq!(
+            pointers(&f.problems(&c)),
+            vec!["/testCases/0/expected/rubric/criteria/0/scale"]
+        );
+    }
 
     fn rubric() -> Rubric {
         let c = |name: &str, weight: f64, scale: Scale| Criterion {

@@ -1,7 +1,7 @@
 //! Pipeline throughput (issue 5): the raw limits of this box, then the real pipeline, in one run.
 //!
 //! Run with
-//! `cargo run --release -p skilleval-coordinator --example pipeline_bench -- [--cases 10000]
+//! `cargo run --release -p skilleval-bench --bin pipeline_bench -- [--cases 10000]
 //! [--workers 1,2] [--repeat 1] [--concurrency 256] [--batch-size 200]
 //! [--endpoint-concurrency 16,128,512] [--endpoint-workers 1] [--endpoint-max-cases 20480]
 //! [--skip-endpoint] [--paced-seconds 10] [--paced-run-cases 200] [--skip-paced]`.
@@ -39,15 +39,13 @@
 //! peak), waits until every worker consumes, then times from the upload request to the
 //! moment `GET /v1/runs/{id}` says `completed` (polled every 20 ms); the time at which its
 //! counters first read complete, and the time the upload request took to answer (the package
-//! validated and stored, the run's rows inserted, every job published and confirmed), are
-//! printed too: they split the time into upload, processing and finalisation.
-//! Latency is per case from `eval_results`: `updated_at` minus the moment the job was queued
-//! for publishing, both on the database's clock: for a streamed run (every run here) the start
-//! of the transaction that inserted the job's chunk (2,000 rows), committed just before the
-//! chunk is published (the run's watermark records the confirm, no per-row time); for a row a
-//! release published, `published_at`, the moment its page was sent. `updated_at` is when the worker's batch
-//! transaction began (just before its one statement and commit). With the whole run published
-//! at once, this is a burst: the latency is mostly queueing, and grows with N.
+//! validated and stored, the run and its plan committed: no row per case, nothing published
+//! yet), are printed too: they split the time into upload, processing and finalisation.
+//! Latency is per case from `eval_results`: `updated_at` (when the worker's batch transaction
+//! that inserted the case's row began) minus the run's `created_at` (when the transaction that
+//! committed the run and its plan began), both on the database's clock; the run is published
+//! from then on, chunk by chunk (no per-row publish time is stored). With the whole run
+//! published at once, this is a burst: the latency is mostly queueing, and grows with N.
 //! Peak RSS is `VmHWM` of each child from `/proc/<pid>/status`; CPU is user + system time of
 //! each child over the run (100 % = one core), of the local RabbitMQ (`beam.smp`) and
 //! PostgreSQL (`postgres`) processes with their exited children (backends), and the whole
@@ -94,9 +92,7 @@
 //! With `--repeat R` > 1, every figure printed at the end is the median of the R runs.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Cursor, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::io::{Cursor, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -114,14 +110,12 @@ use skilleval_infra::config::Settings;
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::Topology;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipWriter};
 
-#[path = "../../bench-support/mock_provider.rs"]
-mod mock_provider;
-use mock_provider::LATENCY;
+use skilleval_bench::cluster::{self, amqp_url, Proc};
+use skilleval_bench::mock_provider::LATENCY;
 
 /// Confirms outstanding at once when publishing (pipelined, bounded so memory stays flat).
 const PUBLISH_WINDOW: usize = 1_000;
@@ -227,129 +221,6 @@ fn options() -> anyhow::Result<Options> {
     Ok(o)
 }
 
-fn pg_base() -> String {
-    std::env::var("SKILLEVAL_BENCH_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
-}
-
-fn amqp_url() -> String {
-    std::env::var("SKILLEVAL_BENCH_AMQP")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-// ---------------------------------------------------------------- child processes
-
-/// `coordinator`: the coordinator as its binary runs it; prints its port on stdout.
-fn child_coordinator() -> anyhow::Result<()> {
-    let settings = Settings::load()?;
-    skilleval_infra::telemetry::init(&settings.log)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let app = skilleval_coordinator::startup::Application::build(settings).await?;
-        println!("{}", app.port());
-        std::io::stdout().flush()?;
-        app.run_until_stopped().await
-    })
-}
-
-/// `worker`: the worker as `skilleval-worker` runs it (without the health/metrics server).
-fn child_worker() -> anyhow::Result<()> {
-    let settings = Settings::load()?;
-    skilleval_infra::telemetry::init(&settings.log)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let store = Store::connect(&settings.database).await?;
-        let worker = Arc::new(skilleval_worker::Worker::new(settings, store)?);
-        // Killed by the parent at the end of its scenario; nothing to drain then.
-        worker.run(CancellationToken::new()).await?;
-        Ok(())
-    })
-}
-
-/// A child process, killed when dropped (also when the benchmark fails half-way).
-struct Proc {
-    child: Child,
-    pid: u32,
-}
-
-impl Proc {
-    fn spawn(role: &str, env: &[(String, String)]) -> anyhow::Result<(Proc, Option<String>)> {
-        let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.arg(role)
-            .env("SKILLEVAL_CONFIG_DIR", "/nonexistent-skilleval-config")
-            // `PIPELINE_BENCH_LOG` (a `RUST_LOG` filter) to see more of the children's logs,
-            // e.g. the upload's phases: `warn,skilleval_coordinator=info`.
-            .env(
-                "RUST_LOG",
-                std::env::var("PIPELINE_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .env("SKILLEVAL_LOG_FORMAT", "text")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting the {role}"))?;
-        let pid = child.id();
-        let mut first_line = None;
-        // The coordinator prints its port, the mock provider its address.
-        if role == "coordinator" || role == "serve" {
-            let stdout = child.stdout.take().context("child stdout")?;
-            let mut line = String::new();
-            BufReader::new(stdout).read_line(&mut line)?;
-            if line.trim().is_empty() {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("the {role} process did not start (see its error above)");
-            }
-            first_line = Some(line.trim().to_string());
-        }
-        Ok((Proc { child, pid }, first_line))
-    }
-
-    fn peak_rss_mib(&self) -> f64 {
-        status_kib(self.pid, "VmHWM:").map_or(0.0, |kb| kb / 1024.0)
-    }
-
-    fn cpu_seconds(&self) -> f64 {
-        cpu_seconds(self.pid).unwrap_or(0.0)
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn status_kib(pid: u32, field: &str) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// User + system CPU seconds of a process (clock ticks of 1/100 s).
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
-}
-
 /// CPU seconds spent so far by the local RabbitMQ (`beam.smp`) and PostgreSQL (`postgres`)
 /// server processes: user + system time of each, plus that of their exited children (the
 /// postmaster reaps every backend that ends, so a backend's time is not lost when it exits).
@@ -414,16 +285,8 @@ struct Env {
 impl Env {
     async fn create() -> anyhow::Result<Env> {
         let id = Uuid::new_v4().simple().to_string();
-        let db_name = format!("skilleval_bench_{}", &id[..16]);
         let prefix = format!("bench{}", &id[..12]);
-        let mut admin = PgConnection::connect(&format!("{}/postgres", pg_base()))
-            .await
-            .context("connecting to PostgreSQL's maintenance database")?;
-        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{db_name}\"")))
-            .execute(&mut admin)
-            .await
-            .context("creating the benchmark database")?;
-        let db_url = format!("{}/{db_name}", pg_base());
+        let (db_name, db_url) = cluster::create_database("skilleval_bench").await?;
         let env = Env {
             raw_queue: format!("{prefix}.raw"),
             db_name,
@@ -438,15 +301,7 @@ impl Env {
     /// printed, not returned: cleanup must run to its end.
     async fn cleanup(&self) {
         self.store.pool().close().await;
-        match PgConnection::connect(&format!("{}/postgres", pg_base())).await {
-            Ok(mut admin) => {
-                let drop = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.db_name);
-                if let Err(e) = sqlx::query(AssertSqlSafe(drop)).execute(&mut admin).await {
-                    eprintln!("cleanup: dropping {}: {e}", self.db_name);
-                }
-            }
-            Err(e) => eprintln!("cleanup: connecting to PostgreSQL: {e}"),
-        }
+        cluster::drop_database(&self.db_name).await;
         let deleted = async {
             let conn = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
             let ch = conn.create_channel().await?;
@@ -967,7 +822,7 @@ async fn measure_run(
         .body(zip)
         .send()
         .await?;
-    let body = expect_status(response, 201, "the upload").await?;
+    let body = cluster::expect_status(response, 201, "the upload").await?;
     let upload_seconds = start.elapsed().as_secs_f64();
     let run_id = body["run_id"]
         .as_str()
@@ -1058,21 +913,6 @@ async fn measure_run(
     })
 }
 
-/// Waits until `workers` consumers are on the jobs queue (the coordinator declared it).
-/// The JSON body of a coordinator answer, which must have `status`.
-async fn expect_status(
-    response: reqwest::Response,
-    status: u16,
-    what: &str,
-) -> anyhow::Result<Value> {
-    let got = response.status();
-    let body: Value = response.json().await?;
-    if got.as_u16() != status {
-        bail!("{what} answered {got}: {body}");
-    }
-    Ok(body)
-}
-
 /// A fresh coordinator (its base URL) and `workers` workers, once every worker consumes.
 async fn start_cluster(
     env: &Env,
@@ -1111,8 +951,8 @@ async fn row_stats(env: &Env, run_ids: &[Uuid]) -> anyhow::Result<RowStats> {
         Option<f64>,
     ) = sqlx::query_as(
         "WITH r AS (
-             SELECT status, updated_at, COALESCE(published_at, queued_at) AS sent
-             FROM eval_results WHERE run_id = ANY($1)
+             SELECT e.status, e.updated_at, r.created_at AS sent
+             FROM eval_results e JOIN runs r ON r.id = e.run_id WHERE e.run_id = ANY($1)
          )
          SELECT count(*), count(*) FILTER (WHERE status = 'passed'),
                 percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - sent)::float8),
@@ -1334,7 +1174,7 @@ async fn create_run(
         .json(&json!({ "version_id": version_id }))
         .send()
         .await?;
-    let body = expect_status(response, 202, "POST /v1/runs").await?;
+    let body = cluster::expect_status(response, 202, "POST /v1/runs").await?;
     let seconds = start.elapsed().as_secs_f64();
     let run_id = body["run_id"]
         .as_str()
@@ -1343,7 +1183,7 @@ async fn create_run(
     Ok((run_id, seconds))
 }
 
-/// Waits until `expected` result rows of `run_ids` are committed (no longer `queued`).
+/// Waits until `expected` result rows of `run_ids` are committed.
 async fn wait_committed(
     env: &Env,
     run_ids: &[Uuid],
@@ -1353,12 +1193,11 @@ async fn wait_committed(
     let start = Instant::now();
     let expected = i64::try_from(expected)?;
     loop {
-        let (done,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM eval_results WHERE run_id = ANY($1) AND status <> 'queued'",
-        )
-        .bind(run_ids)
-        .fetch_one(env.store.pool())
-        .await?;
+        let (done,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM eval_results WHERE run_id = ANY($1)")
+                .bind(run_ids)
+                .fetch_one(env.store.pool())
+                .await?;
         if done >= expected {
             return Ok(());
         }
@@ -1400,17 +1239,7 @@ async fn paced(
         .build()?;
 
     // Store the version without running it.
-    let response = http
-        .post(format!("{base}/v1/skills?run=false"))
-        .header("Content-Type", "application/zip")
-        .body(zip)
-        .send()
-        .await?;
-    let body = expect_status(response, 201, "the upload").await?;
-    let version_id = body["version_id"]
-        .as_str()
-        .context("the upload answered no version_id")?
-        .to_string();
+    let version_id = cluster::upload_version(&http, &base, zip).await?;
 
     // One run first, not measured: the workers fetch and extract the package, pools warm up.
     let (warm_up, _) = create_run(&http, &base, &version_id).await?;
@@ -1479,11 +1308,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    match std::env::args().nth(1).as_deref() {
-        Some("coordinator") => return child_coordinator(),
-        Some("worker") => return child_worker(),
-        Some("serve") => return mock_provider::serve(),
-        _ => {}
+    if let Some(outcome) = cluster::child_main() {
+        return outcome;
     }
     let opts = options()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -1754,7 +1580,7 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
         let m = |f: fn(&Paced) -> f64| median(paceds.iter().map(f).collect());
         println!();
         println!(
-            "paced latency (median of {}; {paced_workers} worker(s); runs of {} cases created at 50 % of the peak given-output rate of the run; latency = updated_at - queued (chunk committed, then published)):",
+            "paced latency (median of {}; {paced_workers} worker(s); runs of {} cases created at 50 % of the peak given-output rate of the run; latency = updated_at - the run's creation (committed, then published)):",
             opts.repeat, opts.paced_run_cases
         );
         println!(

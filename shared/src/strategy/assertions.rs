@@ -13,60 +13,68 @@
 //! `evaluation.passingThreshold` is set, when the score reaches it. A judge that skips an
 //! assertion is asked once more, then the case errors with its raw answer.
 //!
-//! `needs_model()` is false: see [`super::llm_judge`].
+//! Checked with or without a provider ([`super::provider`]): `expected.assertions` holds at
+//! least one assertion, none of them empty.
 
 use std::fmt::Write;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-use super::ask::ask_json;
-use super::client::{ChatRequest, LlmClient, Message, OutputSchema};
-use super::llm_judge::{judge_details, task_section, JUDGE_SYSTEM};
-use super::{case_client, ProviderClients, Purpose};
+use super::llm_judge::{ask_judge, task_section};
+use super::options::OptionReader;
+use super::provider::ModelStrategy;
+use super::GradeInput;
 use crate::grade::{Fault, Grade};
+use crate::llm::client::{LlmClient, OutputSchema};
+use crate::llm::Purpose;
 use crate::model::TestCase;
-use crate::problem::Problem;
-use crate::strategy::model_required::ModelRequired;
-use crate::strategy::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
 
-/// The `assertions` strategy.
-pub struct Assertions {
-    clients: Arc<ProviderClients>,
-}
+/// The `assertions` strategy (registered wrapped in `ModelBacked`, which gives it its provider).
+pub struct Assertions;
 
-impl Assertions {
-    pub fn new(clients: Arc<ProviderClients>) -> Self {
-        Assertions { clients }
+#[async_trait]
+impl ModelStrategy for Assertions {
+    const NAME: &'static str = "assertions";
+    const PURPOSE: Purpose = Purpose::Judge;
+    /// The assertions and the case's pass threshold (none: all must pass).
+    type Checked = (Vec<String>, Option<f64>);
+
+    fn check(case: &TestCase, opts: &mut OptionReader<'_, '_>) -> (Vec<String>, Option<f64>) {
+        if case.expected.assertions.is_empty() {
+            opts.problem(
+                "/expected/assertions",
+                "assertions needs at least one assertion in expected.assertions",
+            );
+        }
+        for (i, a) in case.expected.assertions.iter().enumerate() {
+            if a.trim().is_empty() {
+                opts.problem(
+                    &format!("/expected/assertions/{i}"),
+                    "an assertion must not be empty",
+                );
+            }
+        }
+        (
+            case.expected.assertions.clone(),
+            case.evaluation.passing_threshold,
+        )
     }
-}
 
-impl Strategy for Assertions {
-    fn name(&self) -> &'static str {
-        "assertions"
-    }
-
-    fn compile(
-        &self,
-        case: &TestCase,
-        ctx: &CompileContext<'_>,
-    ) -> Result<Arc<dyn Grader>, Vec<Problem>> {
-        ModelRequired::new("assertions").compile(case, ctx)?;
-        let client = case_client(&self.clients, case, ctx, Purpose::Judge, "assertions")?;
-        Ok(Arc::new(AssertionsGrader {
+    async fn grade(
+        (assertions, threshold): &(Vec<String>, Option<f64>),
+        client: &LlmClient,
+        input: &GradeInput<'_>,
+    ) -> Result<Grade, Fault> {
+        ask_judge(
             client,
-            assertions: case.expected.assertions.clone(),
-            threshold: case.evaluation.passing_threshold,
-        }))
+            assertions_prompt(input, assertions),
+            OutputSchema::new("record_assertion_verdicts", answer_schema(assertions.len())),
+            |v| interpret(v, assertions),
+            |answer| grade_answer(answer, input.output, *threshold),
+        )
+        .await
     }
-}
-
-#[derive(Debug)]
-struct AssertionsGrader {
-    client: Arc<LlmClient>,
-    assertions: Vec<String>,
-    threshold: Option<f64>,
 }
 
 /// One assertion's verdict.
@@ -305,28 +313,6 @@ pub fn grade_answer(answer: &AssertionsAnswer, output: &str, threshold: Option<f
             },
         }),
     )
-}
-
-#[async_trait]
-impl Grader for AssertionsGrader {
-    #[tracing::instrument(skip_all, fields(test_case_id = %input.case.id, strategy = "assertions"))]
-    async fn grade(&self, input: &GradeInput<'_>, _env: &GradeEnv) -> Result<Grade, Fault> {
-        let req = ChatRequest {
-            system: Some(JUDGE_SYSTEM.to_string()),
-            messages: vec![Message::user(assertions_prompt(input, &self.assertions))],
-            temperature: Some(0.0),
-            schema: Some(OutputSchema::new(
-                "record_assertion_verdicts",
-                answer_schema(self.assertions.len()),
-            )),
-            ..ChatRequest::default()
-        };
-        let assertions = &self.assertions;
-        let answer = ask_json(&self.client, &req, |v| interpret(v, assertions)).await?;
-        let mut grade = grade_answer(&answer.value, input.output, self.threshold);
-        judge_details(&mut grade, &self.client, &answer.notes(), answer.usage);
-        Ok(grade)
-    }
 }
 
 #[cfg(test)]

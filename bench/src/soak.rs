@@ -1,0 +1,562 @@
+//! The fault soak (issue 22): runs of sandboxed cases on several workers while the broker's
+//! connections, the database's backends and the workers themselves are knocked over, checked
+//! case by case against what the suite says each case gives.
+//!
+//! A coordinator and `workers` workers (`slots` execution slots each) run as child processes
+//! ([`crate::cluster`]) against a database and a RabbitMQ vhost of their own. One package of
+//! `cases` cases (runner `command`: `scripts/run.sh` reads its input, sleeps `sleep_ms`, prints
+//! `ok`; graded by `exact_match`; every `fail_every`-th case expects another answer, so it
+//! fails) is stored, then `runs` runs of it are created at once. Every `fault_every`, in
+//! rotation, one fault is injected: every connection of the vhost force-closed, every backend
+//! of the database terminated, a random worker SIGKILLed and a new one started, a random
+//! worker SIGTERMed (it drains) and a new one started. Faults stop once every run is
+//! completed. Then each run's rows are read: one per case, each with the status the suite
+//! gives it (passed, or failed for the expected-wrong ones), none errored.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{Cursor, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+use sqlx::{Connection as _, PgConnection};
+use uuid::Uuid;
+use zip::write::SimpleFileOptions;
+use zip::{CompressionMethod, ZipWriter};
+
+use crate::cluster::{terminate_backends, Proc, Vhost};
+
+/// What to soak, and how hard.
+#[derive(Debug, Clone)]
+pub struct SoakOptions {
+    /// The program that runs the children (dispatching with [`crate::cluster::child_main`]).
+    pub exe: PathBuf,
+    pub runs: usize,
+    pub cases: usize,
+    pub workers: usize,
+    pub slots: u16,
+    pub sleep_ms: u64,
+    /// Every this many cases, one expects a wrong answer (0: none).
+    pub fail_every: usize,
+    pub fault_every: Duration,
+    /// Give up (an error) when the runs have not all completed by then.
+    pub timeout: Duration,
+}
+
+/// A kind of fault the soak injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// Every broker connection of the vhost force-closed.
+    BrokerClose,
+    /// Every database backend of the database terminated.
+    DbTerminate,
+    /// A worker SIGKILLed, a new one started.
+    WorkerKill,
+    /// A worker SIGTERMed (it finishes its jobs), a new one started.
+    WorkerTerm,
+}
+
+impl FaultKind {
+    const ROTATION: [FaultKind; 4] = [
+        FaultKind::BrokerClose,
+        FaultKind::DbTerminate,
+        FaultKind::WorkerKill,
+        FaultKind::WorkerTerm,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::BrokerClose => "broker-close",
+            FaultKind::DbTerminate => "db-terminate",
+            FaultKind::WorkerKill => "worker-sigkill",
+            FaultKind::WorkerTerm => "worker-sigterm",
+        }
+    }
+}
+
+/// One run's outcome against the suite.
+#[derive(Debug, Clone, Default)]
+pub struct RunFigures {
+    pub run_id: String,
+    pub cases: usize,
+    /// Result rows stored for the run.
+    pub rows: usize,
+    /// (got, the suite says) per status.
+    pub passed: (usize, usize),
+    pub failed: (usize, usize),
+    pub errored: usize,
+    /// Cases whose stored status is not the one the suite gives them.
+    pub mismatched: usize,
+    /// The distinct error messages of errored cases (a few).
+    pub errors: Vec<String>,
+    /// Faults injected while the run was in flight, by kind.
+    pub faults: BTreeMap<FaultKind, usize>,
+    pub duration: Duration,
+}
+
+impl RunFigures {
+    /// Every case as the suite gives it, one row each, none errored.
+    pub fn exact(&self) -> bool {
+        self.rows == self.cases
+            && self.mismatched == 0
+            && self.errored == 0
+            && self.passed.0 == self.passed.1
+            && self.failed.0 == self.failed.1
+    }
+}
+
+impl fmt::Display for RunFigures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, n)| format!("{} {n}", k.as_str()))
+            .collect();
+        write!(
+            f,
+            "{} cases, {} rows: passed {}/{}, failed {}/{}, errored {}, not as the suite gives {}; faults: {}; {:.1} s{}",
+            self.cases,
+            self.rows,
+            self.passed.0,
+            self.passed.1,
+            self.failed.0,
+            self.failed.1,
+            self.errored,
+            self.mismatched,
+            if faults.is_empty() { "none".to_string() } else { faults.join(", ") },
+            self.duration.as_secs_f64(),
+            if self.exact() { "" } else { "  << NOT EXACT" }
+        )?;
+        for e in &self.errors {
+            write!(f, "\n      error: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A whole soak.
+#[derive(Debug, Clone, Default)]
+pub struct SoakReport {
+    pub runs: Vec<RunFigures>,
+    /// Every fault injected, by kind.
+    pub faults: BTreeMap<FaultKind, usize>,
+    pub duration: Duration,
+    /// What the sandbox uids held, sampled every 100 ms.
+    pub uids: UidCensus,
+}
+
+/// Processes of the private sandbox uids (2,000,000,000 and up), as sampled from `/proc`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UidCensus {
+    /// The most processes one uid had at once (zombies included).
+    pub most_on_one_uid: usize,
+    /// The most zombies of sandbox uids at once (dead, not yet reaped).
+    pub most_zombies: usize,
+    pub samples: usize,
+}
+
+impl UidCensus {
+    fn sample(&mut self) {
+        let mut per_uid: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut zombies = 0;
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in dir.flatten() {
+            let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+                continue;
+            };
+            let mut zombie = false;
+            for line in status.lines() {
+                if let Some(state) = line.strip_prefix("State:") {
+                    zombie = state.trim_start().starts_with('Z');
+                } else if let Some(uids) = line.strip_prefix("Uid:") {
+                    let uid = uids.split_whitespace().next().and_then(|u| u.parse().ok());
+                    if let Some(uid) = uid.filter(|u: &u32| *u >= 2_000_000_000) {
+                        *per_uid.entry(uid).or_default() += 1;
+                        zombies += usize::from(zombie);
+                    }
+                    break;
+                }
+            }
+        }
+        self.samples += 1;
+        self.most_zombies = self.most_zombies.max(zombies);
+        self.most_on_one_uid = self
+            .most_on_one_uid
+            .max(per_uid.values().copied().max().unwrap_or(0));
+    }
+}
+
+impl SoakReport {
+    pub fn exact(&self) -> bool {
+        self.runs.iter().all(RunFigures::exact)
+    }
+
+    pub fn errored(&self) -> usize {
+        self.runs.iter().map(|r| r.errored).sum()
+    }
+}
+
+/// The database and vhost of one soak; [`Scene::cleanup`] removes both.
+struct Scene {
+    db_name: String,
+    db_url: String,
+    vhost: Vhost,
+}
+
+impl Scene {
+    async fn create() -> anyhow::Result<Scene> {
+        let id = Uuid::new_v4().simple().to_string();
+        let (db_name, db_url) = crate::cluster::create_database("skilleval_soak").await?;
+        let vhost = match Vhost::create(&format!("skilleval-soak-{}", &id[..12])) {
+            Ok(v) => v,
+            Err(e) => {
+                crate::cluster::drop_database(&db_name).await;
+                return Err(e.context("creating the soak's vhost"));
+            }
+        };
+        Ok(Scene {
+            db_url,
+            db_name,
+            vhost,
+        })
+    }
+
+    /// Errors are printed, not returned: cleanup must run to its end.
+    async fn cleanup(&self) {
+        crate::cluster::drop_database(&self.db_name).await;
+        if let Err(e) = self.vhost.delete() {
+            eprintln!("cleanup: deleting vhost {}: {e}", self.vhost.name);
+        }
+    }
+
+    fn env(&self, opts: &SoakOptions, cache: &std::path::Path) -> Vec<(String, String)> {
+        [
+            ("DATABASE_URL", self.db_url.clone()),
+            ("AMQP_URL", self.vhost.url()),
+            ("SKILLEVAL__AMQP__PREFIX", "soak".to_string()),
+            ("SKILLEVAL__COORDINATOR__BIND", "127.0.0.1:0".to_string()),
+            ("SKILLEVAL__WORKER__HTTP_PORT", "0".to_string()),
+            ("SKILLEVAL__WORKER__CONCURRENCY", opts.slots.to_string()),
+            (
+                "SKILLEVAL__WORKER__PACKAGE_CACHE_DIR",
+                cache.display().to_string(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// Runs one soak; the database and the vhost are removed however it ends (ctrl-c included).
+pub async fn soak(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
+    let scene = Scene::create().await?;
+    let outcome = tokio::select! {
+        r = soak_in(&scene, opts) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    scene.cleanup().await;
+    outcome
+}
+
+/// The id of case `i` and whether the suite says it fails.
+fn case_id(i: usize) -> String {
+    format!("tc-{i:04}")
+}
+
+fn expected_to_fail(i: usize, fail_every: usize) -> bool {
+    fail_every > 0 && i % fail_every == fail_every - 1
+}
+
+/// The soak's package: see the module docs.
+pub fn package_zip(cases: usize, sleep_ms: u64, fail_every: usize) -> anyhow::Result<Vec<u8>> {
+    let test_cases: Vec<Value> = (0..cases)
+        .map(|i| {
+            let expected = if expected_to_fail(i, fail_every) {
+                "a wrong answer"
+            } else {
+                "ok"
+            };
+            json!({
+                "id": case_id(i),
+                "input": { "prompt": format!("say ok ({i})") },
+                "expected": { "output": expected },
+                "evaluation": { "strategy": "exact_match" }
+            })
+        })
+        .collect();
+    let tests = json!({
+        "version": "2.0",
+        "profile": "deterministic",
+        "settings": {
+            "defaultTimeout": 30_000,
+            "runner": {"type": "command", "script": "scripts/run.sh"}
+        },
+        "testCases": test_cases,
+    });
+    let secs = Duration::from_millis(sleep_ms).as_secs_f64();
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "soak-skill/SKILL.md",
+            b"---\nname: soak-skill\ndescription: Says ok after a short pause, for the fault soak.\n---\n\nSay ok.\n".to_vec(),
+        ),
+        ("soak-skill/eval/tests.json", serde_json::to_vec_pretty(&tests)?),
+        (
+            "soak-skill/scripts/run.sh",
+            format!("cat > /dev/null\nsleep {secs}\necho ok\n").into_bytes(),
+        ),
+    ];
+    let mut writer = ZipWriter::new(Cursor::new(Vec::new()));
+    let options = SimpleFileOptions::default().compression_method(CompressionMethod::Deflated);
+    for (name, bytes) in &files {
+        writer.start_file(*name, options)?;
+        writer.write_all(bytes)?;
+    }
+    Ok(writer.finish()?.into_inner())
+}
+
+/// The workers of the soak: the live ones, and SIGTERMed ones still draining.
+struct Workers {
+    env: Vec<(String, String)>,
+    exe: PathBuf,
+    live: Vec<Proc>,
+    draining: Vec<Proc>,
+}
+
+impl Workers {
+    fn start_one(&mut self) -> anyhow::Result<()> {
+        let (proc, _) = Proc::spawn_exe(&self.exe, "worker", &self.env)?;
+        self.live.push(proc);
+        Ok(())
+    }
+
+    fn pick(&mut self) -> Option<Proc> {
+        if self.live.is_empty() {
+            return None;
+        }
+        let i = rand::random::<usize>() % self.live.len();
+        Some(self.live.swap_remove(i))
+    }
+
+    /// Replaces workers that exited on their own (a worker gives up after too many failed
+    /// reconnects) and forgets drained ones.
+    fn tend(&mut self) -> anyhow::Result<usize> {
+        let before = self.live.len();
+        self.live.retain_mut(|p| p.try_exit().is_none());
+        let lost = before - self.live.len();
+        for _ in 0..lost {
+            self.start_one()?;
+        }
+        self.draining.retain_mut(|p| p.try_exit().is_none());
+        Ok(lost)
+    }
+}
+
+async fn soak_in(scene: &Scene, opts: &SoakOptions) -> anyhow::Result<SoakReport> {
+    let cache = tempfile::tempdir().context("package cache dir")?;
+    let env = scene.env(opts, cache.path());
+    let (_coordinator, port) = Proc::spawn_exe(&opts.exe, "coordinator", &env)?;
+    let base = format!(
+        "http://127.0.0.1:{}",
+        port.context("the coordinator printed no port")?
+    );
+    let mut workers = Workers {
+        env,
+        exe: opts.exe.clone(),
+        live: Vec::new(),
+        draining: Vec::new(),
+    };
+    for _ in 0..opts.workers {
+        workers.start_one()?;
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+
+    let zip = package_zip(opts.cases, opts.sleep_ms, opts.fail_every)?;
+    let version_id = crate::cluster::upload_version(&http, &base, zip).await?;
+
+    let start = Instant::now();
+    let mut runs: Vec<(String, Instant, Option<Instant>)> = Vec::new();
+    for _ in 0..opts.runs {
+        let response = http
+            .post(format!("{base}/v1/runs"))
+            .json(&json!({ "version_id": version_id }))
+            .send()
+            .await?;
+        let body = crate::cluster::expect_status(response, 202, "POST /v1/runs").await?;
+        let run_id = body["run_id"]
+            .as_str()
+            .context("POST /v1/runs answered no run_id")?
+            .to_string();
+        runs.push((run_id, Instant::now(), None));
+    }
+
+    let mut census = UidCensus::default();
+    let mut injected: Vec<(Instant, FaultKind)> = Vec::new();
+    let mut next_fault = Instant::now() + opts.fault_every;
+    let mut rotation = FaultKind::ROTATION.iter().copied().cycle();
+    let mut closing: Vec<tokio::task::JoinHandle<anyhow::Result<()>>> = Vec::new();
+    while runs.iter().any(|(_, _, done)| done.is_none()) {
+        if start.elapsed() > opts.timeout {
+            let pending: Vec<&str> = runs
+                .iter()
+                .filter(|r| r.2.is_none())
+                .map(|r| r.0.as_str())
+                .collect();
+            bail!("runs not completed after {:?}: {pending:?}", opts.timeout);
+        }
+        let lost = workers.tend()?;
+        if lost > 0 {
+            eprintln!("soak: {lost} worker(s) exited on their own; replaced");
+        }
+        if Instant::now() >= next_fault {
+            next_fault += opts.fault_every;
+            if let Some(kind) = rotation.next() {
+                injected.push((Instant::now(), kind));
+                if let Some(slow) = inject(kind, scene, &mut workers).await? {
+                    closing.push(slow);
+                }
+            }
+        }
+        for (run_id, _, done) in runs.iter_mut().filter(|r| r.2.is_none()) {
+            // The coordinator's own connections are knocked over too: a failed poll is retried.
+            let Ok(response) = http.get(format!("{base}/v1/runs/{run_id}")).send().await else {
+                continue;
+            };
+            let Ok(run) = response.json::<Value>().await else {
+                continue;
+            };
+            if run["status"] == "completed" {
+                *done = Some(Instant::now());
+            }
+        }
+        census.sample();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    for slow in closing {
+        slow.await.context("a broker close task panicked")??;
+    }
+    let mut report = SoakReport {
+        duration: start.elapsed(),
+        uids: census,
+        ..SoakReport::default()
+    };
+    for (_, kind) in &injected {
+        *report.faults.entry(*kind).or_default() += 1;
+    }
+    let mut db = PgConnection::connect(&scene.db_url).await?;
+    for (run_id, created, done) in &runs {
+        let finished = done.unwrap_or_else(Instant::now);
+        let mut figures = figures_of(&mut db, run_id, opts).await?;
+        figures.duration = finished.duration_since(*created);
+        for (at, kind) in &injected {
+            if *at >= *created && *at <= finished {
+                *figures.faults.entry(*kind).or_default() += 1;
+            }
+        }
+        report.runs.push(figures);
+    }
+    Ok(report)
+}
+
+/// Injects one fault. Closing broker connections goes through `rabbitmqctl` (an Erlang VM
+/// start, about a second), so it runs on a blocking thread and its handle is returned: the
+/// fault clock keeps its pace.
+async fn inject(
+    kind: FaultKind,
+    scene: &Scene,
+    workers: &mut Workers,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<anyhow::Result<()>>>> {
+    match kind {
+        FaultKind::BrokerClose => {
+            let vhost = scene.vhost.clone();
+            return Ok(Some(tokio::task::spawn_blocking(move || {
+                vhost.close_connections()
+            })));
+        }
+        FaultKind::DbTerminate => {
+            terminate_backends(&scene.db_name).await?;
+        }
+        FaultKind::WorkerKill => {
+            if let Some(victim) = workers.pick() {
+                victim.signal(Signal::SIGKILL);
+                // Dropping reaps it.
+                drop(victim);
+            }
+            workers.start_one()?;
+        }
+        FaultKind::WorkerTerm => {
+            if let Some(victim) = workers.pick() {
+                victim.signal(Signal::SIGTERM);
+                workers.draining.push(victim);
+            }
+            workers.start_one()?;
+        }
+    }
+    Ok(None)
+}
+
+/// A run's rows against the suite.
+async fn figures_of(
+    db: &mut PgConnection,
+    run_id: &str,
+    opts: &SoakOptions,
+) -> anyhow::Result<RunFigures> {
+    let id = Uuid::parse_str(run_id)?;
+    let rows: Vec<(String, String, Option<Value>)> =
+        sqlx::query_as("SELECT test_case_id, status, error FROM eval_results WHERE run_id = $1")
+            .bind(id)
+            .fetch_all(&mut *db)
+            .await?;
+    let expected: BTreeMap<String, &str> = (0..opts.cases)
+        .map(|i| {
+            let status = if expected_to_fail(i, opts.fail_every) {
+                "failed"
+            } else {
+                "passed"
+            };
+            (case_id(i), status)
+        })
+        .collect();
+    let mut f = RunFigures {
+        run_id: run_id.to_string(),
+        cases: opts.cases,
+        rows: rows.len(),
+        ..RunFigures::default()
+    };
+    f.passed.1 = expected.values().filter(|s| **s == "passed").count();
+    f.failed.1 = expected.values().filter(|s| **s == "failed").count();
+    let mut seen = std::collections::BTreeSet::new();
+    for (case, status, error) in &rows {
+        match status.as_str() {
+            "passed" => f.passed.0 += 1,
+            "failed" => f.failed.0 += 1,
+            "errored" => {
+                f.errored += 1;
+                let message = error
+                    .as_ref()
+                    .and_then(|e| e["message"].as_str())
+                    .unwrap_or("(no message)");
+                // The first line of distinct messages, without the stderr's per-case noise.
+                let head: String = message.chars().take(200).collect();
+                if f.errors.len() < 5 && seen.insert(head.clone()) {
+                    f.errors.push(head);
+                }
+            }
+            _ => {}
+        }
+        if expected.get(case).copied() != Some(status.as_str()) {
+            f.mismatched += 1;
+        }
+    }
+    // A case without a row is not as the suite gives it either.
+    f.mismatched += opts.cases.saturating_sub(rows.len());
+    Ok(f)
+}
