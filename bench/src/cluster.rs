@@ -170,6 +170,11 @@ impl Drop for Proc {
 }
 
 fn status_kib(pid: u32, field: &str) -> Option<f64> {
+    proc_status_kib(&pid.to_string(), field)
+}
+
+/// A `kB` field (`VmHWM:`, `VmRSS:`) of `/proc/<pid>/status`; `pid` may be `self`.
+pub fn proc_status_kib(pid: &str, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
@@ -177,12 +182,39 @@ fn status_kib(pid: u32, field: &str) -> Option<f64> {
 
 /// User + system CPU seconds of a process (clock ticks of 1/100 s).
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    proc_cpu_seconds(&pid.to_string())
+}
+
+/// [`cpu_seconds`] of `/proc/<pid>`; `pid` may be `self`.
+pub fn proc_cpu_seconds(pid: &str) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) / 100.0)
+}
+
+/// The eval definition of a refund-questions suite of `n` cases produced by the `llm` runner
+/// (one model call each) and graded locally by `regex_match`; `prompt(i)` is case `i`'s prompt
+/// (it must quote an order number for the patterns to pass).
+pub fn llm_refund_tests(n: usize, prompt: impl Fn(usize) -> String) -> serde_json::Value {
+    let cases: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "id": format!("case-{i:06}"),
+                "input": {"prompt": prompt(i)},
+                "expected": {"patterns": [r"order \d+", r"(?i)business days"]},
+                "evaluation": {"strategy": "regex_match"}
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "version": "2.0",
+        "settings": {"runner": "llm"},
+        "testCases": cases
+    })
 }
 
 // ---------------------------------------------------------------- faults

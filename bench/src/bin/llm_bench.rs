@@ -36,6 +36,7 @@ use skilleval::executor::{CaseStatus, Executor, ExecutorBuilder, RetryPolicy};
 use skilleval::llm::{NoCache, ProviderClients, Providers, ResponseCache};
 use skilleval::package::{validate, Package, PackageLimits};
 use skilleval::plan::{plan, CaseFilter};
+use skilleval_bench::cluster;
 use uuid::Uuid;
 
 use skilleval_bench::mock_provider::{self, LATENCY};
@@ -98,21 +99,11 @@ impl Drop for Server {
 
 /// A `kB` field of /proc/self/status, in MiB.
 fn status_mib(field: &str) -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
+    cluster::proc_status_kib("self", field).map(|kb| kb / 1024.0)
 }
 
-/// User + system CPU seconds of process `pid` (or `self`) so far (clock ticks of 1/100 s).
 fn cpu_seconds(pid: &str) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may contain spaces.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
+    cluster::proc_cpu_seconds(pid)
 }
 
 // ---------------------------------------------------------------- the benchmark
@@ -124,20 +115,8 @@ fn write_package(root: &Path, cases: usize) -> anyhow::Result<()> {
         root.join("SKILL.md"),
         "---\nname: llm-bench\ndescription: Answers refund questions briefly. Use for the llm_bench benchmark.\n---\n\n# Refunds\n\nAnswer in one sentence and always quote the order number.\n",
     )?;
-    let cases: Vec<Value> = (0..cases)
-        .map(|i| {
-            json!({
-                "id": format!("case-{i:05}"),
-                "input": {"prompt": format!("Was my refund for order {} approved?", 1000 + i)},
-                "expected": {"patterns": [r"order \d{4}", r"(?i)business days"]},
-                "evaluation": {"strategy": "regex_match"}
-            })
-        })
-        .collect();
-    let tests = json!({
-        "version": "2.0",
-        "settings": {"runner": "llm"},
-        "testCases": cases
+    let tests = cluster::llm_refund_tests(cases, |i| {
+        format!("Was my refund for order {} approved?", 1000 + i)
     });
     std::fs::write(
         root.join("eval").join("tests.json"),

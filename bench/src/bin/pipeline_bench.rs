@@ -422,28 +422,14 @@ fn package_zip(name: &str, n: usize) -> anyhow::Result<Vec<u8>> {
     zip_package(name, &tests)
 }
 
-/// A skill package of `n` cases whose output is the model's answer (runner `llm`, the default
+/// A skill package of `n` cases whose output is the model (runner `llm`, the default
 /// provider, one call per case) graded locally by `regex_match`, so the endpoint sees exactly
 /// one request per case. `tag` goes into every prompt: the workers' response cache (shared
 /// through PostgreSQL) is keyed by the prompt, and a level must not be answered by the
 /// cache of an earlier one.
 fn llm_package_zip(name: &str, n: usize, tag: &str) -> anyhow::Result<Vec<u8>> {
-    let cases: Vec<Value> = (0..n)
-        .map(|i| {
-            let order = 10_000 + i;
-            json!({
-                "id": format!("case-{i:06}"),
-                "name": format!("refund {order}"),
-                "input": {"prompt": format!("Was my refund for order {order} approved? ({tag})")},
-                "expected": {"patterns": [r"order \d+", r"(?i)business days"]},
-                "evaluation": {"strategy": "regex_match"}
-            })
-        })
-        .collect();
-    let tests = json!({
-        "version": "2.0",
-        "settings": {"runner": "llm"},
-        "testCases": cases
+    let tests = cluster::llm_refund_tests(n, |i| {
+        format!("Was my refund for order {} approved? ({tag})", 10_000 + i)
     });
     zip_package(name, &tests)
 }
@@ -1298,6 +1284,44 @@ async fn paced(
 
 // ---------------------------------------------------------------- driver
 
+/// One column of a printed figures table: its header, width, decimals and how a row's value
+/// is computed.
+struct Col<'a, R> {
+    head: &'static str,
+    width: usize,
+    decimals: usize,
+    value: Box<dyn Fn(&R) -> f64 + 'a>,
+}
+
+impl<'a, R> Col<'a, R> {
+    fn new(
+        head: &'static str,
+        width: usize,
+        decimals: usize,
+        value: impl Fn(&R) -> f64 + 'a,
+    ) -> Self {
+        Col {
+            head,
+            width,
+            decimals,
+            value: Box::new(value),
+        }
+    }
+}
+
+/// Prints a header line, then one right-aligned line per row.
+fn print_table<R>(cols: &[Col<'_, R>], rows: &[R]) {
+    let line =
+        |cell: &dyn Fn(&Col<'_, R>) -> String| cols.iter().map(cell).collect::<Vec<_>>().join(" ");
+    println!("{}", line(&|c| format!("{:>w$}", c.head, w = c.width)));
+    for row in rows {
+        println!(
+            "{}",
+            line(&|c| format!("{:>w$.d$}", (c.value)(row), w = c.width, d = c.decimals))
+        );
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
@@ -1484,45 +1508,36 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
         "end to end (median of {}; N = {n}; ratio = cases/s / publish+consume+insert limit):",
         opts.repeat
     );
-    println!(
-        "{:>7} {:>7} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7}",
-        "workers",
-        "upload",
-        "seconds",
-        "counters",
-        "cases/s",
-        "ratio",
-        "p50 ms",
-        "p99 ms",
-        "coord MiB",
-        "wrkr MiB",
-        "coord%",
-        "wrkrs%",
-        "rmq%",
-        "pg%",
-        "busy%"
+    let e2e_rows: Vec<(usize, Vec<E2e>)> = opts
+        .workers
+        .iter()
+        .map(|&w| (w, e2es.get(&w).cloned().unwrap_or_default()))
+        .collect();
+    let med = |f: fn(&E2e) -> f64| {
+        move |(_, runs): &(usize, Vec<E2e>)| median(runs.iter().map(f).collect())
+    };
+    let cpu = |f: fn(&E2e) -> f64| move |row: &(usize, Vec<E2e>)| 100.0 * med(f)(row);
+    #[allow(clippy::cast_precision_loss)]
+    print_table(
+        &[
+            Col::new("workers", 7, 0, |(w, _): &(usize, Vec<E2e>)| *w as f64),
+            Col::new("upload", 7, 2, med(|e| e.upload_seconds)),
+            Col::new("seconds", 9, 2, med(|e| e.seconds)),
+            Col::new("counters", 9, 2, med(|e| e.counters_seconds)),
+            Col::new("cases/s", 9, 0, med(|e| e.rate)),
+            Col::new("ratio", 6, 2, move |row| med(|e| e.rate)(row) / limit),
+            Col::new("p50 ms", 8, 0, med(|e| e.p50_ms)),
+            Col::new("p99 ms", 8, 0, med(|e| e.p99_ms)),
+            Col::new("coord MiB", 9, 1, med(|e| e.coordinator_mib)),
+            Col::new("wrkr MiB", 9, 1, med(|e| e.worker_mib)),
+            Col::new("coord%", 7, 0, cpu(|e| e.coordinator_cpu)),
+            Col::new("wrkrs%", 7, 0, cpu(|e| e.worker_cpu)),
+            Col::new("rmq%", 7, 0, cpu(|e| e.broker_cpu)),
+            Col::new("pg%", 7, 0, cpu(|e| e.database_cpu)),
+            Col::new("busy%", 7, 0, cpu(|e| e.machine_busy)),
+        ],
+        &e2e_rows,
     );
-    for &w in &opts.workers {
-        let runs = e2es.get(&w).cloned().unwrap_or_default();
-        let m = |f: fn(&E2e) -> f64| median(runs.iter().map(f).collect());
-        let rate = m(|e| e.rate);
-        println!(
-            "{w:>7} {:>7.2} {:>9.2} {:>9.2} {rate:>9.0} {:>6.2} {:>8.0} {:>8.0} {:>9.1} {:>9.1} {:>7.0} {:>7.0} {:>7.0} {:>7.0} {:>7.0}",
-            m(|e| e.upload_seconds),
-            m(|e| e.seconds),
-            m(|e| e.counters_seconds),
-            rate / limit,
-            m(|e| e.p50_ms),
-            m(|e| e.p99_ms),
-            m(|e| e.coordinator_mib),
-            m(|e| e.worker_mib),
-            100.0 * m(|e| e.coordinator_cpu),
-            100.0 * m(|e| e.worker_cpu),
-            100.0 * m(|e| e.broker_cpu),
-            100.0 * m(|e| e.database_cpu),
-            100.0 * m(|e| e.machine_busy),
-        );
-    }
     if mock.is_some() {
         let given_workers = endpoints
             .values()
@@ -1535,46 +1550,40 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
             "50 ms endpoint (median of {}; {} worker(s); ideal = workers x concurrency / 50 ms; vs given = cases/s / given-output cases/s of {given_workers} worker(s) in the same run; proc c/s = cases / (last commit - first publish)):",
             opts.repeat, opts.endpoint_workers
         );
-        println!(
-            "{:>11} {:>6} {:>7} {:>9} {:>9} {:>8} {:>6} {:>8} {:>9} {:>6} {:>9} {:>9} {:>9} {:>7} {:>7}",
-            "concurrency",
-            "cases",
-            "upload",
-            "seconds",
-            "cases/s",
-            "ideal",
-            "ratio",
-            "vs given",
-            "proc c/s",
-            "ratio",
-            "in flight",
-            "coord MiB",
-            "wrkr MiB",
-            "wrkrs%",
-            "mock%"
+        type Row = (u16, Vec<EndpointRun>);
+        let rows: Vec<Row> = opts
+            .endpoint_concurrency
+            .iter()
+            .map(|&c| (c, endpoints.get(&c).cloned().unwrap_or_default()))
+            .collect();
+        let med = |f: fn(&EndpointRun) -> f64| {
+            move |(_, runs): &Row| median(runs.iter().map(f).collect())
+        };
+        #[allow(clippy::cast_precision_loss)]
+        print_table(
+            &[
+                Col::new("concurrency", 11, 0, |(c, _): &Row| f64::from(*c)),
+                Col::new("cases", 6, 0, |(_, runs): &Row| {
+                    runs.first().map_or(0.0, |e| e.cases as f64)
+                }),
+                Col::new("upload", 7, 2, med(|e| e.e.upload_seconds)),
+                Col::new("seconds", 9, 2, med(|e| e.e.seconds)),
+                Col::new("cases/s", 9, 0, med(|e| e.e.rate)),
+                Col::new("ideal", 8, 0, med(|e| e.ideal)),
+                Col::new("ratio", 6, 2, med(|e| e.e.rate / e.ideal)),
+                Col::new("vs given", 8, 2, med(|e| e.e.rate / e.given_rate)),
+                Col::new("proc c/s", 9, 0, med(|e| e.e.process_rate)),
+                Col::new("ratio", 6, 2, med(|e| e.e.process_rate / e.ideal)),
+                Col::new("in flight", 9, 0, med(|e| e.in_flight as f64)),
+                Col::new("coord MiB", 9, 1, med(|e| e.e.coordinator_mib)),
+                Col::new("wrkr MiB", 9, 1, med(|e| e.e.worker_mib)),
+                Col::new("wrkrs%", 7, 0, move |row| {
+                    100.0 * med(|e| e.e.worker_cpu)(row)
+                }),
+                Col::new("mock%", 7, 0, move |row| 100.0 * med(|e| e.mock_cpu)(row)),
+            ],
+            &rows,
         );
-        for &c in &opts.endpoint_concurrency {
-            let runs = endpoints.get(&c).cloned().unwrap_or_default();
-            let m = |f: fn(&EndpointRun) -> f64| median(runs.iter().map(f).collect());
-            #[allow(clippy::cast_precision_loss)]
-            let in_flight = m(|e| e.in_flight as f64);
-            println!(
-                "{c:>11} {:>6} {:>7.2} {:>9.2} {:>9.0} {:>8.0} {:>6.2} {:>8.2} {:>9.0} {:>6.2} {in_flight:>9.0} {:>9.1} {:>9.1} {:>7.0} {:>7.0}",
-                runs.first().map_or(0, |e| e.cases),
-                m(|e| e.e.upload_seconds),
-                m(|e| e.e.seconds),
-                m(|e| e.e.rate),
-                m(|e| e.ideal),
-                m(|e| e.e.rate / e.ideal),
-                m(|e| e.e.rate / e.given_rate),
-                m(|e| e.e.process_rate),
-                m(|e| e.e.process_rate / e.ideal),
-                m(|e| e.e.coordinator_mib),
-                m(|e| e.e.worker_mib),
-                100.0 * m(|e| e.e.worker_cpu),
-                100.0 * m(|e| e.mock_cpu),
-            );
-        }
     }
     if opts.paced {
         let m = |f: fn(&Paced) -> f64| median(paceds.iter().map(f).collect());
@@ -1583,29 +1592,22 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
             "paced latency (median of {}; {paced_workers} worker(s); runs of {} cases created at 50 % of the peak given-output rate of the run; latency = updated_at - the run's creation (committed, then published)):",
             opts.repeat, opts.paced_run_cases
         );
-        println!(
-            "{:>7} {:>7} {:>11} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
-            "runs",
-            "cases",
-            "interval ms",
-            "offered",
-            "achieved",
-            "create ms",
-            "p50 ms",
-            "p99 ms",
-            "max ms"
-        );
+        let one = [()];
+        let med = |f: fn(&Paced) -> f64| move |_: &()| m(f);
         #[allow(clippy::cast_precision_loss)]
-        let (runs, cases) = (m(|p| p.runs as f64), m(|p| p.cases as f64));
-        println!(
-            "{runs:>7.0} {cases:>7.0} {:>11.1} {:>9.0} {:>9.0} {:>9.1} {:>8.0} {:>8.0} {:>8.0}",
-            m(|p| p.interval_ms),
-            m(|p| p.offered),
-            m(|p| p.achieved),
-            m(|p| p.create_ms),
-            m(|p| p.p50_ms),
-            m(|p| p.p99_ms),
-            m(|p| p.max_ms),
+        print_table(
+            &[
+                Col::new("runs", 7, 0, med(|p| p.runs as f64)),
+                Col::new("cases", 7, 0, med(|p| p.cases as f64)),
+                Col::new("interval ms", 11, 1, med(|p| p.interval_ms)),
+                Col::new("offered", 9, 0, med(|p| p.offered)),
+                Col::new("achieved", 9, 0, med(|p| p.achieved)),
+                Col::new("create ms", 9, 1, med(|p| p.create_ms)),
+                Col::new("p50 ms", 8, 0, med(|p| p.p50_ms)),
+                Col::new("p99 ms", 8, 0, med(|p| p.p99_ms)),
+                Col::new("max ms", 8, 0, med(|p| p.max_ms)),
+            ],
+            &one,
         );
     }
     Ok(())
