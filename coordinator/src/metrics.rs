@@ -50,6 +50,8 @@ pub struct Metrics {
     pub sweeper_republished: Counter,
     pub runs_finalised: Family<OutcomeLabels, Counter>,
     pub webhooks: Family<OutcomeLabels, Counter>,
+    /// Messages drained from the parking queue, by what they became (errored, unmatched).
+    pub parked_jobs: Family<OutcomeLabels, Counter>,
     pub events_consumed: Counter,
     pub runs_by_status: Family<StatusLabels, Gauge>,
     pub jobs_unpublished: Gauge,
@@ -78,6 +80,7 @@ impl Metrics {
         let runs_finalised = Family::<OutcomeLabels, Counter>::default();
         let webhooks = Family::<OutcomeLabels, Counter>::default();
         let events_consumed = Counter::default();
+        let parked_jobs = Family::<OutcomeLabels, Counter>::default();
         let runs_by_status = Family::<StatusLabels, Gauge>::default();
         let jobs_unpublished = Gauge::default();
         let llm_cache_expired = Counter::default();
@@ -126,8 +129,13 @@ impl Metrics {
         );
         registry.register(
             "webhooks",
-            "Webhook deliveries, by outcome",
+            "Webhook delivery attempts, by outcome (delivered, retried, rejected, gave_up)",
             webhooks.clone(),
+        );
+        registry.register(
+            "parked_jobs",
+            "Messages drained from the parking queue, by outcome (errored: the case is recorded errored; unmatched: nothing to record)",
+            parked_jobs.clone(),
         );
         registry.register(
             "events_consumed",
@@ -166,8 +174,13 @@ impl Metrics {
         );
         // Every outcome exists from the start (at zero), so `rate()` and alerts see the series
         // before the first failure.
-        for outcome in ["delivered", "rejected", "gave_up"] {
+        for outcome in crate::webhook::Outcome::ALL {
             let _ = webhooks.get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str().into(),
+            });
+        }
+        for outcome in ["errored", "unmatched"] {
+            let _ = parked_jobs.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
             });
         }
@@ -187,6 +200,7 @@ impl Metrics {
             sweeper_republished,
             runs_finalised,
             webhooks,
+            parked_jobs,
             events_consumed,
             runs_by_status,
             jobs_unpublished,
