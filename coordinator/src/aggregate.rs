@@ -220,9 +220,7 @@ impl RunAggregator {
             };
             delivery = Some(self.store.enqueue_webhook(&mut tx, &webhook).await?);
         }
-        tx.commit()
-            .await
-            .context("committing the finalisation")?;
+        tx.commit().await.context("committing the finalisation")?;
         self.launcher.forget(run_id);
         let outcome = if finalised.status == RunStatus::Cancelled {
             "cancelled"

@@ -74,7 +74,10 @@ impl ParkingDrain {
         let job = messages::decode_job(body).ok();
         let reason = why.sentence(from_queue);
         let errored = job.as_ref().map(|job| {
-            JobResult::errored(job, Fault::permanent(format!("the job was parked: {reason}")))
+            JobResult::errored(
+                job,
+                Fault::permanent(format!("the job was parked: {reason}")),
+            )
         });
         let parked = NewParked {
             case: job.as_ref().map(|j| (j.run_id, j.case.id.as_str())),
@@ -245,11 +248,23 @@ mod tests {
     #[test]
     fn the_latest_dead_lettering_says_why() {
         let mut parking = FieldTable::default();
-        parking.insert("reason".into(), AMQPValue::LongString(LongString::from("delivery_limit")));
-        parking.insert("queue".into(), AMQPValue::LongString(LongString::from("p.jobs")));
+        parking.insert(
+            "reason".into(),
+            AMQPValue::LongString(LongString::from("delivery_limit")),
+        );
+        parking.insert(
+            "queue".into(),
+            AMQPValue::LongString(LongString::from("p.jobs")),
+        );
         let mut delay = FieldTable::default();
-        delay.insert("reason".into(), AMQPValue::LongString(LongString::from("expired")));
-        delay.insert("queue".into(), AMQPValue::LongString(LongString::from("p.retry.1000")));
+        delay.insert(
+            "reason".into(),
+            AMQPValue::LongString(LongString::from("expired")),
+        );
+        delay.insert(
+            "queue".into(),
+            AMQPValue::LongString(LongString::from("p.retry.1000")),
+        );
         let mut headers = FieldTable::default();
         headers.insert(
             "x-death".into(),
@@ -262,11 +277,20 @@ mod tests {
         let why = ParkedBecause::from_headers(Some(&headers));
         assert_eq!(why.queue.as_deref(), Some("p.jobs"));
         let sentence = why.sentence("p.jobs");
-        assert!(sentence.contains("delivery limit of `p.jobs` (3 deliveries)"), "{sentence}");
+        assert!(
+            sentence.contains("delivery limit of `p.jobs` (3 deliveries)"),
+            "{sentence}"
+        );
 
         let mut worker = FieldTable::default();
-        worker.insert(PARKED_REASON_HEADER.into(), AMQPValue::LongString(LongString::from("bad json")));
+        worker.insert(
+            PARKED_REASON_HEADER.into(),
+            AMQPValue::LongString(LongString::from("bad json")),
+        );
         let why = ParkedBecause::from_headers(Some(&worker));
-        assert_eq!(why.sentence("p.jobs"), "a worker could not read it (bad json)");
+        assert_eq!(
+            why.sentence("p.jobs"),
+            "a worker could not read it (bad json)"
+        );
     }
 }

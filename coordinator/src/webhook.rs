@@ -259,7 +259,9 @@ impl WebhookOutbox {
         match self.store.settle_webhook(&claimed, &recorded).await {
             Ok(true) => {}
             Ok(false) => {
-                tracing::warn!("the delivery's lease ran out while sending; another sender owns it now");
+                tracing::warn!(
+                    "the delivery's lease ran out while sending; another sender owns it now"
+                );
             }
             Err(e) => {
                 tracing::warn!(error = %e, "recording the webhook attempt failed; it is sent again when its lease ends");

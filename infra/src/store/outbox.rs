@@ -74,10 +74,7 @@ pub enum AttemptOutcome {
     /// 2xx.
     Delivered { status: u16 },
     /// Final failure (a 4xx the receiver will repeat, or the last attempt failed).
-    Failed {
-        status: Option<u16>,
-        error: String,
-    },
+    Failed { status: Option<u16>, error: String },
     /// Try again after `after`.
     Retry {
         status: Option<u16>,
@@ -115,14 +112,16 @@ impl Store {
         webhook: &NewWebhook<'_>,
     ) -> Result<Uuid, StoreError> {
         let id = Uuid::now_v7();
-        sqlx::query("INSERT INTO webhook_deliveries (id, event, url, body) VALUES ($1, $2, $3, $4)")
-            .bind(id)
-            .bind(webhook.event)
-            .bind(webhook.url)
-            .bind(webhook.body)
-            .execute(conn)
-            .await
-            .map_err(StoreError::query("enqueueing a webhook"))?;
+        sqlx::query(
+            "INSERT INTO webhook_deliveries (id, event, url, body) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(id)
+        .bind(webhook.event)
+        .bind(webhook.url)
+        .bind(webhook.body)
+        .execute(conn)
+        .await
+        .map_err(StoreError::query("enqueueing a webhook"))?;
         Ok(id)
     }
 
@@ -169,17 +168,28 @@ impl Store {
         outcome: &AttemptOutcome,
     ) -> Result<bool, StoreError> {
         let (state, status, error, after) = match outcome {
-            AttemptOutcome::Delivered { status } => {
-                (DeliveryState::Delivered, Some(*status), None, Duration::ZERO)
-            }
-            AttemptOutcome::Failed { status, error } => {
-                (DeliveryState::Failed, *status, Some(error.as_str()), Duration::ZERO)
-            }
+            AttemptOutcome::Delivered { status } => (
+                DeliveryState::Delivered,
+                Some(*status),
+                None,
+                Duration::ZERO,
+            ),
+            AttemptOutcome::Failed { status, error } => (
+                DeliveryState::Failed,
+                *status,
+                Some(error.as_str()),
+                Duration::ZERO,
+            ),
             AttemptOutcome::Retry {
                 status,
                 error,
                 after,
-            } => (DeliveryState::Pending, *status, Some(error.as_str()), *after),
+            } => (
+                DeliveryState::Pending,
+                *status,
+                Some(error.as_str()),
+                *after,
+            ),
         };
         let done = sqlx::query(
             "UPDATE webhook_deliveries

@@ -28,7 +28,9 @@ use super::results::Changed;
 use super::{Store, StoreError};
 
 /// What became of a parked message (`parked_jobs.state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize, serde::Deserialize,
+)]
 #[sqlx(type_name = "text", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum ParkedState {
