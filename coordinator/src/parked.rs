@@ -240,6 +240,35 @@ pub async fn requeue(
     Ok(requeued)
 }
 
+/// `skilleval-coordinator admin parked list`: the parked jobs, newest first, as JSON (what
+/// `GET /v1/admin/parked` answers), straight from the database.
+pub async fn admin_list(
+    settings: &skilleval_infra::config::Settings,
+    state: Option<ParkedState>,
+    limit: i64,
+) -> anyhow::Result<serde_json::Value> {
+    let store = Store::connect(&settings.database).await?;
+    let parked = store.list_parked(state, limit).await?;
+    Ok(serde_json::json!({ "parked": parked }))
+}
+
+/// `skilleval-coordinator admin parked requeue <id>`: what `POST
+/// /v1/admin/parked/{id}/requeue` does, from the command line.
+pub async fn admin_requeue(
+    settings: &skilleval_infra::config::Settings,
+    id: Uuid,
+) -> anyhow::Result<serde_json::Value> {
+    let store = Store::connect(&settings.database).await?;
+    let sink = crate::broker::BrokerJobSink::connect(settings).await?;
+    let requeued = requeue(&store, sink.as_ref(), id).await?;
+    Ok(serde_json::json!({
+        "id": id,
+        "run_id": requeued.run_id,
+        "state": ParkedState::Requeued,
+        "reopened": requeued.reopened,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -260,5 +260,38 @@ async fn a_message_no_worker_can_read_is_listed_unmatched() {
         0,
         "the parking queue is drained"
     );
+
+    // The same from the command line: list, then requeue (the message goes back to the
+    // queue it was parked from, as it was).
+    let listed = admin(&app, &["list", "--state", "unmatched"]);
+    assert_eq!(listed["parked"].as_array().unwrap().len(), 1, "{listed}");
+    let id = listed["parked"][0]["id"].as_str().unwrap().to_string();
+    let requeued = admin(&app, &["requeue", &id]);
+    assert_eq!(requeued["state"], "requeued");
+    assert_eq!(requeued["reopened"], false);
+    assert_eq!(app.wait_for_jobs(1).await, 1, "back in the jobs queue");
+    let listed = admin(&app, &["list", "--state", "requeued"]);
+    assert_eq!(listed["parked"][0]["id"], id.as_str());
     app.cleanup().await;
+}
+
+/// `skilleval-coordinator admin parked <args>` against the app's database and broker; its
+/// JSON answer.
+fn admin(app: &TestApp, args: &[&str]) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_skilleval-coordinator"))
+        .args(["admin", "parked"])
+        .args(args)
+        .env("SKILLEVAL_CONFIG_DIR", "/nonexistent-skilleval-config")
+        .env("DATABASE_URL", app.settings.database.url.expose())
+        .env("AMQP_URL", app.settings.amqp.url.expose())
+        .env("SKILLEVAL__AMQP__PREFIX", &app.settings.amqp.prefix)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "admin parked {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
