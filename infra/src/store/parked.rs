@@ -98,6 +98,9 @@ pub struct Requeued {
     pub reopened: bool,
 }
 
+/// A parked row locked for a requeue: run, case, queue, body, state.
+type LockedParked = (Option<Uuid>, Option<String>, String, Vec<u8>, ParkedState);
+
 const PARKED_COLUMNS: &str =
     "id, run_id, test_case_id, from_queue, reason, state, parked_at, requeued_at";
 
@@ -196,15 +199,14 @@ impl Store {
         conn: &mut sqlx::PgConnection,
         id: Uuid,
     ) -> Result<Requeued, RequeueError> {
-        let row: Option<(Option<Uuid>, Option<String>, String, Vec<u8>, ParkedState)> =
-            sqlx::query_as(
-                "SELECT run_id, test_case_id, from_queue, body, state FROM parked_jobs
+        let row: Option<LockedParked> = sqlx::query_as(
+            "SELECT run_id, test_case_id, from_queue, body, state FROM parked_jobs
                  WHERE id = $1 FOR UPDATE",
-            )
-            .bind(id)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(StoreError::query("locking a parked job"))?;
+        )
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(StoreError::query("locking a parked job"))?;
         let Some((run_id, test_case_id, from_queue, body, state)) = row else {
             return Err(RequeueError::NotFound(id));
         };
