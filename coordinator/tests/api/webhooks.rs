@@ -373,3 +373,76 @@ async fn failing_deliveries_are_retried_with_backoff_then_failed_and_rejections_
     assert!(row.finished_at.is_some());
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_claimed_delivery_is_nobody_elses_until_its_lease_ends_then_it_keeps_its_id() {
+    let app = spawn_app().await;
+    let store = app.state.store.clone();
+    let mut tx = app.pool.begin().await.unwrap();
+    let mut ids = BTreeSet::new();
+    for n in 0..6 {
+        let body = format!(r#"{{"n":{n}}}"#);
+        let webhook = NewWebhook {
+            event: "test.event",
+            url: "http://127.0.0.1:9/unused",
+            body: body.as_bytes(),
+        };
+        ids.insert(store.enqueue_webhook(&mut tx, &webhook).await.unwrap());
+    }
+    // Not committed yet: nothing to claim.
+    let none = store
+        .claim_webhooks(10, Duration::from_secs(1), Duration::ZERO, None)
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    tx.commit().await.unwrap();
+
+    // Two replicas claim at once: between them every row once.
+    let lease = Duration::from_millis(800);
+    let (a, b) = tokio::join!(
+        store.claim_webhooks(4, lease, Duration::ZERO, None),
+        store.claim_webhooks(4, lease, Duration::ZERO, None)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let mut claimed: Vec<Uuid> = a.iter().chain(&b).map(|c| c.id).collect();
+    claimed.sort();
+    claimed.dedup();
+    assert_eq!(claimed.len(), a.len() + b.len(), "no row claimed twice");
+    let rest = store
+        .claim_webhooks(10, lease, Duration::ZERO, None)
+        .await
+        .unwrap();
+    assert_eq!(a.len() + b.len() + rest.len(), 6);
+    assert!(
+        store
+            .claim_webhooks(10, lease, Duration::ZERO, None)
+            .await
+            .unwrap()
+            .is_empty(),
+        "every row is leased"
+    );
+
+    // Their senders died: once the lease is over, the rows are claimable again, same ids.
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let again = store
+        .claim_webhooks(10, lease, Duration::ZERO, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        again.iter().map(|c| c.id).collect::<BTreeSet<_>>(),
+        ids,
+        "the same delivery ids"
+    );
+    assert!(again.iter().all(|c| c.attempts == 2));
+    // A settle with the old lease records nothing: the row is the new claimant's.
+    let stale = &a[0];
+    let outcome = skilleval_infra::store::outbox::AttemptOutcome::Delivered { status: 200 };
+    assert!(!store.settle_webhook(stale, &outcome).await.unwrap());
+    let current = again.iter().find(|c| c.id == stale.id).unwrap();
+    assert!(store.settle_webhook(current, &outcome).await.unwrap());
+    assert_eq!(
+        state_of(&store).await[&stale.id],
+        (DeliveryState::Delivered, 2)
+    );
+    app.cleanup().await;
+}
