@@ -50,6 +50,11 @@ pub struct Metrics {
     pub sweeper_republished: Counter,
     pub runs_finalised: Family<OutcomeLabels, Counter>,
     pub webhooks: Family<OutcomeLabels, Counter>,
+    /// Webhook deliveries not delivered or failed yet (from the database at scrape time).
+    pub webhooks_pending: Gauge,
+    /// Seconds the oldest pending webhook delivery has waited (from the database at scrape
+    /// time).
+    pub webhooks_oldest_pending: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Messages drained from the parking queue, by what they became (errored, unmatched).
     pub parked_jobs: Family<OutcomeLabels, Counter>,
     pub events_consumed: Counter,
@@ -81,6 +86,8 @@ impl Metrics {
         let webhooks = Family::<OutcomeLabels, Counter>::default();
         let events_consumed = Counter::default();
         let parked_jobs = Family::<OutcomeLabels, Counter>::default();
+        let webhooks_pending = Gauge::default();
+        let webhooks_oldest_pending = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         let runs_by_status = Family::<StatusLabels, Gauge>::default();
         let jobs_unpublished = Gauge::default();
         let llm_cache_expired = Counter::default();
@@ -131,6 +138,16 @@ impl Metrics {
             "webhooks",
             "Webhook delivery attempts, by outcome (delivered, retried, rejected, gave_up)",
             webhooks.clone(),
+        );
+        registry.register(
+            "webhooks_pending",
+            "Webhook deliveries pending (from the database at scrape time)",
+            webhooks_pending.clone(),
+        );
+        registry.register(
+            "webhooks_oldest_pending_seconds",
+            "Age of the oldest pending webhook delivery (from the database at scrape time)",
+            webhooks_oldest_pending.clone(),
         );
         registry.register(
             "parked_jobs",
@@ -201,6 +218,8 @@ impl Metrics {
             runs_finalised,
             webhooks,
             parked_jobs,
+            webhooks_pending,
+            webhooks_oldest_pending,
             events_consumed,
             runs_by_status,
             jobs_unpublished,

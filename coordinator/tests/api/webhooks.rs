@@ -320,6 +320,11 @@ async fn failing_deliveries_are_retried_with_backoff_then_failed_and_rejections_
         .await
         .unwrap();
     tx.commit().await.unwrap();
+    let scraped = app.get("/metrics").await.text().await.unwrap();
+    assert!(
+        scraped.contains("skilleval_coordinator_webhooks_pending 2"),
+        "the backlog is exported:\n{scraped}"
+    );
 
     let metrics = Metrics::new();
     let policy = WebhookPolicy {

@@ -210,6 +210,19 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Deliveries still pending, and how long the oldest has waited since it was enqueued
+    /// (seconds; 0 when none), for `/metrics`.
+    pub async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
+        sqlx::query_as(
+            "SELECT count(*),
+                    COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0)
+             FROM webhook_deliveries WHERE state = 'pending'",
+        )
+        .fetch_one(self.pool())
+        .await
+        .map_err(StoreError::query("reading the webhook backlog"))
+    }
+
     /// Every delivery, oldest first (tests and operators).
     pub async fn webhook_deliveries(&self) -> Result<Vec<WebhookRow>, StoreError> {
         sqlx::query_as(
