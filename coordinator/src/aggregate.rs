@@ -10,7 +10,8 @@
 //!
 //! Finalising is exactly-once even with several replicas racing: the summary is computed from
 //! the stored results, then written by the lifecycle's guarded `finalise`; only the caller
-//! whose update matched sends the webhook.
+//! whose update matched enqueues the webhook, in the same transaction (the outbox,
+//! [`crate::webhook`]), so a finalised run's webhook is never lost to a crash.
 //!
 //! A run its budget stopped is finalised like any other, but its verdict is `fail` with the
 //! stop as the first reason.
@@ -30,13 +31,17 @@ pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use skilleval_infra::store::lifecycle::{
     Finalising, RunState, RunStatus, StopReason, TransitionError,
 };
+use skilleval_infra::store::outbox::NewWebhook;
 use skilleval_infra::store::Store;
 use uuid::Uuid;
 
 use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
 use crate::views::RunView;
-use crate::webhook::WebhookSender;
+use crate::webhook::WebhookOutbox;
+
+/// The event a finalised run's webhook announces.
+pub const RUN_FINISHED: &str = "run.finished";
 
 /// Applies events and sweeps to runs: failFast, releases, finalisation and webhooks.
 #[derive(Debug, Clone)]
@@ -44,7 +49,7 @@ pub struct RunAggregator {
     store: Store,
     launcher: RunLauncher,
     metrics: Arc<Metrics>,
-    webhooks: Option<WebhookSender>,
+    webhooks: Option<WebhookOutbox>,
 }
 
 impl RunAggregator {
@@ -52,7 +57,7 @@ impl RunAggregator {
         store: Store,
         launcher: RunLauncher,
         metrics: Arc<Metrics>,
-        webhooks: Option<WebhookSender>,
+        webhooks: Option<WebhookOutbox>,
     ) -> Self {
         RunAggregator {
             store,
@@ -139,7 +144,7 @@ impl RunAggregator {
     }
 
     /// Computes the summary and finalises the run if nobody did yet; `true` when this call
-    /// finalised it (and sent the webhook).
+    /// finalised it (and enqueued its webhook).
     #[tracing::instrument(skip(self))]
     pub async fn finalise(&self, run_id: Uuid) -> anyhow::Result<bool> {
         let Some(run) = self.store.get_run(run_id).await? else {
@@ -179,9 +184,15 @@ impl RunAggregator {
             mark_stopped(&mut summary, reason, not_run);
         }
         let summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
+        let mut tx = self
+            .store
+            .pool()
+            .begin()
+            .await
+            .context("starting the finalisation transaction")?;
         let finalised = match self
             .store
-            .finalise(run_id, &summary_json, summary.verdict.as_str())
+            .finalise(&mut tx, run_id, &summary_json, summary.verdict.as_str())
             .await
         {
             Ok(finalised) => finalised,
@@ -191,6 +202,25 @@ impl RunAggregator {
             }
             Err(e) => return Err(e.into()),
         };
+        // The webhook is enqueued with the finalisation: both commit, or neither.
+        let mut delivery = None;
+        if let Some(url) = run.callback_url.as_deref() {
+            let view = self
+                .store
+                .get_run_in(&mut tx, run_id)
+                .await?
+                .map(|r| RunView::from_row(&r))
+                .with_context(|| format!("run {run_id} vanished while finalising"))?;
+            let body = serde_json::to_vec(&json!({ "event": RUN_FINISHED, "run": view }))
+                .context("webhook body")?;
+            let webhook = NewWebhook {
+                event: RUN_FINISHED,
+                url,
+                body: &body,
+            };
+            delivery = Some(self.store.enqueue_webhook(&mut tx, &webhook).await?);
+        }
+        tx.commit().await.context("committing the finalisation")?;
         self.launcher.forget(run_id);
         let outcome = if finalised.status == RunStatus::Cancelled {
             "cancelled"
@@ -201,25 +231,11 @@ impl RunAggregator {
         tracing::info!(
             verdict = summary.verdict.as_str(),
             pass_rate = summary.pass_rate,
+            delivery_id = delivery.map(|d| d.to_string()),
             "run finalised"
         );
-        if let (Some(url), Some(sender)) = (run.callback_url.clone(), self.webhooks.clone()) {
-            let Some(view) = self
-                .store
-                .get_run(run_id)
-                .await?
-                .map(|r| RunView::from_row(&r))
-            else {
-                return Ok(true);
-            };
-            let body = serde_json::to_vec(&json!({ "event": "run.finished", "run": view }))
-                .context("webhook body")?;
-            let metrics = self.metrics.clone();
-            // Delivery retries for minutes: never hold up the aggregator for it.
-            tokio::spawn(async move {
-                let delivery = sender.deliver(&url, "run.finished", &body).await;
-                Metrics::count(&metrics.webhooks, delivery.outcome());
-            });
+        if let (Some(id), Some(outbox)) = (delivery, &self.webhooks) {
+            outbox.nudge(vec![id]);
         }
         Ok(true)
     }

@@ -128,6 +128,36 @@ impl JobSink for BrokerJobSink {
     async fn queue_depths(&self) -> Option<Result<Vec<QueueDepth>, String>> {
         Some(self.read_depths().await.map_err(|e| format!("{e:#}")))
     }
+
+    async fn republish(&self, from_queue: &str, body: &[u8]) -> Result<(), PublishError> {
+        let publisher = self
+            .publisher()
+            .await
+            .map_err(|e| PublishError::Unavailable(format!("{e:#}").into()))?;
+        let refused = |e| PublishError::Refused(Arc::new(e));
+        match skilleval_infra::messages::decode_job(body) {
+            Ok(job) => {
+                let lane = if from_queue == self.topology.samples_queue() {
+                    Lane::Samples
+                } else {
+                    Lane::Ci
+                };
+                publisher.publish_job(&job, lane).await.map_err(refused)
+            }
+            // Not a job: back where it came from, as it was (the default exchange routes by
+            // queue name).
+            Err(_) => publisher
+                .publish(topology::Outgoing {
+                    exchange: "",
+                    routing_key: from_queue,
+                    body,
+                    headers: FieldTable::default(),
+                    mandatory: true,
+                })
+                .await
+                .map_err(refused),
+        }
+    }
 }
 
 impl BrokerJobSink {
@@ -149,6 +179,44 @@ impl BrokerJobSink {
     }
 }
 
+/// What a consumer does with a delivery once its handler is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Ack,
+    /// Rejected without requeueing (the queue's dead-lettering, if any, applies).
+    Drop,
+    /// Back to the queue, for this or another coordinator to try again.
+    Requeue,
+}
+
+/// Handles one delivery of a queue the coordinator consumes.
+#[async_trait]
+pub trait QueueHandler: Send + Sync {
+    async fn handle(&self, body: &[u8], headers: Option<&FieldTable>) -> Settle;
+}
+
+/// Hands case events to the aggregator.
+struct EventsHandler(RunAggregator);
+
+#[async_trait]
+impl QueueHandler for EventsHandler {
+    async fn handle(&self, body: &[u8], _headers: Option<&FieldTable>) -> Settle {
+        match CasesFinished::decode(body) {
+            Ok(event) => {
+                if let Err(e) = self.0.on_cases_finished(&event).await {
+                    // The sweep catches up with this run; requeueing could spin on a bad row.
+                    tracing::warn!(run_id = %event.run_id, error = ?e, "handling an event failed; the sweep will catch up");
+                }
+                Settle::Ack
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping an unparseable event");
+                Settle::Drop
+            }
+        }
+    }
+}
+
 /// Consumes case events until `shutdown`, handing each to the aggregator; reconnects with
 /// backoff whenever the consumer stream ends or the connection fails.
 pub async fn consume_events(
@@ -156,13 +224,42 @@ pub async fn consume_events(
     aggregator: RunAggregator,
     shutdown: CancellationToken,
 ) {
+    let queue = Topology::from_settings(&settings).coordinator_events_queue();
+    consume(
+        settings,
+        queue,
+        "skilleval-coordinator-events",
+        EVENTS_PREFETCH,
+        EventsHandler(aggregator),
+        shutdown,
+    )
+    .await;
+}
+
+/// Consumes `queue` until `shutdown`, settling each delivery as `handler` says; reconnects
+/// with backoff whenever the consumer stream ends or the connection fails.
+pub async fn consume(
+    settings: Settings,
+    queue: String,
+    connection_name: &'static str,
+    prefetch: u16,
+    handler: impl QueueHandler,
+    shutdown: CancellationToken,
+) {
     let topology = Topology::from_settings(&settings);
     let mut backoff = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
-        match consume_once(&settings, &topology, &aggregator, &shutdown).await {
+        let consumer = Consuming {
+            settings: &settings,
+            topology: &topology,
+            queue: &queue,
+            connection_name,
+            prefetch,
+        };
+        match consumer.once(&handler, &shutdown).await {
             Ok(()) => return,
             Err(e) => {
-                tracing::warn!(error = ?e, retry_in_ms = backoff.as_millis() as u64, "events consumer stopped; reconnecting");
+                tracing::warn!(%queue, error = ?e, retry_in_ms = backoff.as_millis() as u64, "consumer stopped; reconnecting");
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(backoff) => {}
@@ -173,79 +270,77 @@ pub async fn consume_events(
     }
 }
 
-/// One connection's worth of consuming: `Ok` on shutdown, `Err` when the stream ends.
-async fn consume_once(
-    settings: &Settings,
-    topology: &Topology,
-    aggregator: &RunAggregator,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let connection = topology::connect(settings, "skilleval-coordinator-events")
-        .await
-        .context("connecting to RabbitMQ for events")?;
-    let channel = connection
-        .create_channel()
-        .await
-        .context("opening the events channel")?;
-    topology
-        .declare(&channel)
-        .await
-        .context("declaring the topology")?;
-    channel
-        .basic_qos(EVENTS_PREFETCH, BasicQosOptions::default())
-        .await
-        .context("setting the events prefetch")?;
-    let queue = topology.coordinator_events_queue();
-    let mut consumer = channel
-        .basic_consume(
-            ShortString::from(queue.as_str()),
-            ShortString::from(""),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("consuming `{queue}`"))?;
-    tracing::info!(%queue, "consuming case events");
-    loop {
-        let delivery = tokio::select! {
-            () = shutdown.cancelled() => {
-                let _ = connection.close(200, "shutting down".into()).await;
-                return Ok(());
-            }
-            next = consumer.next() => next,
-        };
-        let delivery = match delivery {
-            Some(Ok(d)) => d,
-            Some(Err(e)) => return Err(e).context("the events consumer failed"),
-            None => anyhow::bail!("the events consumer stream ended"),
-        };
-        match CasesFinished::decode(&delivery.data) {
-            Ok(event) => match aggregator.on_cases_finished(&event).await {
-                Ok(()) => {
-                    delivery
-                        .ack(BasicAckOptions::default())
-                        .await
-                        .context("acking an event")?;
+struct Consuming<'a> {
+    settings: &'a Settings,
+    topology: &'a Topology,
+    queue: &'a str,
+    connection_name: &'static str,
+    prefetch: u16,
+}
+
+impl Consuming<'_> {
+    /// One connection's worth of consuming: `Ok` on shutdown, `Err` when the stream ends.
+    async fn once(
+        &self,
+        handler: &impl QueueHandler,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let queue = self.queue;
+        let connection = topology::connect(self.settings, self.connection_name)
+            .await
+            .with_context(|| format!("connecting to RabbitMQ to consume `{queue}`"))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .context("opening a consumer channel")?;
+        self.topology
+            .declare(&channel)
+            .await
+            .context("declaring the topology")?;
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await
+            .context("setting the prefetch")?;
+        let mut consumer = channel
+            .basic_consume(
+                ShortString::from(queue),
+                ShortString::from(""),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .with_context(|| format!("consuming `{queue}`"))?;
+        tracing::info!(%queue, "consuming");
+        loop {
+            let delivery = tokio::select! {
+                () = shutdown.cancelled() => {
+                    let _ = connection.close(200, "shutting down".into()).await;
+                    return Ok(());
                 }
-                Err(e) => {
-                    // The sweep catches up with this run; requeueing could spin on a bad row.
-                    tracing::warn!(run_id = %event.run_id, error = ?e, "handling an event failed; the sweep will catch up");
-                    delivery
-                        .ack(BasicAckOptions::default())
-                        .await
-                        .context("acking an event")?;
+                next = consumer.next() => next,
+            };
+            let delivery = match delivery {
+                Some(Ok(d)) => d,
+                Some(Err(e)) => {
+                    return Err(e).with_context(|| format!("the consumer of `{queue}` failed"))
                 }
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "dropping an unparseable event");
-                delivery
-                    .nack(BasicNackOptions {
-                        requeue: false,
-                        ..BasicNackOptions::default()
-                    })
-                    .await
-                    .context("dropping an event")?;
-            }
+                None => anyhow::bail!("the consumer stream of `{queue}` ended"),
+            };
+            let settle = handler
+                .handle(&delivery.data, delivery.properties.headers().as_ref())
+                .await;
+            let settled = match settle {
+                Settle::Ack => delivery.ack(BasicAckOptions::default()).await,
+                Settle::Drop | Settle::Requeue => {
+                    delivery
+                        .nack(BasicNackOptions {
+                            requeue: settle == Settle::Requeue,
+                            ..BasicNackOptions::default()
+                        })
+                        .await
+                }
+            };
+            settled.with_context(|| format!("settling a delivery of `{queue}`"))?;
         }
     }
 }

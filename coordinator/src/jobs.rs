@@ -41,4 +41,11 @@ pub trait JobSink: Send + Sync + std::fmt::Debug {
     async fn queue_depths(&self) -> Option<Result<Vec<QueueDepth>, String>> {
         None
     }
+
+    /// Publishes a parked message again (an operator's requeue): a job to its lane on the
+    /// jobs exchange, anything else straight to `from_queue`; confirmed.
+    async fn republish(&self, from_queue: &str, body: &[u8]) -> Result<(), PublishError> {
+        let _ = (from_queue, body);
+        Err(PublishError::Unavailable("this sink has no broker".into()))
+    }
 }

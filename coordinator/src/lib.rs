@@ -18,6 +18,9 @@
 //! - [`aggregate::RunAggregator`] turns case-finished events (and a periodic sweep) into
 //!   failFast stops, further releases, and exactly-once finalisation with a signed
 //!   [`webhook`].
+//! - [`webhook::WebhookOutbox`] sends the webhook outbox's deliveries (any replica, claimed
+//!   with a lease, retried with backoff); [`parked`] drains the parking queue into `errored`
+//!   results and requeues parked jobs for operators.
 //! - [`views`] are the response bodies; [`metrics`] the Prometheus metrics.
 //!
 //! The SQL lives in `skilleval_infra::store`, as methods of its `Store` (the run types of
@@ -34,6 +37,7 @@ pub mod jobs;
 pub mod launch;
 pub mod metrics;
 pub mod openapi;
+pub mod parked;
 pub mod routes;
 pub mod startup;
 pub mod state;

@@ -1,11 +1,14 @@
 //! `skilleval-coordinator`: parses the command line, loads configuration, sets up telemetry and
-//! hands over to the library (`serve`, the default, or `migrate`).
+//! hands over to the library (`serve`, the default, `migrate`, or the operator's `admin`
+//! tools).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use skilleval_coordinator::parked;
 use skilleval_coordinator::startup::{migrate, Application};
 use skilleval_infra::config::Settings;
+use skilleval_infra::store::parked::ParkedState;
 use tokio::signal;
 
 #[derive(Debug, Parser)]
@@ -29,6 +32,48 @@ enum Command {
         #[arg(long)]
         create_database: bool,
     },
+    /// Operator tools (the same as the `/v1/admin` endpoints, without the HTTP API).
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Jobs drained from the parking queue.
+    Parked {
+        #[command(subcommand)]
+        command: ParkedCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ParkedCommand {
+    /// List parked jobs, newest first, as JSON.
+    List {
+        /// Only those in this state: errored, unmatched or requeued.
+        #[arg(long, value_parser = parse_parked_state)]
+        state: Option<ParkedState>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Publish a parked job again; an errored one gives its case back to its run first.
+    Requeue {
+        /// The parked job's id (from `list`).
+        id: uuid::Uuid,
+    },
+}
+
+fn parse_parked_state(s: &str) -> Result<ParkedState, String> {
+    match s {
+        "errored" => Ok(ParkedState::Errored),
+        "unmatched" => Ok(ParkedState::Unmatched),
+        "requeued" => Ok(ParkedState::Requeued),
+        other => Err(format!(
+            "`{other}` is not a state: use errored, unmatched or requeued"
+        )),
+    }
 }
 
 #[tokio::main]
@@ -50,6 +95,9 @@ async fn main() -> ExitCode {
             .await
             .map(|()| tracing::info!("migrations applied")),
         Command::Serve => serve(settings).await,
+        Command::Admin {
+            command: AdminCommand::Parked { command },
+        } => admin_parked(&settings, command).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -59,6 +107,15 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+async fn admin_parked(settings: &Settings, command: ParkedCommand) -> anyhow::Result<()> {
+    let answer = match command {
+        ParkedCommand::List { state, limit } => parked::admin_list(settings, state, limit).await?,
+        ParkedCommand::Requeue { id } => parked::admin_requeue(settings, id).await?,
+    };
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(())
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {

@@ -50,6 +50,13 @@ pub struct Metrics {
     pub sweeper_republished: Counter,
     pub runs_finalised: Family<OutcomeLabels, Counter>,
     pub webhooks: Family<OutcomeLabels, Counter>,
+    /// Webhook deliveries not delivered or failed yet (from the database at scrape time).
+    pub webhooks_pending: Gauge,
+    /// Seconds the oldest pending webhook delivery has waited (from the database at scrape
+    /// time).
+    pub webhooks_oldest_pending: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Messages drained from the parking queue, by what they became (errored, unmatched).
+    pub parked_jobs: Family<OutcomeLabels, Counter>,
     pub events_consumed: Counter,
     pub runs_by_status: Family<StatusLabels, Gauge>,
     pub jobs_unpublished: Gauge,
@@ -78,6 +85,9 @@ impl Metrics {
         let runs_finalised = Family::<OutcomeLabels, Counter>::default();
         let webhooks = Family::<OutcomeLabels, Counter>::default();
         let events_consumed = Counter::default();
+        let parked_jobs = Family::<OutcomeLabels, Counter>::default();
+        let webhooks_pending = Gauge::default();
+        let webhooks_oldest_pending = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         let runs_by_status = Family::<StatusLabels, Gauge>::default();
         let jobs_unpublished = Gauge::default();
         let llm_cache_expired = Counter::default();
@@ -126,8 +136,23 @@ impl Metrics {
         );
         registry.register(
             "webhooks",
-            "Webhook deliveries, by outcome",
+            "Webhook delivery attempts, by outcome (delivered, retried, rejected, gave_up)",
             webhooks.clone(),
+        );
+        registry.register(
+            "webhooks_pending",
+            "Webhook deliveries pending (from the database at scrape time)",
+            webhooks_pending.clone(),
+        );
+        registry.register(
+            "webhooks_oldest_pending_seconds",
+            "Age of the oldest pending webhook delivery (from the database at scrape time)",
+            webhooks_oldest_pending.clone(),
+        );
+        registry.register(
+            "parked_jobs",
+            "Messages drained from the parking queue, by outcome (errored: the case is recorded errored; unmatched: nothing to record)",
+            parked_jobs.clone(),
         );
         registry.register(
             "events_consumed",
@@ -166,8 +191,13 @@ impl Metrics {
         );
         // Every outcome exists from the start (at zero), so `rate()` and alerts see the series
         // before the first failure.
-        for outcome in ["delivered", "rejected", "gave_up"] {
+        for outcome in crate::webhook::Outcome::ALL {
             let _ = webhooks.get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str().into(),
+            });
+        }
+        for outcome in ["errored", "unmatched"] {
+            let _ = parked_jobs.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
             });
         }
@@ -187,6 +217,9 @@ impl Metrics {
             sweeper_republished,
             runs_finalised,
             webhooks,
+            parked_jobs,
+            webhooks_pending,
+            webhooks_oldest_pending,
             events_consumed,
             runs_by_status,
             jobs_unpublished,

@@ -18,13 +18,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::aggregate::RunAggregator;
 use crate::auth::Tokens;
-use crate::broker::{consume_events, BrokerJobSink};
+use crate::broker::{consume, consume_events, BrokerJobSink};
 use crate::jobs::JobSink;
 use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
+use crate::parked::{ParkingDrain, PARKING_PREFETCH};
 use crate::routes::router;
 use crate::state::AppState;
-use crate::webhook::{WebhookPolicy, WebhookSender};
+use crate::webhook::{WebhookOutbox, WebhookPolicy};
 
 /// How long in-flight HTTP requests get to finish after shutdown begins.
 const HTTP_DRAIN: Duration = Duration::from_secs(20);
@@ -84,18 +85,24 @@ impl Application {
         if secret.is_none() {
             tracing::warn!("coordinator.webhook_secret is not set: webhooks are sent unsigned");
         }
-        let webhooks = WebhookSender::new(secret, WebhookPolicy::default())?;
+        let webhooks = WebhookOutbox::new(
+            store.clone(),
+            secret,
+            WebhookPolicy::from_settings(&settings.coordinator),
+            metrics.clone(),
+        )?;
         let aggregator = RunAggregator::new(
             store.clone(),
             launcher.clone(),
             metrics.clone(),
-            Some(webhooks),
+            Some(webhooks.clone()),
         );
         let state = AppState {
             store,
             sink,
             launcher,
             aggregator,
+            webhooks,
             metrics,
             strategies: Arc::new(StrategyRegistry::builtin().build()),
             limits: Arc::new(settings.limits.clone()),
@@ -170,7 +177,8 @@ impl Application {
     }
 }
 
-/// The events consumer and the sweeps (publishing, finalisation, expired model answers), each
+/// The events consumer, the webhook outbox and the sweeps (publishing, finalisation, expired
+/// model answers), each
 /// stopped by the token.
 fn spawn_background(
     tasks: &TaskTracker,
@@ -181,6 +189,25 @@ fn spawn_background(
     tasks.spawn(consume_events(
         settings.clone(),
         state.aggregator.clone(),
+        shutdown.clone(),
+    ));
+    // Every replica sends due webhook deliveries (claims keep them from sending one twice).
+    tasks.spawn(state.webhooks.clone().run(shutdown.clone()));
+    // And drains the parking queue into errored results (the broker hands each message to
+    // one of them).
+    let topology = skilleval_infra::topology::Topology::from_settings(settings);
+    let drain = ParkingDrain::new(
+        state.store.clone(),
+        state.aggregator.clone(),
+        state.metrics.clone(),
+        topology.jobs_queue(),
+    );
+    tasks.spawn(consume(
+        settings.clone(),
+        topology.parking_queue(),
+        "skilleval-coordinator-parking",
+        PARKING_PREFETCH,
+        drain,
         shutdown.clone(),
     ));
     let interval = Duration::from_secs(settings.coordinator.sweep_interval_secs.max(1));

@@ -10,6 +10,7 @@ use crate::aggregate::RunAggregator;
 use crate::jobs::JobSink;
 use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
+use crate::webhook::WebhookOutbox;
 
 /// Shared by every request: cheap to clone.
 #[derive(Clone)]
@@ -18,6 +19,8 @@ pub struct AppState {
     pub sink: Arc<dyn JobSink>,
     pub launcher: RunLauncher,
     pub aggregator: RunAggregator,
+    /// Sends the webhook outbox's deliveries.
+    pub webhooks: WebhookOutbox,
     pub metrics: Arc<Metrics>,
     /// Validates uploads (compiles every case's grader).
     pub strategies: Arc<StrategyRegistry>,

@@ -342,6 +342,17 @@ pub struct CoordinatorSettings {
     /// `SKILLEVAL__COORDINATOR__AUTH_TOKENS`.
     #[serde(default)]
     pub auth_tokens: Vec<Secret>,
+    /// Attempts of a webhook delivery before it is `failed` (backoff between them).
+    pub webhook_max_attempts: u32,
+    /// Timeout of one webhook attempt.
+    pub webhook_timeout_secs: u64,
+    /// How often every coordinator looks for due webhook deliveries (retries, and those of a
+    /// coordinator that died before sending).
+    pub webhook_poll_interval_ms: u64,
+    /// A webhook delivery is left alone until it is this old. 0 in production; tests set it
+    /// to hold a delivery between the run's finalisation and its sending (to kill the
+    /// coordinator in that window).
+    pub webhook_hold_ms: u64,
 }
 
 impl Default for CoordinatorSettings {
@@ -354,6 +365,10 @@ impl Default for CoordinatorSettings {
             sweep_interval_secs: 10,
             publish_grace_secs: 30,
             auth_tokens: Vec::new(),
+            webhook_max_attempts: 6,
+            webhook_timeout_secs: 10,
+            webhook_poll_interval_ms: 1_000,
+            webhook_hold_ms: 0,
         }
     }
 }

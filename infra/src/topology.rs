@@ -26,7 +26,9 @@
 //! **Poison guard.** The jobs queue has `x-delivery-limit`: a message redelivered that often
 //! (workers dying on it) is dead-lettered to the parking queue instead of looping forever.
 //! Workers store such a job `errored` before that limit (`worker.max_redeliveries`, below
-//! [`DELIVERY_LIMIT`]) so its run still completes; the broker's limit is the backstop.
+//! [`DELIVERY_LIMIT`]) so its run still completes; the broker's limit is the backstop: the
+//! coordinator drains the parking queue and records a parked job's case `errored` with the
+//! reason (`skilleval_coordinator::parked`).
 //!
 //! Queue arguments that depend on configuration are the retry tiers (the delay queues'
 //! names and TTLs): the coordinator and the workers must share `worker.retry_tiers_ms`, as they

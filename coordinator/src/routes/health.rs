@@ -72,6 +72,13 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         }
         Err(e) => tracing::warn!(error = %e, "metrics: could not read run gauges"),
     }
+    match state.store.webhook_backlog().await {
+        Ok((pending, oldest)) => {
+            state.metrics.webhooks_pending.set(pending);
+            state.metrics.webhooks_oldest_pending.set(oldest);
+        }
+        Err(e) => tracing::warn!(error = %e, "metrics: could not read the webhook backlog"),
+    }
     match state.sink.queue_depths().await {
         Some(Ok(depths)) => {
             for d in depths {

@@ -19,6 +19,7 @@ use crate::error::{log_server_errors, ApiError};
 use crate::metrics::HttpLabels;
 use crate::state::AppState;
 
+pub mod admin;
 pub mod health;
 pub mod runs;
 pub mod skills;
@@ -45,6 +46,8 @@ routes! {
     get "/v1/runs/{id}/results" => runs::results;
     get "/v1/runs/{id}/report" => runs::report;
     post "/v1/runs/{id}/cancel" => runs::cancel;
+    get "/v1/admin/parked" => admin::list_parked;
+    post "/v1/admin/parked/{id}/requeue" => admin::requeue_parked;
     get "/v1/openapi.json" => health::openapi;
     get "/healthz" => health::healthz;
     get "/readyz" => health::readyz;

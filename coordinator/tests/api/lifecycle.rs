@@ -61,12 +61,14 @@ async fn cancelling_a_completed_run_is_refused_and_changes_nothing() {
 async fn finalising_a_run_with_unrecorded_cases_or_a_finalised_run_is_refused() {
     let app = spawn_app().await;
     let run_id = run_of(&app, "early", 2).await;
+    let mut conn = app.pool.acquire().await.unwrap();
     let e = app
         .state
         .store
-        .finalise(run_id, &json!({}), "pass")
+        .finalise(&mut conn, run_id, &json!({}), "pass")
         .await
         .unwrap_err();
+    drop(conn);
     assert_eq!(refused(e), (Transition::Finalise, RunStatus::Running));
     assert_eq!(status(&app, run_id).await, ("running".into(), false, 0));
 
@@ -76,12 +78,14 @@ async fn finalising_a_run_with_unrecorded_cases_or_a_finalised_run_is_refused() 
         .await;
     assert_eq!(cancelled.status().as_u16(), 202);
     assert_eq!(status(&app, run_id).await, ("cancelled".into(), true, 2));
+    let mut conn = app.pool.acquire().await.unwrap();
     let e = app
         .state
         .store
-        .finalise(run_id, &json!({}), "pass")
+        .finalise(&mut conn, run_id, &json!({}), "pass")
         .await
         .unwrap_err();
+    drop(conn);
     assert_eq!(refused(e), (Transition::Finalise, RunStatus::Cancelled));
     assert!(!app.state.aggregator.finalise(run_id).await.unwrap());
     app.cleanup().await;

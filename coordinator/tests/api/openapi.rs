@@ -14,7 +14,7 @@ use crate::packages::{given_package, invalid_tests_package, zip_slip};
 
 const METHODS: &[&str] = &["get", "post", "put", "patch", "delete", "head", "options"];
 
-fn doc() -> Value {
+pub(crate) fn doc() -> Value {
     serde_json::from_str(OPENAPI_JSON).expect("openapi.json is JSON")
 }
 
@@ -121,7 +121,7 @@ fn check(doc: &Value, method: &str, route: &str, status: u16, body: &Value) {
 }
 
 /// `check` for a response whose status the test does not pin: whatever it answered must be listed.
-async fn check_response(doc: &Value, method: &str, route: &str, r: reqwest::Response) {
+pub(crate) async fn check_response(doc: &Value, method: &str, route: &str, r: reqwest::Response) {
     let status = r.status().as_u16();
     check(doc, method, route, status, &r.json().await.unwrap());
 }

@@ -17,6 +17,9 @@
 //!   the run completes. `cancelled` is the stop a user asked for, and the run's final status.
 //! - `finalise` happens once, when every planned case is recorded: the summary is stored and
 //!   the status becomes `completed` (a cancelled run stays `cancelled`).
+//! - `reopen` (an operator requeued a parked job): a `completed` run that was not stopped
+//!   gives the case's `errored` row back and is `running` again until that case is recorded,
+//!   when it finalises again (and announces it again).
 //!
 //! An illegal transition is refused with [`TransitionError`]: its guard matches no row and
 //! the run's state is read back to say why.
@@ -161,6 +164,8 @@ pub enum Transition {
     Cancel,
     WriteOff,
     Finalise,
+    /// A finalised run takes one case back (an operator requeued its parked job).
+    Reopen,
 }
 
 /// A run's lifecycle state (what a refused transition found it in). Read from the row's
@@ -374,9 +379,11 @@ impl Store {
     /// Finalises a run exactly once, when every planned case is recorded: stores the summary
     /// and verdict, sets `finished_at`, and the status `completed` (a cancelled run stays
     /// `cancelled`). Of racing callers one wins; the others are refused (their webhook must
-    /// not be sent).
+    /// not be sent). In the caller's transaction: what announces the finalisation (the
+    /// webhook, [`Store::enqueue_webhook`]) commits with it or not at all.
     pub async fn finalise(
         &self,
+        conn: &mut sqlx::PgConnection,
         run_id: Uuid,
         summary: &Value,
         verdict: &str,
@@ -392,12 +399,61 @@ impl Store {
         .bind(run_id)
         .bind(summary)
         .bind(verdict)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *conn)
         .await
         .map_err(StoreError::query("finalising a run"))?;
         match status {
             Some(status) => Ok(Finalised { status }),
             None => Err(self.refused(run_id, Transition::Finalise).await),
+        }
+    }
+
+    /// Reopens a finalised, completed run (not stopped) for one more case: the case's row is
+    /// deleted and its counters given back, the summary and verdict cleared, the status
+    /// `running` again; the run finalises again once the case is recorded. This is how an
+    /// operator's requeue of a parked job ([`Store::requeue_parked`]) makes the case run
+    /// again. A run not finalised yet only loses the row. In the caller's transaction; returns
+    /// whether the case's row was there and deleted.
+    pub(crate) async fn reopen_for_case(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        run_id: Uuid,
+        test_case_id: &str,
+    ) -> Result<bool, TransitionError> {
+        let reopened: Option<i32> = sqlx::query_scalar(
+            "WITH run AS (
+                 SELECT id FROM runs
+                 WHERE id = $1 AND stop_reason IS NULL
+                   AND status IN ('creating', 'running', 'completed')
+                 FOR NO KEY UPDATE
+             ), gone AS (
+                 DELETE FROM eval_results e USING run
+                 WHERE e.run_id = run.id AND e.test_case_id = $2 AND e.status = 'errored'
+                 RETURNING e.run_id
+             )
+             UPDATE runs r
+             SET completed = r.completed - 1, errored = r.errored - 1,
+                 finalised = false, summary = NULL, verdict = NULL, finished_at = NULL,
+                 status = CASE WHEN r.status = 'completed' THEN 'running' ELSE r.status END
+             FROM gone WHERE r.id = gone.run_id
+             RETURNING 1",
+        )
+        .bind(run_id)
+        .bind(test_case_id)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(StoreError::query("reopening a run for a requeued case"))?;
+        match reopened {
+            Some(_) => Ok(true),
+            None => match self.run_state(run_id).await? {
+                Some(state) if state.stop_reason.is_some() => Err(TransitionError::Illegal {
+                    run_id,
+                    transition: Transition::Reopen,
+                    state,
+                }),
+                Some(_) => Ok(false),
+                None => Err(TransitionError::NotFound(run_id)),
+            },
         }
     }
 }

@@ -6,7 +6,8 @@
 //! file per concern: [`lifecycle`] (a run's states and every transition), [`versions`]
 //! (skills, versions, definitions), [`runs`] (creating and reading runs and their results),
 //! [`publishing`] (watermarks, the publish lock, the sweeper's lists), [`results`] (the
-//! workers' writes), [`llm`] (the model response cache and fleet-wide provider rate limits).
+//! workers' writes), [`llm`] (the model response cache and fleet-wide provider rate limits), [`outbox`]
+//! (webhook deliveries), [`parked`] (jobs drained from the parking queue).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
@@ -25,6 +26,8 @@ use crate::config::{redact_url, DatabaseSettings};
 
 pub mod lifecycle;
 pub mod llm;
+pub mod outbox;
+pub mod parked;
 pub mod publishing;
 pub mod results;
 pub mod runs;

@@ -283,6 +283,41 @@ impl Store {
             .begin()
             .await
             .map_err(StoreError::query("starting the results transaction"))?;
+        let changed = record_columns(&mut tx, cols).await?;
+        tx.commit()
+            .await
+            .map_err(StoreError::query("committing results"))?;
+        Ok(changed)
+    }
+
+    /// [`Store::record_results`] in the caller's transaction (the parking drain records a
+    /// parked job's errored result with its parked row).
+    pub async fn record_results_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        results: &[JobResult],
+    ) -> Result<Vec<Changed>, StoreError> {
+        let mut seen = HashSet::with_capacity(results.len());
+        let mut cols = Columns::default();
+        for r in results {
+            if !r.status.is_final() || !seen.insert((r.run_id, r.test_case_id.as_str())) {
+                continue;
+            }
+            cols.push(r)?;
+        }
+        if cols.run_id.is_empty() {
+            return Ok(Vec::new());
+        }
+        record_columns(conn, cols).await
+    }
+}
+
+/// The insert, the counters and the budget stops of a batch, in `tx`.
+async fn record_columns(
+    tx: &mut sqlx::PgConnection,
+    cols: Columns<'_>,
+) -> Result<Vec<Changed>, StoreError> {
+    {
         let rows: Vec<RecordedRow> = sqlx::query_as(RECORD_RESULTS)
             .bind(cols.run_id)
             .bind(cols.test_case_id)
@@ -337,16 +372,13 @@ impl Store {
             }
         }
         for (run_id, reason) in &over {
-            let stopped = lifecycle::stop_in(&mut tx, *run_id, StopReason::Budget, reason)
+            let stopped = lifecycle::stop_in(&mut *tx, *run_id, StopReason::Budget, reason)
                 .await
                 .map_err(StoreError::query("stopping a run over its budget"))?;
             if stopped {
                 tracing::info!(%run_id, reason = %reason, "budget exceeded: run stopped");
             }
         }
-        tx.commit()
-            .await
-            .map_err(StoreError::query("committing results"))?;
         Ok(rows
             .into_iter()
             .filter_map(|(run_id, test_case_id, status, ..)| {
@@ -358,7 +390,9 @@ impl Store {
             })
             .collect())
     }
+}
 
+impl Store {
     /// Whether the run was cancelled or stopped by its budget (an unknown run is not): either
     /// way its remaining jobs must not run. A stopped run's rows are no longer `queued`, so
     /// whatever a worker records for them changes nothing; this only saves the execution (and

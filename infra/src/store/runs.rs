@@ -279,7 +279,10 @@ pub struct RunRow {
     pub stop_detail: Option<String>,
 }
 
-async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
+async fn get_run(
+    pool: impl sqlx::PgExecutor<'_>,
+    run_id: Uuid,
+) -> Result<Option<RunRow>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash, c.profile,
                 c.settings, r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
@@ -466,6 +469,17 @@ impl Store {
     /// A run as the API shows it (`None`: no such run).
     pub async fn get_run(&self, run_id: Uuid) -> Result<Option<RunRow>, StoreError> {
         get_run(self.pool(), run_id)
+            .await
+            .map_err(StoreError::query("reading a run"))
+    }
+
+    /// [`Store::get_run`] in the caller's transaction (what it wrote is visible).
+    pub async fn get_run_in(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+    ) -> Result<Option<RunRow>, StoreError> {
+        get_run(conn, run_id)
             .await
             .map_err(StoreError::query("reading a run"))
     }
