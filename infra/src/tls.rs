@@ -49,15 +49,21 @@ fn describe(e: &rustls::Error) -> String {
             "the server's certificate does not verify against the trusted CA certificates \
              ({e}): check the configured CA file"
         ),
+        rustls::Error::AlertReceived(AlertDescription::CertificateRequired) => format!(
+            "the server requires a client certificate and none was sent ({e}): configure one"
+        ),
         rustls::Error::AlertReceived(
-            AlertDescription::CertificateRequired
-            | AlertDescription::BadCertificate
+            AlertDescription::BadCertificate
             | AlertDescription::UnknownCA
-            | AlertDescription::HandshakeFailure
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateUnknown
             | AlertDescription::AccessDenied,
         ) => format!(
-            "the server refused the TLS handshake ({e}): it may require a client certificate, \
-             or not trust the one configured"
+            "the server does not accept the client certificate ({e}): it must be signed by a \
+             CA the server trusts"
+        ),
+        rustls::Error::AlertReceived(AlertDescription::HandshakeFailure) => format!(
+            "the server refused the TLS handshake ({e}): it may require a client certificate"
         ),
         _ => format!("the TLS handshake failed ({e})"),
     }
