@@ -128,7 +128,22 @@ pub enum BrokerError {
         url: String,
         problem: String,
         #[source]
-        source: lapin::Error,
+        source: Box<lapin::Error>,
+    },
+    /// An `amqps://` connection the broker reset or closed during the handshake. A broker
+    /// refusing the client certificate sends an alert and closes, but the reset often
+    /// overtakes the alert (in TLS 1.3 the client has already sent its first AMQP bytes), so
+    /// the likely cause is named while the error stays retryable (a restarting broker looks
+    /// the same).
+    #[error(
+        "connecting to RabbitMQ at {url}: {source}: the broker closed the TLS connection during \
+         the handshake; if it verifies its peers, check that amqp.tls_cert_file is set to a \
+         client certificate signed by a CA it trusts"
+    )]
+    ClosedOverTls {
+        url: String,
+        #[source]
+        source: Box<lapin::Error>,
     },
     /// A configured TLS file that cannot be read or does not hold what it should.
     #[error("TLS configuration problem: {key} ({path}): {problem}")]
@@ -192,13 +207,34 @@ pub async fn connect(settings: &Settings, name: &str) -> Result<Connection, Brok
             Some(problem) => BrokerError::Tls {
                 url: url.redacted(),
                 problem,
-                source,
+                source: Box::new(source),
             },
+            None if url.expose().starts_with("amqps://") && closed_by_peer(&source) => {
+                BrokerError::ClosedOverTls {
+                    url: url.redacted(),
+                    source: Box::new(source),
+                }
+            }
             None => BrokerError::Connect {
                 url: url.redacted(),
                 source,
             },
         })
+}
+
+/// Whether the connection was reset or closed under us (rather than refused, or timed out).
+fn closed_by_peer(err: &lapin::Error) -> bool {
+    use std::io::ErrorKind;
+    match err.kind() {
+        lapin::ErrorKind::IOError(io) => matches!(
+            io.kind(),
+            ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::UnexpectedEof
+                | ErrorKind::BrokenPipe
+        ),
+        _ => false,
+    }
 }
 
 /// The CA and client identity of `amqps://` connections, read from the configured files.

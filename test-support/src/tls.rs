@@ -373,6 +373,7 @@ impl Drop for PrivatePostgres {
 /// free loopback port, and a TLS listener with the generated server certificate that requires
 /// a client certificate signed by the test CA. No plugins. Stopped with `rabbitmqctl stop` on
 /// drop (SIGTERM, then SIGKILL, if that fails).
+
 #[derive(Debug)]
 pub struct PrivateRabbit {
     pub node: String,
