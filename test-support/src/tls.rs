@@ -27,8 +27,18 @@ use rcgen::{
 use tempfile::TempDir;
 use uuid::Uuid;
 
-/// Debian's PostgreSQL 15 server binaries.
-pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// Debian's PostgreSQL server binaries, the newest version installed (15 on bookworm).
+pub fn pg_bin() -> PathBuf {
+    let versions = fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL's server binaries in /usr/lib/postgresql (Debian's postgresql)");
+    versions
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|v| Path::new(&format!("/usr/lib/postgresql/{v}/bin/initdb")).is_file())
+        .max()
+        .map(|v| PathBuf::from(format!("/usr/lib/postgresql/{v}/bin")))
+        .expect("no /usr/lib/postgresql/<version>/bin/initdb")
+}
 /// RabbitMQ's scripts themselves, not `/usr/sbin`'s wrappers (which reset the environment).
 pub const RABBITMQ_BIN: &str = "/usr/lib/rabbitmq/bin";
 /// Where the system RabbitMQ keeps its Erlang cookie (the `rabbitmq` user's home).
@@ -260,7 +270,7 @@ fn log_file(path: &Path) -> (fs::File, fs::File) {
     (file, copy)
 }
 
-/// A PostgreSQL 15 instance of this test: `ssl = on` with the generated server certificate,
+/// A PostgreSQL instance of this test: `ssl = on` with the generated server certificate,
 /// TLS connections only (`hostssl` lines), listening on 127.0.0.1 and on 127.0.0.2, an
 /// address the certificate does not name. Trust authentication, except for the role `guest`
 /// (which the test creates), authenticated by a client certificate for `CN=guest` signed by
@@ -279,7 +289,8 @@ impl PrivatePostgres {
         let dir = world_readable_tempdir();
         let data = dir.path().join("data");
         user.own(dir.path());
-        let mut initdb = user.command(&Path::new(PG_BIN).join("initdb"));
+        let bin = pg_bin();
+        let mut initdb = user.command(&bin.join("initdb"));
         initdb.arg("-D").arg(&data).args([
             "-U",
             "postgres",
@@ -303,7 +314,7 @@ impl PrivatePostgres {
         let port = free_port();
         let log = dir.path().join("postgres.log");
         let (out, err) = log_file(&log);
-        let mut postgres = user.command(&Path::new(PG_BIN).join("postgres"));
+        let mut postgres = user.command(&bin.join("postgres"));
         postgres
             .arg("-D")
             .arg(&data)
@@ -334,7 +345,7 @@ impl PrivatePostgres {
         // Listening is not accepting yet: wait for the end of startup.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let ready = Command::new(Path::new(PG_BIN).join("pg_isready"))
+            let ready = Command::new(bin.join("pg_isready"))
                 .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
                 .status()
                 .is_ok_and(|s| s.success());
