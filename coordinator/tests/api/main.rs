@@ -20,4 +20,5 @@ mod packages;
 mod publish;
 mod runs;
 mod submit;
+mod tls;
 mod upload;
