@@ -48,10 +48,9 @@ pub struct Application {
 /// The `migrate` subcommand (`serve` applies migrations too): creates the database first when
 /// `create_database` allows it and it is missing, then applies the pending migrations.
 pub async fn migrate(settings: &Settings, create_database: bool) -> anyhow::Result<()> {
-    if create_database
-        && skilleval_infra::store::create_database_if_missing(settings.database.url.expose())
-            .await?
-    {
+    // The URL with the configured TLS settings, so the database is created over TLS too.
+    let url = settings.database.connect_url()?;
+    if create_database && skilleval_infra::store::create_database_if_missing(url.expose()).await? {
         tracing::info!(database = %settings.database.url.redacted(), "database created");
     }
     let store = Store::connect(&settings.database).await?;

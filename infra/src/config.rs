@@ -184,11 +184,26 @@ impl LlmSettings {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DatabaseSettings {
-    /// `postgres://user:password@host:port/db`; `DATABASE_URL` overrides it.
+    /// `postgres://user:password@host:port/db`; `DATABASE_URL` overrides it. libpq's TLS
+    /// parameters work in it too (`?sslmode=verify-full&sslrootcert=/etc/ssl/pg-ca.pem`).
     pub url: SecretUrl,
     pub max_connections: u32,
     /// How long a query waits for a pooled connection before failing.
     pub acquire_timeout_secs: u64,
+    /// TLS to the server (libpq's `sslmode`); replaces the URL's. None: the URL's, else
+    /// `prefer`.
+    #[serde(default)]
+    pub ssl_mode: Option<PgSslMode>,
+    /// PEM file of the CA(s) the server's certificate must chain to, on top of the system's
+    /// roots (libpq's `sslrootcert`); replaces the URL's.
+    #[serde(default)]
+    pub ssl_root_cert: Option<PathBuf>,
+    /// A client certificate (PEM) and its key (PEM), for servers that ask for one (libpq's
+    /// `sslcert` and `sslkey`); both or neither.
+    #[serde(default)]
+    pub ssl_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub ssl_key: Option<PathBuf>,
 }
 
 impl Default for DatabaseSettings {
@@ -197,7 +212,83 @@ impl Default for DatabaseSettings {
             url: SecretUrl::new("postgres://postgres@127.0.0.1:5432/skilleval"),
             max_connections: 10,
             acquire_timeout_secs: 10,
+            ssl_mode: None,
+            ssl_root_cert: None,
+            ssl_cert: None,
+            ssl_key: None,
         }
+    }
+}
+
+/// libpq's `sslmode` values, as PostgreSQL documents them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PgSslMode {
+    /// Never TLS.
+    Disable,
+    /// Plain first, TLS if the server insists.
+    Allow,
+    /// TLS if the server offers it, without verifying its certificate.
+    Prefer,
+    /// TLS or nothing, without verifying the certificate.
+    Require,
+    /// TLS, the certificate chaining to a trusted CA.
+    VerifyCa,
+    /// TLS, the certificate chaining to a trusted CA and naming the host connected to.
+    VerifyFull,
+}
+
+impl PgSslMode {
+    /// The value of the URL's `sslmode` parameter.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PgSslMode::Disable => "disable",
+            PgSslMode::Allow => "allow",
+            PgSslMode::Prefer => "prefer",
+            PgSslMode::Require => "require",
+            PgSslMode::VerifyCa => "verify-ca",
+            PgSslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+impl DatabaseSettings {
+    /// The URL to connect with: the configured one with the TLS settings set here written
+    /// into its query (each replacing the URL's own parameter of that name), so everything
+    /// that connects by URL (the pool, `migrate --create-database`) uses the same TLS.
+    pub fn connect_url(&self) -> Result<SecretUrl, ConfigError> {
+        let files = [
+            ("sslrootcert", &self.ssl_root_cert),
+            ("sslcert", &self.ssl_cert),
+            ("sslkey", &self.ssl_key),
+        ];
+        let mut set: Vec<(&str, String)> = files
+            .iter()
+            .filter_map(|(name, path)| {
+                path.as_ref()
+                    .map(|p| (*name, p.to_string_lossy().into_owned()))
+            })
+            .collect();
+        if let Some(mode) = self.ssl_mode {
+            set.push(("sslmode", mode.as_str().to_string()));
+        }
+        if set.is_empty() {
+            return Ok(self.url.clone());
+        }
+        let mut url = url::Url::parse(self.url.expose()).map_err(|e| ConfigError::Invalid {
+            key: "database.url",
+            message: format!("not a URL ({e}): {}", self.url.redacted()),
+        })?;
+        let kept: Vec<(String, String)> = url
+            .query_pairs()
+            .filter(|(k, _)| !set.iter().any(|(name, _)| k == name))
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        url.query_pairs_mut()
+            .clear()
+            .extend_pairs(kept)
+            .extend_pairs(set);
+        Ok(SecretUrl::new(String::from(url)))
     }
 }
 
@@ -213,6 +304,17 @@ pub struct AmqpSettings {
     pub heartbeat_secs: u16,
     /// Shown by `rabbitmqctl list_connections` (default: the binary's name, host and pid).
     pub connection_name: Option<String>,
+    /// With an `amqps://` URL: a PEM file of the CA(s) the broker's certificate must chain to,
+    /// on top of the system's roots. The certificate must name the URL's host.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// With an `amqps://` URL: a client certificate (PEM, the chain from the leaf) and its
+    /// private key (PEM: PKCS#8, PKCS#1 or SEC1), for brokers that verify their peers; both
+    /// or neither.
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for AmqpSettings {
@@ -222,6 +324,9 @@ impl Default for AmqpSettings {
             prefix: "skilleval".into(),
             heartbeat_secs: 10,
             connection_name: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -512,6 +617,72 @@ impl Settings {
         if self.database.max_connections == 0 {
             return invalid("database.max_connections", "must be at least 1");
         }
+        self.validate_tls()
+    }
+
+    /// TLS files: named ones exist, a certificate comes with its key, and the broker's are set
+    /// only for an `amqps://` URL (they would be ignored silently on a plain one).
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let db = &self.database;
+        let amqp = &self.amqp;
+        let files = [
+            ("database.ssl_root_cert", &db.ssl_root_cert),
+            ("database.ssl_cert", &db.ssl_cert),
+            ("database.ssl_key", &db.ssl_key),
+            ("amqp.tls_ca_file", &amqp.tls_ca_file),
+            ("amqp.tls_cert_file", &amqp.tls_cert_file),
+            ("amqp.tls_key_file", &amqp.tls_key_file),
+        ];
+        for (key, path) in files {
+            if let Some(path) = path.as_ref().filter(|p| !p.is_file()) {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: format!("{} is not a readable file", path.display()),
+                });
+            }
+        }
+        let pairs = [
+            (
+                "database.ssl_cert",
+                &db.ssl_cert,
+                "database.ssl_key",
+                &db.ssl_key,
+            ),
+            (
+                "amqp.tls_cert_file",
+                &amqp.tls_cert_file,
+                "amqp.tls_key_file",
+                &amqp.tls_key_file,
+            ),
+        ];
+        for (cert_key, cert, key_key, key) in pairs {
+            if cert.is_some() != key.is_some() {
+                let (set, missing) = if cert.is_some() {
+                    (cert_key, key_key)
+                } else {
+                    (key_key, cert_key)
+                };
+                return Err(ConfigError::Invalid {
+                    key: missing,
+                    message: format!("must be set together with {set}"),
+                });
+            }
+        }
+        let amqp_tls = [
+            ("amqp.tls_ca_file", &amqp.tls_ca_file),
+            ("amqp.tls_cert_file", &amqp.tls_cert_file),
+        ];
+        if let Some((key, _)) = amqp_tls.iter().find(|(_, path)| path.is_some()) {
+            if !amqp.url.expose().starts_with("amqps://") {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: format!(
+                        "is set but amqp.url ({}) is not amqps://: TLS would not be used",
+                        amqp.url.redacted()
+                    ),
+                });
+            }
+        }
         Ok(())
     }
 }
@@ -662,6 +833,88 @@ mod tests {
             s.amqp.connect_url().expose(),
             "amqp://g:g@h:5672/%2f?heartbeat=10"
         );
+    }
+
+    #[test]
+    fn database_tls_settings_are_written_into_the_url_over_its_own() {
+        let dir = tempfile_dir();
+        let ca = dir.join("ca dir&x.pem");
+        std::fs::write(&ca, "not read here").unwrap();
+        let s = Settings::load_from(&env(&[
+            (
+                "DATABASE_URL",
+                "postgres://u:pw@db.example:5432/x?sslmode=require&application_name=se",
+            ),
+            ("SKILLEVAL__DATABASE__SSL_MODE", "verify-full"),
+            ("SKILLEVAL__DATABASE__SSL_ROOT_CERT", ca.to_str().unwrap()),
+        ]))
+        .unwrap();
+        assert_eq!(s.database.ssl_mode, Some(PgSslMode::VerifyFull));
+        let url = s.database.connect_url().unwrap();
+        let parsed = url::Url::parse(url.expose()).unwrap();
+        let query: Vec<(String, String)> = parsed.query_pairs().into_owned().collect();
+        assert_eq!(
+            query,
+            vec![
+                ("application_name".into(), "se".into()),
+                ("sslrootcert".into(), ca.to_str().unwrap().into()),
+                ("sslmode".into(), "verify-full".into()),
+            ],
+            "the configured mode replaces the URL's; the path survives the round trip"
+        );
+        assert_eq!(parsed.password(), Some("pw"));
+
+        let plain = Settings::load_from(&env(&[])).unwrap();
+        assert_eq!(
+            plain.database.connect_url().unwrap().expose(),
+            plain.database.url.expose(),
+            "no TLS settings: the URL as configured"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn tls_files_must_exist_pair_up_and_match_the_scheme() {
+        let dir = tempfile_dir();
+        let pem = dir.join("x.pem");
+        std::fs::write(&pem, "").unwrap();
+        let pem = pem.to_str().unwrap();
+
+        let err = Settings::load_from(&env(&[(
+            "SKILLEVAL__DATABASE__SSL_ROOT_CERT",
+            "/nonexistent/ca.pem",
+        )]))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("database.ssl_root_cert")
+                && err.to_string().contains("/nonexistent/ca.pem"),
+            "{err}"
+        );
+
+        let err = Settings::load_from(&env(&[("SKILLEVAL__DATABASE__SSL_CERT", pem)])).unwrap_err();
+        assert!(err.to_string().contains("database.ssl_key"), "{err}");
+
+        let err = Settings::load_from(&env(&[("SKILLEVAL__AMQP__TLS_CA_FILE", pem)])).unwrap_err();
+        assert!(
+            err.to_string().contains("amqp.tls_ca_file") && err.to_string().contains("amqps://"),
+            "{err}"
+        );
+        let err = Settings::load_from(&env(&[
+            ("AMQP_URL", "amqps://g:g@h:5671/%2f"),
+            ("SKILLEVAL__AMQP__TLS_KEY_FILE", pem),
+        ]))
+        .unwrap_err();
+        assert!(err.to_string().contains("amqp.tls_cert_file"), "{err}");
+
+        let s = Settings::load_from(&env(&[
+            ("AMQP_URL", "amqps://g:g@h:5671/%2f"),
+            ("SKILLEVAL__AMQP__TLS_CA_FILE", pem),
+            ("SKILLEVAL__AMQP__TLS_CERT_FILE", pem),
+            ("SKILLEVAL__AMQP__TLS_KEY_FILE", pem),
+        ]))
+        .unwrap();
+        assert_eq!(s.amqp.tls_ca_file.as_deref(), Some(Path::new(pem)));
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -8,12 +8,14 @@
 //! - [`store`] is where every SQL statement lives: the pool, the migrations, the workers' result
 //!   writes ([`store::results`]) and the coordinator's runs ([`store::runs`]).
 //! - [`topology`] names and declares every exchange and queue, and publishes with confirms.
+//! - [`tls`] tells a certificate that does not verify from a network fault, for both.
 //! - [`messages`] is the wire format of what travels over the broker: jobs and case events.
 
 pub mod config;
 pub mod messages;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod topology;
 
 /// The allocator of every service process (coordinator, workers, and the benchmark that runs

@@ -38,6 +38,7 @@
 //! that already exists with different arguments fails with `PRECONDITION_FAILED`; change
 //! arguments by deploying under a new prefix or deleting the old queues.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +47,7 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
@@ -53,7 +55,7 @@ use lapin::{
 };
 use skilleval::plan::Job;
 
-use crate::config::Settings;
+use crate::config::{AmqpSettings, Settings};
 use crate::messages::{self, CaseFinished, CasesFinished, EncodedJob, MessageError};
 
 /// Routing key of CI jobs on the jobs exchange.
@@ -119,6 +121,39 @@ pub enum BrokerError {
         #[source]
         source: lapin::Error,
     },
+    /// The TLS handshake failed on a certificate: a configuration problem, not retried.
+    #[error(
+        "connecting to RabbitMQ at {url}: TLS configuration problem: {problem} \
+         (amqp.tls_ca_file, amqp.tls_cert_file, amqp.tls_key_file)"
+    )]
+    Tls {
+        url: String,
+        problem: String,
+        #[source]
+        source: Box<lapin::Error>,
+    },
+    /// An `amqps://` connection the broker reset or closed during the handshake. A broker
+    /// refusing the client certificate sends an alert and closes, but the reset often
+    /// overtakes the alert (in TLS 1.3 the client has already sent its first AMQP bytes), so
+    /// the likely cause is named while the error stays retryable (a restarting broker looks
+    /// the same).
+    #[error(
+        "connecting to RabbitMQ at {url}: {source}: the broker closed the TLS connection during \
+         the handshake; if it verifies its peers, check that amqp.tls_cert_file is set to a \
+         client certificate signed by a CA it trusts"
+    )]
+    ClosedOverTls {
+        url: String,
+        #[source]
+        source: Box<lapin::Error>,
+    },
+    /// A configured TLS file that cannot be read or does not hold what it should.
+    #[error("TLS configuration problem: {key} ({path}): {problem}")]
+    TlsFile {
+        key: &'static str,
+        path: String,
+        problem: String,
+    },
     #[error("{context}: {source}")]
     Amqp {
         context: String,
@@ -148,19 +183,128 @@ impl BrokerError {
         let context = context.into();
         move |source| BrokerError::Amqp { context, source }
     }
+
+    /// Whether this is a configuration problem that no reconnect can fix (TLS files that do
+    /// not load, a certificate that does not verify).
+    pub fn is_configuration(&self) -> bool {
+        matches!(self, BrokerError::Tls { .. } | BrokerError::TlsFile { .. })
+    }
 }
 
 /// Opens a connection named `name` (shown by `rabbitmqctl list_connections`) with the
-/// configured heartbeat.
+/// configured heartbeat, over TLS with the configured CA and client certificate when the URL
+/// is `amqps://`. The certificate files are read at each connect, so renewed ones are used
+/// from the next reconnect on.
 pub async fn connect(settings: &Settings, name: &str) -> Result<Connection, BrokerError> {
     let url = settings.amqp.connect_url();
     let properties = ConnectionProperties::default().with_connection_name(LongString::from(name));
-    Connection::connect(url.expose(), properties)
+    let tls = tls_config(&settings.amqp)?;
+    let runtime = lapin::runtime::default_runtime().map_err(|source| BrokerError::Connect {
+        url: url.redacted(),
+        source,
+    })?;
+    Connection::connect_with_config(url.expose(), properties, tls, runtime)
         .await
-        .map_err(|source| BrokerError::Connect {
-            url: url.redacted(),
-            source,
+        .map_err(|source| match crate::tls::certificate_problem(&source) {
+            Some(problem) => BrokerError::Tls {
+                url: url.redacted(),
+                problem,
+                source: Box::new(source),
+            },
+            None if url.expose().starts_with("amqps://") && closed_by_peer(&source) => {
+                BrokerError::ClosedOverTls {
+                    url: url.redacted(),
+                    source: Box::new(source),
+                }
+            }
+            None => BrokerError::Connect {
+                url: url.redacted(),
+                source,
+            },
         })
+}
+
+/// Whether the connection was reset or closed under us (rather than refused, or timed out).
+fn closed_by_peer(err: &lapin::Error) -> bool {
+    use std::io::ErrorKind;
+    match err.kind() {
+        lapin::ErrorKind::IOError(io) => matches!(
+            io.kind(),
+            ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::UnexpectedEof
+                | ErrorKind::BrokenPipe
+        ),
+        _ => false,
+    }
+}
+
+/// The CA and client identity of `amqps://` connections, read from the configured files.
+/// Each file must hold what it is named for: lapin skips unparseable CA certificates silently,
+/// which would turn a wrong file into a puzzling "unknown issuer" later.
+fn tls_config(amqp: &AmqpSettings) -> Result<OwnedTLSConfig, BrokerError> {
+    let cert_chain = match &amqp.tls_ca_file {
+        Some(path) => {
+            let bytes = read_certificates("amqp.tls_ca_file", path)?;
+            Some(String::from_utf8_lossy(&bytes).into_owned())
+        }
+        None => None,
+    };
+    let identity = match (&amqp.tls_cert_file, &amqp.tls_key_file) {
+        (Some(cert), Some(key)) => Some(OwnedIdentity::PKCS8 {
+            pem: read_certificates("amqp.tls_cert_file", cert)?,
+            key: read_private_key("amqp.tls_key_file", key)?,
+        }),
+        (None, None) => None,
+        (Some(path), None) => {
+            return Err(tls_file(
+                "amqp.tls_cert_file",
+                path,
+                "set without amqp.tls_key_file",
+            ))
+        }
+        (None, Some(path)) => {
+            return Err(tls_file(
+                "amqp.tls_key_file",
+                path,
+                "set without amqp.tls_cert_file",
+            ))
+        }
+    };
+    Ok(OwnedTLSConfig {
+        identity,
+        cert_chain,
+    })
+}
+
+fn tls_file(key: &'static str, path: &Path, problem: impl Into<String>) -> BrokerError {
+    BrokerError::TlsFile {
+        key,
+        path: path.display().to_string(),
+        problem: problem.into(),
+    }
+}
+
+/// The file's bytes when it holds one PEM certificate or more, and nothing unparseable.
+fn read_certificates(key: &'static str, path: &Path) -> Result<Vec<u8>, BrokerError> {
+    use rustls::pki_types::{pem::PemObject as _, CertificateDer};
+    let bytes = std::fs::read(path).map_err(|e| tls_file(key, path, e.to_string()))?;
+    let certificates = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls_file(key, path, format!("not PEM certificates: {e}")))?;
+    if certificates.is_empty() {
+        return Err(tls_file(key, path, "holds no PEM certificate"));
+    }
+    Ok(bytes)
+}
+
+/// The file's bytes when it holds a PEM private key.
+fn read_private_key(key: &'static str, path: &Path) -> Result<Vec<u8>, BrokerError> {
+    use rustls::pki_types::{pem::PemObject as _, PrivateKeyDer};
+    let bytes = std::fs::read(path).map_err(|e| tls_file(key, path, e.to_string()))?;
+    PrivateKeyDer::from_pem_slice(&bytes)
+        .map_err(|e| tls_file(key, path, format!("not a PEM private key: {e}")))?;
+    Ok(bytes)
 }
 
 /// The names and arguments of every exchange and queue.

@@ -56,6 +56,10 @@ const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 pub enum WorkerError {
     #[error("the broker stayed unreachable after {attempts} attempts: {last}")]
     BrokerUnavailable { attempts: u32, last: String },
+    /// Connecting cannot work as configured (a certificate that does not verify, TLS files
+    /// that do not load): reported at once instead of after every reconnect attempt.
+    #[error(transparent)]
+    BrokerConfiguration(BrokerError),
     #[error("preparing the package cache {dir}: {source}")]
     Cache {
         dir: String,
@@ -445,6 +449,9 @@ impl Worker {
                             last: reason,
                         });
                     }
+                }
+                Err(e) if e.is_configuration() => {
+                    break Err(WorkerError::BrokerConfiguration(e));
                 }
                 Err(e) => {
                     failures += 1;

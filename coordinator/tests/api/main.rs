@@ -21,5 +21,6 @@ mod parked;
 mod publish;
 mod runs;
 mod submit;
+mod tls;
 mod upload;
 mod webhooks;

@@ -46,6 +46,20 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// The TLS handshake failed on a certificate, or TLS is configured in a way the server
+    /// cannot meet: a configuration problem, not retried.
+    #[error(
+        "connecting to PostgreSQL at {url}: TLS configuration problem: {problem} \
+         (database.ssl_mode, database.ssl_root_cert, or sslmode/sslrootcert in the URL)"
+    )]
+    Tls {
+        url: String,
+        problem: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error(transparent)]
+    Config(crate::config::ConfigError),
     #[error("applying migrations: {0}")]
     Migrate(#[from] MigrateError),
     #[error("{context}: {source}")]
@@ -61,13 +75,44 @@ impl StoreError {
         move |source| StoreError::Query { context, source }
     }
 
+    /// A failed connection to `url` (already redacted): [`StoreError::Tls`] when TLS is why.
+    pub(crate) fn connect(url: String) -> impl FnOnce(sqlx::Error) -> StoreError {
+        move |source| {
+            let problem = match &source {
+                // sqlx's own TLS errors: the server does not offer TLS where it is required,
+                // an unreadable CA or key, a client certificate without its key.
+                sqlx::Error::Tls(e) => Some(
+                    crate::tls::certificate_problem(e.as_ref()).unwrap_or_else(|| e.to_string()),
+                ),
+                // The handshake itself, as an I/O error wrapping rustls's.
+                sqlx::Error::Io(e) => crate::tls::certificate_problem(e),
+                _ => None,
+            };
+            match problem {
+                Some(problem) => StoreError::Tls {
+                    url,
+                    problem,
+                    source,
+                },
+                None => StoreError::Connect { url, source },
+            }
+        }
+    }
+
+    /// Whether this is a configuration problem that no retry can fix (TLS, the URL).
+    pub fn is_configuration(&self) -> bool {
+        matches!(self, StoreError::Tls { .. } | StoreError::Config(_))
+    }
+
     /// Whether the same call could succeed later: a lost connection, a pool timeout, a
     /// deadlock or serialisation failure, a server shutting down. Not: a constraint violation,
     /// a bad query, a value that does not decode.
     pub fn is_transient(&self) -> bool {
         let source = match self {
             StoreError::Connect { .. } => return true,
-            StoreError::Migrate(_) => return false,
+            StoreError::Tls { .. } | StoreError::Config(_) | StoreError::Migrate(_) => {
+                return false
+            }
             StoreError::Query { source, .. } => source,
         };
         match source {
@@ -97,17 +142,16 @@ pub struct Store {
 }
 
 impl Store {
-    /// Connects a pool as configured (one connection is opened now, to fail early).
+    /// Connects a pool as configured, TLS included (one connection is opened now, to fail
+    /// early).
     pub async fn connect(settings: &DatabaseSettings) -> Result<Store, StoreError> {
+        let url = settings.connect_url().map_err(StoreError::Config)?;
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(Duration::from_secs(settings.acquire_timeout_secs))
-            .connect(settings.url.expose())
+            .connect(url.expose())
             .await
-            .map_err(|source| StoreError::Connect {
-                url: settings.url.redacted(),
-                source,
-            })?;
+            .map_err(StoreError::connect(url.redacted()))?;
         Ok(Store { pool })
     }
 
@@ -118,10 +162,7 @@ impl Store {
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await
-            .map_err(|source| StoreError::Connect {
-                url: redact_url(url),
-                source,
-            })?;
+            .map_err(StoreError::connect(redact_url(url)))?;
         Ok(Store { pool })
     }
 
@@ -185,13 +226,9 @@ impl fmt::Display for SchemaStatus {
 /// `postgres` maintenance database); returns whether it created it.
 pub async fn create_database_if_missing(url: &str) -> Result<bool, StoreError> {
     use sqlx::migrate::MigrateDatabase as _;
-    let connect = |source| StoreError::Connect {
-        url: redact_url(url),
-        source,
-    };
     if sqlx::Postgres::database_exists(url)
         .await
-        .map_err(connect)?
+        .map_err(StoreError::connect(redact_url(url)))?
     {
         return Ok(false);
     }

@@ -10,3 +10,4 @@ mod pipeline;
 mod processes;
 mod sandbox;
 mod schema;
+mod tls;
