@@ -847,7 +847,7 @@ pub struct PreparedRun {
 pub type JobChunks = tokio::sync::mpsc::Receiver<Result<Vec<Job>, TextError>>;
 
 /// A version's stored definition, read for planning.
-fn read_definition(stored: StoredDefinition) -> Result<DefinitionText, TextError> {
+pub(crate) fn read_definition(stored: StoredDefinition) -> Result<DefinitionText, TextError> {
     match stored {
         StoredDefinition::Deflated(bytes) => DefinitionText::from_deflated(bytes),
         StoredDefinition::Text(text) => DefinitionText::parse(text),

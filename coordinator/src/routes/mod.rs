@@ -19,7 +19,9 @@ use crate::error::{log_server_errors, ApiError};
 use crate::metrics::HttpLabels;
 use crate::state::AppState;
 
+pub mod comparisons;
 pub mod health;
+pub mod history;
 pub mod runs;
 pub mod skills;
 
@@ -40,6 +42,10 @@ macro_rules! routes {
 routes! {
     post "/v1/skills" => skills::upload;
     get "/v1/skills/{name}/versions" => skills::versions;
+    get "/v1/skills/{name}/history" => history::history;
+    get "/v1/skills/{name}/benchmark" => history::benchmark;
+    post "/v1/comparisons" => comparisons::create;
+    get "/v1/comparisons/{id}" => comparisons::get_comparison;
     post "/v1/runs" => runs::create;
     get "/v1/runs/{id}" => runs::get_run;
     get "/v1/runs/{id}/results" => runs::results;

@@ -21,3 +21,4 @@ mod publish;
 mod runs;
 mod submit;
 mod upload;
+mod versions;

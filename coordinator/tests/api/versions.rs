@@ -1,0 +1,306 @@
+//! Versions and comparisons (issue 18): a skill's history and benchmark after three uploads
+//! whose pass rate changes, comparisons of runs and versions stored and read back, and the
+//! refusals (`not_comparable` unless forced, unknown ids, unfinished runs) naming the field.
+
+use serde_json::{json, Value};
+use skilleval::executor::CaseStatus;
+use uuid::Uuid;
+
+use crate::helpers::{record_as_worker, TestApp};
+use crate::packages::{given_tests, zip_of};
+
+/// A `given` package of `cases` cases whose SKILL.md body is `body` (a new body is a new
+/// version with the same definition); `expected` is what every case expects.
+pub(crate) fn versioned_package(name: &str, body: &str, cases: usize, expected: &str) -> Vec<u8> {
+    let outputs = vec!["ok"; cases];
+    let mut tests = given_tests(&outputs, json!({}));
+    for case in tests["testCases"].as_array_mut().unwrap() {
+        case["expected"]["output"] = json!(expected);
+    }
+    let skill = format!(
+        "---\nname: {name}\ndescription: A skill whose versions are compared.\n---\n\n{body}\n"
+    );
+    zip_of(&[
+        ("SKILL.md", skill.as_bytes()),
+        (
+            "eval/tests.json",
+            &serde_json::to_vec_pretty(&tests).unwrap(),
+        ),
+    ])
+}
+
+/// Uploads a version, records `failing` of its cases as failed (score 0) and the rest as
+/// passed (score 1) as a worker would, and finalises the run. Returns (version id, run id).
+pub(crate) async fn upload_and_finish(
+    app: &TestApp,
+    zip: Vec<u8>,
+    query: &str,
+    failing: &[usize],
+) -> (Uuid, Uuid) {
+    let response = app.upload_zip(zip, query).await;
+    assert_eq!(response.status().as_u16(), 201);
+    let body: Value = response.json().await.unwrap();
+    let version_id: Uuid = body["version_id"].as_str().unwrap().parse().unwrap();
+    let run_id: Uuid = body["run_id"].as_str().unwrap().parse().unwrap();
+    let cases = body["test_cases"].as_u64().unwrap() as usize;
+    app.wait_created(run_id).await;
+    let ids: Vec<String> = (0..cases).map(|i| format!("case-{i:03}")).collect();
+    let outcomes: Vec<(&str, CaseStatus, f64)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            if failing.contains(&i) {
+                (id.as_str(), CaseStatus::Failed, 0.0)
+            } else {
+                (id.as_str(), CaseStatus::Passed, 1.0)
+            }
+        })
+        .collect();
+    record_as_worker(app, run_id, &outcomes).await;
+    assert!(app.state.aggregator.finalise(run_id).await.unwrap());
+    (version_id, run_id)
+}
+
+#[tokio::test]
+async fn history_and_benchmark_follow_three_versions_whose_pass_rate_changes() {
+    let app = crate::helpers::spawn_app().await;
+    let name = "changing-skill";
+    let ten: Vec<usize> = (0..10).collect();
+    // v1: all 20 pass; v2: 10 fail (a real drop: 10 pass→fail flips, none back); v3: all pass.
+    let (v1, r1) =
+        upload_and_finish(&app, versioned_package(name, "One.", 20, "ok"), "", &[]).await;
+    let (v2, r2) =
+        upload_and_finish(&app, versioned_package(name, "Two.", 20, "ok"), "", &ten).await;
+    let (v3, r3) =
+        upload_and_finish(&app, versioned_package(name, "Three.", 20, "ok"), "", &[]).await;
+
+    let (status, history) = app.get_json(&format!("/v1/skills/{name}/history")).await;
+    assert_eq!(status, 200, "{history}");
+    let versions = history["versions"].as_array().unwrap();
+    let ids: Vec<&str> = versions
+        .iter()
+        .map(|v| v["version_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![v3.to_string(), v2.to_string(), v1.to_string()],
+        "newest first"
+    );
+    let runs: Vec<&str> = versions
+        .iter()
+        .map(|v| v["latest_run"]["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(runs, vec![r3.to_string(), r2.to_string(), r1.to_string()]);
+    let rates: Vec<f64> = versions
+        .iter()
+        .map(|v| v["latest_run"]["summary"]["pass_rate"].as_f64().unwrap())
+        .collect();
+    assert_eq!(rates, vec![1.0, 0.5, 1.0]);
+    for v in versions {
+        assert_eq!(v["description_hash"].as_str().unwrap().len(), 64);
+        assert_eq!(v["package_hash"].as_str().unwrap().len(), 64);
+    }
+    assert_ne!(versions[0]["package_hash"], versions[1]["package_hash"]);
+    assert_eq!(
+        versions[0]["previous"]["outcome"], "better",
+        "{}",
+        versions[0]
+    );
+    assert_eq!(versions[0]["previous"]["version_id"], v2.to_string());
+    assert_eq!(
+        versions[1]["previous"]["outcome"], "worse",
+        "{}",
+        versions[1]
+    );
+    assert_eq!(
+        versions[1]["previous"]["pass_rate_delta"].as_f64(),
+        Some(-0.5)
+    );
+    assert_eq!(
+        versions[1]["previous"]["regressed_cases"]
+            .as_array()
+            .unwrap()
+            .len(),
+        10
+    );
+    assert!(
+        versions[2]["previous"].is_null(),
+        "the first version has none"
+    );
+    assert_eq!(history["next_cursor"], Value::Null);
+    let doc = crate::openapi::doc();
+    crate::openapi::check(&doc, "get", "/v1/skills/{name}/history", 200, &history);
+
+    // The comparisons are stored once and reused by the next read.
+    assert_eq!(app.count("comparisons").await, 2);
+    let (_, again) = app.get_json(&format!("/v1/skills/{name}/history")).await;
+    assert_eq!(app.count("comparisons").await, 2);
+    assert_eq!(
+        again["versions"][1]["previous"]["comparison_id"],
+        versions[1]["previous"]["comparison_id"]
+    );
+
+    // Keyset pages: two, then one.
+    let (_, first) = app
+        .get_json(&format!("/v1/skills/{name}/history?limit=2"))
+        .await;
+    assert_eq!(first["versions"].as_array().unwrap().len(), 2);
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_string();
+    let (_, second) = app
+        .get_json(&format!(
+            "/v1/skills/{name}/history?limit=2&cursor={cursor}"
+        ))
+        .await;
+    let rest = second["versions"].as_array().unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0]["version_id"], v1.to_string());
+    assert_eq!(second["next_cursor"], Value::Null);
+
+    // The benchmark: each version's run in skill-creator's shape.
+    let (status, bench) = app.get_json(&format!("/v1/skills/{name}/benchmark")).await;
+    assert_eq!(status, 200, "{bench}");
+    crate::openapi::check(&doc, "get", "/v1/skills/{name}/benchmark", 200, &bench);
+    let docs = bench["versions"].as_array().unwrap();
+    assert_eq!(docs.len(), 3);
+    let case_rates: Vec<f64> = docs
+        .iter()
+        .map(|d| {
+            d["run_summary"]["with_skill"]["case_pass_rate"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(case_rates, vec![1.0, 0.5, 1.0]);
+    assert_eq!(docs[1]["metadata"]["version_id"], v2.to_string());
+    assert_eq!(docs[1]["metadata"]["skill_name"], name);
+    assert_eq!(docs[1]["runs"].as_array().unwrap().len(), 20);
+    assert_eq!(docs[1]["runs"][0]["configuration"], "with_skill");
+    assert!(
+        docs[1]["run_summary"]["without_skill"].is_null(),
+        "no baseline ran"
+    );
+
+    // Refusals name the parameter.
+    let (status, body) = app
+        .get_json(&format!("/v1/skills/{name}/history?cursor=nope"))
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["details"]["field"], "cursor");
+    let (status, _) = app.get_json("/v1/skills/no-such-skill/history").await;
+    assert_eq!(status, 404);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn comparisons_are_stored_and_read_back_and_refuse_what_cannot_be_compared() {
+    let app = crate::helpers::spawn_app().await;
+    let name = "compared-skill";
+    let (v1, r1) =
+        upload_and_finish(&app, versioned_package(name, "One.", 12, "ok"), "", &[]).await;
+    let (_, r2) = upload_and_finish(
+        &app,
+        versioned_package(name, "Two.", 12, "ok"),
+        "",
+        &[0, 3, 5, 7, 9, 11],
+    )
+    .await;
+
+    // A version id stands for its latest completed run.
+    let response = app
+        .post_json("/v1/comparisons", &json!({ "base": v1, "head": r2 }))
+        .await;
+    assert_eq!(response.status().as_u16(), 201);
+    let location = response.headers()["location"].to_str().unwrap().to_string();
+    let created: Value = response.json().await.unwrap();
+    let doc = crate::openapi::doc();
+    crate::openapi::check(&doc, "post", "/v1/comparisons", 201, &created);
+    assert_eq!(created["run_a"], r1.to_string());
+    assert_eq!(created["run_b"], r2.to_string());
+    assert_eq!(created["outcome"], "worse");
+    assert_eq!(created["winner"], "A");
+    assert_eq!(created["pass_rate"]["mcnemar"]["regressions"], 6);
+    assert_eq!(created["gate"]["verdict"], "fail");
+    let mut regressed: Vec<&str> = created["gate"]["regressed_cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    regressed.sort();
+    assert_eq!(
+        regressed,
+        vec!["case-000", "case-003", "case-005", "case-007", "case-009", "case-011"]
+    );
+    let (status, stored) = app.get_json(&location).await;
+    assert_eq!(status, 200);
+    assert_eq!(stored, created, "read back as stored");
+    let markdown = app.get(&format!("{location}?format=markdown")).await;
+    assert_eq!(markdown.status().as_u16(), 200);
+    assert!(markdown.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/markdown"));
+    let text = markdown.text().await.unwrap();
+    assert!(text.contains("case-011"), "{text}");
+    let (status, body) = app.get_json(&format!("{location}?format=pdf")).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["details"]["field"], "format");
+
+    // A version whose every case expects something else measures something else.
+    let (_, r3) =
+        upload_and_finish(&app, versioned_package(name, "Three.", 12, "okay"), "", &[]).await;
+    let response = app
+        .post_json("/v1/comparisons", &json!({ "base": r1, "head": r3 }))
+        .await;
+    assert_eq!(response.status().as_u16(), 409);
+    let body: Value = response.json().await.unwrap();
+    crate::openapi::check(&doc, "post", "/v1/comparisons", 409, &body);
+    assert_eq!(body["error"]["code"], "not_comparable", "{body}");
+    let forced = app
+        .post_json(
+            "/v1/comparisons",
+            &json!({ "base": r1, "head": r3, "force": true }),
+        )
+        .await;
+    assert_eq!(forced.status().as_u16(), 201);
+    let forced: Value = forced.json().await.unwrap();
+    assert_eq!(forced["counts"]["not_comparable"], 12);
+    assert_eq!(
+        forced["not_comparable"][0]["reasons"],
+        json!(["definition"])
+    );
+
+    // Unknown ids and runs still going are refused naming the side.
+    let response = app
+        .post_json(
+            "/v1/comparisons",
+            &json!({ "base": Uuid::now_v7(), "head": r2 }),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["details"]["field"], "/base", "{body}");
+    let unfinished: Value = app
+        .upload_zip(versioned_package(name, "Four.", 12, "ok"), "")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let response = app
+        .post_json(
+            "/v1/comparisons",
+            &json!({ "base": r1, "head": unfinished["run_id"] }),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 409);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["details"]["field"], "/head", "{body}");
+    let (status, _) = app
+        .get_json(&format!("/v1/comparisons/{}", Uuid::now_v7()))
+        .await;
+    assert_eq!(status, 404);
+    app.cleanup().await;
+}
