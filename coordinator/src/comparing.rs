@@ -201,3 +201,95 @@ pub async fn comparison_between(
         Err(e) => Err(anyhow::Error::new(e)),
     }
 }
+
+/// What the regression gate decided for a run, as its summary records it
+/// (`summary.regression_gate`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GateReport {
+    pub rule: &'static str,
+    pub verdict: skilleval::summary::Verdict,
+    pub config: compare::GateConfig,
+    /// The run compared with: the latest completed run of the last earlier version that passed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_run: Option<Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_version: Option<Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comparison_id: Option<String>,
+    /// Each rule that failed, in words.
+    pub reasons: Vec<String>,
+    /// The paired cases that regressed, worst first.
+    pub regressed_cases: Vec<String>,
+    /// Why the gate had nothing to judge, when it had not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The `no_regression` gate for a finished (not yet finalised) run: its results compared with
+/// the last earlier version of the skill whose run passed. Passes, with a note, when there is
+/// no such version or nothing the two share can be compared.
+pub async fn regression_gate(
+    store: &Store,
+    run: &RunRow,
+    config: compare::GateConfig,
+) -> anyhow::Result<GateReport> {
+    let mut report = GateReport {
+        rule: "no_regression",
+        verdict: skilleval::summary::Verdict::Pass,
+        config,
+        base_run: None,
+        base_version: None,
+        comparison_id: None,
+        reasons: Vec::new(),
+        regressed_cases: Vec::new(),
+        note: None,
+    };
+    let Some((base_version, base_run)) = store.previous_run(run.version_id, true).await? else {
+        report.note = Some("no earlier version of the skill has a passing run".into());
+        return Ok(report);
+    };
+    report.base_version = Some(base_version);
+    report.base_run = Some(base_run);
+    let base = store
+        .get_run(base_run)
+        .await?
+        .with_context(|| format!("run {base_run} is gone"))?;
+    match compare_and_store(store, &base, run, false, config).await {
+        Ok(c) => {
+            report.comparison_id = Some(c.comparison_id);
+            report.verdict = c.gate.verdict;
+            report.reasons = c.gate.reasons;
+            report.regressed_cases = c.gate.regressed_cases;
+        }
+        Err(ComparingError::Compare(e)) => {
+            report.note = Some(format!("nothing to compare with run {base_run}: {e}"));
+        }
+        Err(ComparingError::Internal(e)) => return Err(e),
+        Err(e) => return Err(anyhow::Error::new(e)),
+    }
+    Ok(report)
+}
+
+impl GateReport {
+    /// The verdict reason a failed gate adds, naming the regressed cases.
+    pub fn reason(&self) -> String {
+        let shown: Vec<&str> = self
+            .regressed_cases
+            .iter()
+            .take(20)
+            .map(String::as_str)
+            .collect();
+        let more = self.regressed_cases.len().saturating_sub(shown.len());
+        format!(
+            "regression gate no_regression failed against run {}: {}; regressed cases: {}{}",
+            self.base_run.map(|r| r.to_string()).unwrap_or_default(),
+            self.reasons.join("; "),
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        )
+    }
+}

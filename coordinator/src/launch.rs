@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
+use skilleval::compare::{GateConfig, GateSpec, GateSpecError};
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::model::{EvalConfig, RunnerConfig, RunnerSpec};
 use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
@@ -62,6 +63,8 @@ pub struct RunRequest {
     /// by the route (`> 0`, `>= 1`); the database's CHECKs hold the same rules.
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<i64>,
+    /// The regression gate asked for (`None`: the definition's `settings.gate`, if any).
+    pub gate: Option<GateSpec>,
 }
 
 impl RunRequest {
@@ -76,6 +79,7 @@ impl RunRequest {
             kind,
             max_cost_usd: None,
             max_tokens: None,
+            gate: None,
         }
     }
 }
@@ -108,6 +112,13 @@ pub enum LaunchError {
     Transition(#[from] TransitionError),
     #[error("a background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// The gate's thresholds are out of range; `in_definition`: the definition's
+    /// `settings.gate`, not the request's.
+    #[error("the regression gate: {error}")]
+    Gate {
+        error: GateSpecError,
+        in_definition: bool,
+    },
 }
 
 fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> LaunchError {
@@ -202,8 +213,20 @@ impl RunLauncher {
                 .filter(|n| *n > 0)
                 .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
         };
+        let gate = match (request.gate, header.settings.gate) {
+            (Some(spec), _) => spec.config().map_err(|error| LaunchError::Gate {
+                error,
+                in_definition: false,
+            })?,
+            (None, Some(spec)) => spec.config().map_err(|error| LaunchError::Gate {
+                error,
+                in_definition: true,
+            })?,
+            (None, None) => None,
+        };
         let run_id = Uuid::now_v7();
         Ok(PreparedRun {
+            gate,
             run_id,
             version_id: version.version_id,
             kind: request.kind,
@@ -243,6 +266,7 @@ impl RunLauncher {
             request: json!(RecordedFilter::from(&prepared.plan.filter)),
             max_cost_usd: prepared.max_cost_usd,
             max_tokens: prepared.max_tokens,
+            gate: prepared.gate.map(|g| json!(g)),
         };
         Ok(self
             .store
@@ -837,6 +861,7 @@ pub struct PreparedRun {
     fail_fast: bool,
     max_cost_usd: Option<f64>,
     max_tokens: Option<i64>,
+    gate: Option<GateConfig>,
     /// How many jobs the filter selects.
     pub total: usize,
     /// What its jobs are planned from.

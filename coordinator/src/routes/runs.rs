@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
+use skilleval::compare::GateSpec;
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::model::RunnerSpec;
 use skilleval::plan::CaseFilter;
@@ -48,6 +49,9 @@ pub struct CreateRunBody {
     /// negative value reaches the range check and its message, not a type error.
     #[serde(default)]
     pub max_tokens: Option<i64>,
+    /// The regression gate: `"no_regression"` or `{"rule", "alpha", "score_margin"}`.
+    #[serde(default)]
+    pub gate: Option<GateSpec>,
 }
 
 /// `POST /v1/runs`.
@@ -91,6 +95,7 @@ pub async fn create(
         kind: RunKind::Manual,
         max_cost_usd: body.max_cost_usd,
         max_tokens: body.max_tokens,
+        gate: body.gate,
     };
     let inserted = state.launcher.create(&request).await?;
     Ok((

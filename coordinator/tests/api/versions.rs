@@ -12,8 +12,19 @@ use crate::packages::{given_tests, zip_of};
 /// A `given` package of `cases` cases whose SKILL.md body is `body` (a new body is a new
 /// version with the same definition); `expected` is what every case expects.
 pub(crate) fn versioned_package(name: &str, body: &str, cases: usize, expected: &str) -> Vec<u8> {
+    package_with_settings(name, body, cases, expected, json!({}))
+}
+
+/// [`versioned_package`] with the definition's `settings`.
+pub(crate) fn package_with_settings(
+    name: &str,
+    body: &str,
+    cases: usize,
+    expected: &str,
+    settings: Value,
+) -> Vec<u8> {
     let outputs = vec!["ok"; cases];
-    let mut tests = given_tests(&outputs, json!({}));
+    let mut tests = given_tests(&outputs, settings);
     for case in tests["testCases"].as_array_mut().unwrap() {
         case["expected"]["output"] = json!(expected);
     }
@@ -27,6 +38,26 @@ pub(crate) fn versioned_package(name: &str, body: &str, cases: usize, expected: 
             &serde_json::to_vec_pretty(&tests).unwrap(),
         ),
     ])
+}
+
+/// Records `failing` of the run's `cases` cases as failed (score 0), the rest as passed
+/// (score 1), as a worker would, and finalises the run.
+pub(crate) async fn finish_run(app: &TestApp, run_id: Uuid, cases: usize, failing: &[usize]) {
+    app.wait_created(run_id).await;
+    let ids: Vec<String> = (0..cases).map(|i| format!("case-{i:03}")).collect();
+    let outcomes: Vec<(&str, CaseStatus, f64)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            if failing.contains(&i) {
+                (id.as_str(), CaseStatus::Failed, 0.0)
+            } else {
+                (id.as_str(), CaseStatus::Passed, 1.0)
+            }
+        })
+        .collect();
+    record_as_worker(app, run_id, &outcomes).await;
+    assert!(app.state.aggregator.finalise(run_id).await.unwrap());
 }
 
 /// Uploads a version, records `failing` of its cases as failed (score 0) and the rest as
@@ -43,21 +74,7 @@ pub(crate) async fn upload_and_finish(
     let version_id: Uuid = body["version_id"].as_str().unwrap().parse().unwrap();
     let run_id: Uuid = body["run_id"].as_str().unwrap().parse().unwrap();
     let cases = body["test_cases"].as_u64().unwrap() as usize;
-    app.wait_created(run_id).await;
-    let ids: Vec<String> = (0..cases).map(|i| format!("case-{i:03}")).collect();
-    let outcomes: Vec<(&str, CaseStatus, f64)> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| {
-            if failing.contains(&i) {
-                (id.as_str(), CaseStatus::Failed, 0.0)
-            } else {
-                (id.as_str(), CaseStatus::Passed, 1.0)
-            }
-        })
-        .collect();
-    record_as_worker(app, run_id, &outcomes).await;
-    assert!(app.state.aggregator.finalise(run_id).await.unwrap());
+    finish_run(app, run_id, cases, failing).await;
     (version_id, run_id)
 }
 
@@ -302,5 +319,156 @@ async fn comparisons_are_stored_and_read_back_and_refuse_what_cannot_be_compared
         .get_json(&format!("/v1/comparisons/{}", Uuid::now_v7()))
         .await;
     assert_eq!(status, 404);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_gated_upload_fails_on_a_real_regression_and_passes_on_noise() {
+    let app = crate::helpers::spawn_app().await;
+    let name = "gated-skill";
+    // Half the cases passing is enough for the threshold: only the gate can fail these runs.
+    let package =
+        |body: &str| package_with_settings(name, body, 20, "ok", json!({ "passThreshold": 0.5 }));
+    let verdict_of = |run: Uuid| {
+        let app = &app;
+        async move {
+            let (_, run) = app.get_json(&format!("/v1/runs/{run}")).await;
+            run
+        }
+    };
+    let summary_of = |run: Uuid| {
+        let pool = app.pool.clone();
+        async move {
+            let s: Value = sqlx::query_scalar("SELECT summary FROM runs WHERE id = $1")
+                .bind(run)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            s
+        }
+    };
+    let (_, r1) = upload_and_finish(&app, package("One."), "", &[]).await;
+    // Noise: two cases fail (McNemar 2 vs 0 flips, p = 0.5; the score interval reaches 0).
+    let (v2, r2) = upload_and_finish(&app, package("Two."), "?gate=no_regression", &[4, 17]).await;
+    let s2 = summary_of(r2).await;
+    assert_eq!(s2["verdict"], "pass", "{s2}");
+    assert_eq!(s2["regression_gate"]["verdict"], "pass");
+    assert_eq!(s2["regression_gate"]["base_run"], r1.to_string());
+    assert_eq!(verdict_of(r2).await["verdict"], "pass");
+
+    // A real regression: eight more cases fail against v2, the last version that passed.
+    let failing: Vec<usize> = (0..8).chain([17]).collect();
+    let (v3, r3) =
+        upload_and_finish(&app, package("Three."), "?gate=no_regression", &failing).await;
+    let s3 = summary_of(r3).await;
+    assert_eq!(s3["verdict"], "fail", "{s3}");
+    let gate = &s3["regression_gate"];
+    assert_eq!(gate["verdict"], "fail");
+    assert_eq!(
+        gate["base_run"],
+        r2.to_string(),
+        "compared with the last passing version"
+    );
+    assert_eq!(gate["base_version"], v2.to_string());
+    let mut regressed: Vec<&str> = gate["regressed_cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    regressed.sort();
+    assert_eq!(
+        regressed,
+        vec!["case-000", "case-001", "case-002", "case-003", "case-005", "case-006", "case-007"],
+        "case-004 and case-017 failed in v2 already"
+    );
+    let reason = s3["verdict_reasons"][0].as_str().unwrap();
+    assert!(
+        reason.contains("regression gate") && reason.contains("case-007"),
+        "{reason}"
+    );
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM comparisons WHERE candidate_run_id = $1 AND baseline_run_id = $2",
+    )
+    .bind(r3)
+    .bind(r2)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(stored, 1, "the gate's comparison is stored");
+    let report = app
+        .get(&format!("/v1/runs/{r3}/report?format=markdown"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        report.contains("regression gate no_regression failed") && report.contains("case-005"),
+        "the report names the regressed cases: {report}"
+    );
+
+    // The same regression without the gate passes on the threshold alone.
+    let (_, r4) = upload_and_finish(&app, package("Four."), "", &failing).await;
+    assert_eq!(summary_of(r4).await["verdict"], "pass");
+
+    // Thresholds are configurable: a manual run of v3 at alpha 0.001 and a -0.9 margin is not
+    // a detectable regression from v2 (seven flips: p = 0.016).
+    let response = app
+        .post_json(
+            "/v1/runs",
+            &json!({ "version_id": v3, "gate": { "rule": "no_regression", "alpha": 0.001, "score_margin": -0.9 } }),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 202);
+    let created: Value = response.json().await.unwrap();
+    let r5: Uuid = created["run_id"].as_str().unwrap().parse().unwrap();
+    finish_run(&app, r5, 20, &failing).await;
+    let s5 = summary_of(r5).await;
+    assert_eq!(s5["regression_gate"]["verdict"], "pass", "{s5}");
+    assert_eq!(s5["regression_gate"]["config"]["alpha"], 0.001);
+    assert_eq!(s5["regression_gate"]["base_run"], r2.to_string());
+
+    // The definition may ask for the gate itself. v4 (ungated, passing on the threshold) is
+    // now the last version that passed: six more cases failing than in v4 is a regression.
+    let gated_definition = package_with_settings(
+        name,
+        "Six.",
+        20,
+        "ok",
+        json!({ "passThreshold": 0.2, "gate": "no_regression" }),
+    );
+    let worse: Vec<usize> = (0..14).chain([17]).collect();
+    let (_, r6) = upload_and_finish(&app, gated_definition, "", &worse).await;
+    let s6 = summary_of(r6).await;
+    assert_eq!(s6["regression_gate"]["verdict"], "fail", "{s6}");
+    assert_eq!(s6["regression_gate"]["base_run"], r4.to_string());
+    assert_eq!(
+        s6["regression_gate"]["regressed_cases"]
+            .as_array()
+            .unwrap()
+            .len(),
+        6
+    );
+    assert_eq!(s6["verdict"], "fail");
+
+    // Out-of-range thresholds are refused naming the field.
+    let response = app
+        .post_json(
+            "/v1/runs",
+            &json!({ "version_id": v3, "gate": { "rule": "no_regression", "alpha": 1.5 } }),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 422);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["details"]["field"], "/gate/alpha");
+    let response = app
+        .upload_zip(
+            package("Five."),
+            "?gate=no_regression&gate_score_margin=0.5",
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 400);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["details"]["field"], "gate_score_margin");
     app.cleanup().await;
 }
