@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::json;
 use skilleval::compare::GateSpec;
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::model::RunnerSpec;
 use skilleval::plan::CaseFilter;
 use skilleval::report::{render, ReportContext, ReportFormat};
@@ -54,12 +55,21 @@ pub struct CreateRunBody {
     pub gate: Option<GateSpec>,
 }
 
-/// `POST /v1/runs`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRunQuery {
+    /// Plan the run and answer what it would cost and detect, creating nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// `POST /v1/runs` (`?dry_run=true`: the forecast, nothing created).
 #[tracing::instrument(skip_all, fields(version_id = %body.version_id))]
 pub async fn create(
     State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<CreateRunQuery>,
     ApiJson(body): ApiJson<CreateRunBody>,
-) -> Result<(StatusCode, Json<CreateRunResponse>), ApiError> {
+) -> Result<Response, ApiError> {
     if let Some(url) = &body.callback_url {
         check_callback_url("/callback_url", url)?;
     }
@@ -97,6 +107,9 @@ pub async fn create(
         max_tokens: body.max_tokens,
         gate: body.gate,
     };
+    if query.dry_run {
+        return Ok(Json(dry_run(&state, &request).await?).into_response());
+    }
     let inserted = state.launcher.create(&request).await?;
     Ok((
         StatusCode::ACCEPTED,
@@ -104,7 +117,59 @@ pub async fn create(
             run_id: inserted.run_id(),
             created: matches!(inserted, RunInsert::Created(_)),
         }),
-    ))
+    )
+        .into_response())
+}
+
+/// What the run would cost and could detect: its jobs planned (filter and runner applied)
+/// and counted a chunk at a time, priced and powered from the skill's last completed run
+/// (this version's, else the previous version's), as `skilleval plan` does locally.
+async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::Value, ApiError> {
+    let prepared = {
+        let mut conn = state.store.pool().acquire().await?;
+        state.launcher.prepare_stored(&mut conn, request).await?
+    };
+    let registry = skilleval::strategy::StrategyRegistry::builtin().build();
+    let mut counts = CallCounts::default();
+    let mut chunks = prepared.plan.chunks(0, usize::MAX);
+    while let Some(chunk) = chunks.recv().await {
+        let jobs = chunk.map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+        counts.add(&jobs, &registry);
+    }
+    let last_run = match state.store.latest_completed_run(request.version_id).await? {
+        Some(run) => Some(run),
+        None => state
+            .store
+            .previous_run(request.version_id, false)
+            .await?
+            .map(|(_, run)| run),
+    };
+    let measured = match last_run {
+        Some(run_id) => {
+            let results = load_results(&state.store, run_id).await?;
+            let version = state.store.get_run(run_id).await?.map(|r| r.version);
+            let source = match version {
+                Some(v) => format!("run {run_id} of version {v}"),
+                None => format!("run {run_id}"),
+            };
+            Measured::from_results(source, &results)
+        }
+        None => None,
+    };
+    // The service runs each case once, with the skill, and no trigger evals yet.
+    let shape = Shape {
+        repeats: 1,
+        baseline: false,
+        trigger_queries: 0,
+        trigger_runs: 0,
+    };
+    let f = forecast(&counts, shape, measured.as_ref())
+        .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    let mut doc = json!(f);
+    doc["dry_run"] = json!(true);
+    doc["version_id"] = json!(request.version_id);
+    doc["measured"] = json!(measured);
+    Ok(doc)
 }
 
 /// Budget caps are well-formed JSON of the right type but may break their range: that is a

@@ -472,3 +472,109 @@ async fn a_gated_upload_fails_on_a_real_regression_and_passes_on_noise() {
     assert_eq!(body["error"]["details"]["field"], "gate_score_margin");
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_dry_run_forecasts_cost_and_power_from_the_skills_last_run_and_creates_nothing() {
+    let app = crate::helpers::spawn_app().await;
+    let name = "planned-skill";
+    // v1 runs: 15 of 20 pass, each case measured at 150 tokens and $0.002.
+    let upload: Value = app
+        .upload_zip(versioned_package(name, "One.", 20, "ok"), "")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let r1: Uuid = upload["run_id"].as_str().unwrap().parse().unwrap();
+    app.wait_created(r1).await;
+    let store = skilleval_infra::store::Store::from_pool(app.pool.clone());
+    let results: Vec<_> = crate::helpers::planned_jobs(&app, r1)
+        .await
+        .iter()
+        .map(|job| {
+            let mut r = skilleval::executor::JobResult::skipped(job, "placeholder");
+            let passed = job.case_index >= 5;
+            r.status = if passed {
+                CaseStatus::Passed
+            } else {
+                CaseStatus::Failed
+            };
+            r.score = Some(if passed { 1.0 } else { 0.0 });
+            r.produce_usage.input_tokens = 100;
+            r.produce_usage.output_tokens = 50;
+            r.produce_usage.cost_usd = 0.002;
+            r
+        })
+        .collect();
+    store.record_results(&results).await.unwrap();
+    assert!(app.state.aggregator.finalise(r1).await.unwrap());
+    // v2 is stored without a run: its forecast comes from v1's.
+    let upload: Value = app
+        .upload_zip(versioned_package(name, "Two.", 20, "ok"), "?run=false")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let v2 = upload["version_id"].as_str().unwrap().to_string();
+    let runs_before = app.count("runs").await;
+
+    let response = app
+        .post_json("/v1/runs?dry_run=true", &json!({ "version_id": v2 }))
+        .await;
+    assert_eq!(response.status().as_u16(), 200);
+    let plan: Value = response.json().await.unwrap();
+    crate::openapi::check(&crate::openapi::doc(), "post", "/v1/runs", 200, &plan);
+    assert_eq!(plan["dry_run"], true);
+    assert_eq!(plan["cases"], 20);
+    assert_eq!(plan["attempts"], 20);
+    assert_eq!(
+        plan["model_calls"]["total"], 0,
+        "given outputs, exact matches"
+    );
+    assert_eq!(plan["baseline_pass_rate"], 0.75);
+    assert!(plan["pass_rate_source"]
+        .as_str()
+        .unwrap()
+        .contains(&r1.to_string()));
+    assert_eq!(plan["estimated_tokens"], 150 * 20);
+    let cost = plan["estimated_cost_usd"].as_f64().unwrap();
+    assert!((cost - 0.04).abs() < 1e-9, "{cost}");
+    // The power numbers are the shared statistics' (what `skilleval plan` prints).
+    let expected = skilleval::stats::power_advice(
+        &skilleval::stats::Design::paired(20, 1, 0.75),
+        skilleval::forecast::TARGET_DROP,
+    )
+    .unwrap();
+    assert_eq!(plan["mde_pass_rate"].as_f64().unwrap(), expected.mde.drop);
+    assert_eq!(plan["advice"], expected.text);
+    assert!(plan["advice"].as_str().unwrap().contains("20 cases"));
+    assert_eq!(
+        app.count("runs").await,
+        runs_before,
+        "a dry run creates nothing"
+    );
+
+    // The request's filter is planned as a run would be.
+    let (_, narrowed) = {
+        let r = app
+            .post_json(
+                "/v1/runs?dry_run=true",
+                &json!({ "version_id": v2, "test_cases": ["case-000", "case-001"] }),
+            )
+            .await;
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    assert_eq!(narrowed["cases"], 2);
+    assert_eq!(narrowed["estimated_tokens"], 300);
+    let response = app
+        .post_json(
+            "/v1/runs?dry_run=true",
+            &json!({ "version_id": v2, "test_cases": ["nope"] }),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 422);
+    let response = app
+        .post_json("/v1/runs?dry_run=maybe", &json!({ "version_id": v2 }))
+        .await;
+    assert_eq!(response.status().as_u16(), 400);
+    app.cleanup().await;
+}
