@@ -54,7 +54,8 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Upload a skill to a skilleval server; with --wait, follow the run and gate on its verdict.
     Submit(submit::SubmitArgs),
-    /// Compare two local runs (eval/runs/<run-id> folders); exit 1 when the head regressed.
+    /// Compare two local runs (eval/runs/<run-id> folders), or with --server two run or
+    /// version ids on a server; exit 1 when the head regressed.
     Compare(compare::CompareArgs),
     /// Estimate a run before starting it: cases, model calls, cost, detectable drop.
     Plan(plan::PlanArgs),
@@ -147,7 +148,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Run(args) => run::run(&args).await,
         Command::Validate(args) => validate::validate(&args),
         Command::Submit(args) => submit::submit(&args).await,
-        Command::Compare(args) => compare::compare(&args),
+        Command::Compare(args) => compare::compare(&args).await,
         Command::Plan(args) => plan::plan(&args),
         Command::Monitor(args) => monitor::monitor(&args).await,
     }

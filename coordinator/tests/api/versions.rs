@@ -578,3 +578,65 @@ async fn a_dry_run_forecasts_cost_and_power_from_the_skills_last_run_and_creates
     assert_eq!(response.status().as_u16(), 400);
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn skilleval_compare_with_a_server_prints_the_comparison_and_exits_by_the_gate() {
+    use skilleval_cli::compare::{self as cli, CompareArgs, CompareFormat, Gate};
+    let app = crate::helpers::spawn_app().await;
+    let name = "cli-compared";
+    let (v1, r1) =
+        upload_and_finish(&app, versioned_package(name, "One.", 12, "ok"), "", &[]).await;
+    let (_, r2) = upload_and_finish(
+        &app,
+        versioned_package(name, "Two.", 12, "ok"),
+        "",
+        &[1, 2, 3, 4, 5, 6],
+    )
+    .await;
+    let (_, r3) =
+        upload_and_finish(&app, versioned_package(name, "Three.", 12, "okay"), "", &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("comparison.json");
+    let args = |base: String, head: String, force: bool| CompareArgs {
+        base: base.into(),
+        head: head.into(),
+        server: Some(app.address.clone()),
+        token: None,
+        format: CompareFormat::Md,
+        output: Some(out.clone()),
+        gate: Gate::NoRegression,
+        force,
+    };
+    // v1 (a version id) against r2: six pass→fail flips, the gate fails: exit 1.
+    assert_eq!(
+        cli::compare(&args(v1.to_string(), r2.to_string(), false)).await,
+        1
+    );
+    let written: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(written["run_a"], r1.to_string());
+    assert_eq!(written["gate"]["verdict"], "fail");
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM comparisons")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 1, "the server stored it");
+    // r2 against v1's run: better, the gate passes: exit 0.
+    assert_eq!(
+        cli::compare(&args(r2.to_string(), r1.to_string(), false)).await,
+        0
+    );
+    // Not comparable without --force is bad input (2); not an id either.
+    assert_eq!(
+        cli::compare(&args(r1.to_string(), r3.to_string(), false)).await,
+        2
+    );
+    assert_eq!(
+        cli::compare(&args(r1.to_string(), r3.to_string(), true)).await,
+        0
+    );
+    assert_eq!(
+        cli::compare(&args("eval/runs/x".into(), r3.to_string(), false)).await,
+        2
+    );
+    app.cleanup().await;
+}
