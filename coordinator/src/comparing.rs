@@ -183,7 +183,11 @@ pub async fn comparison_between(
     base_run: Uuid,
     head_run: Uuid,
 ) -> anyhow::Result<Option<Value>> {
-    if let Some(stored) = store.find_comparison(base_run, head_run, false).await? {
+    let defaults = json!(compare::GateConfig::default());
+    if let Some(stored) = store
+        .find_comparison(base_run, head_run, false, &defaults)
+        .await?
+    {
         if let Some(result) = stored.result {
             return Ok(Some(result));
         }

@@ -427,6 +427,22 @@ async fn a_gated_upload_fails_on_a_real_regression_and_passes_on_noise() {
     assert_eq!(s5["regression_gate"]["verdict"], "pass", "{s5}");
     assert_eq!(s5["regression_gate"]["config"]["alpha"], 0.001);
     assert_eq!(s5["regression_gate"]["base_run"], r2.to_string());
+    // The history compares v3's latest run (r5) with v2's under the default thresholds: the
+    // gate's comparison at alpha 0.001 is not reused for it.
+    let (_, history) = app.get_json(&format!("/v1/skills/{name}/history")).await;
+    let v3_entry = history["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["version_id"] == v3.to_string())
+        .unwrap()
+        .clone();
+    assert_eq!(v3_entry["latest_run"]["run_id"], r5.to_string());
+    assert_eq!(v3_entry["previous"]["outcome"], "worse", "{v3_entry}");
+    assert_ne!(
+        v3_entry["previous"]["comparison_id"],
+        s5["regression_gate"]["comparison_id"]
+    );
 
     // The definition may ask for the gate itself. v4 (ungated, passing on the threshold) is
     // now the last version that passed: six more cases failing than in v4 is a regression.

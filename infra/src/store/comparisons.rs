@@ -224,23 +224,26 @@ impl Store {
         .map_err(StoreError::query("reading a comparison"))
     }
 
-    /// The latest completed comparison of `head` against `base` (forced or not).
+    /// The latest completed comparison of `head` against `base` (forced or not) made with
+    /// the gate thresholds `gate_config` (`result.gate.config`: they decide its outcome too).
     pub async fn find_comparison(
         &self,
         base_run: Uuid,
         head_run: Uuid,
         forced: bool,
+        gate_config: &Value,
     ) -> Result<Option<StoredComparison>, StoreError> {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {COMPARISON_COLUMNS} FROM comparisons
              WHERE candidate_run_id = $1 AND baseline_run_id = $2 AND forced = $3
-               AND status = $4
+               AND status = $4 AND result -> 'gate' -> 'config' = $5
              ORDER BY created_at DESC LIMIT 1"
         )))
         .bind(head_run)
         .bind(base_run)
         .bind(forced)
         .bind(ComparisonStatus::Completed)
+        .bind(gate_config)
         .fetch_optional(self.pool())
         .await
         .and_then(|r| r.as_ref().map(comparison_of).transpose())
