@@ -167,6 +167,20 @@ impl From<LaunchError> for ApiError {
                 "kind_unsupported",
                 e.to_string(),
             ),
+            LaunchError::RescoreWithoutSource => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "kind_unsupported",
+                e.to_string(),
+            ),
+            LaunchError::NothingToRescore { .. } => {
+                let rule = e.to_string();
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "nothing_to_rescore",
+                    rule.clone(),
+                )
+                .with_details(json!({ "field": "/version_id", "rule": rule }))
+            }
             LaunchError::Gate {
                 error,
                 in_definition,

@@ -51,6 +51,7 @@ routes! {
     get "/v1/runs/{id}/results" => runs::results;
     get "/v1/runs/{id}/report" => runs::report;
     post "/v1/runs/{id}/cancel" => runs::cancel;
+    post "/v1/runs/{id}/rescore" => runs::rescore;
     get "/v1/openapi.json" => health::openapi;
     get "/healthz" => health::healthz;
     get "/readyz" => health::readyz;

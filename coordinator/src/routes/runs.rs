@@ -13,7 +13,7 @@ use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::model::RunnerSpec;
 use skilleval::plan::CaseFilter;
 use skilleval::report::{render, ReportContext, ReportFormat};
-use skilleval_infra::store::lifecycle::{RunKind, TransitionError};
+use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
 
 use crate::aggregate::{load_results, stored_summary};
 use crate::error::ApiError;
@@ -106,6 +106,7 @@ pub async fn create(
         max_cost_usd: body.max_cost_usd,
         max_tokens: body.max_tokens,
         gate: body.gate,
+        rescore_of: None,
     };
     if query.dry_run {
         return Ok(Json(dry_run(&state, &request).await?).into_response());
@@ -403,4 +404,103 @@ pub async fn cancel(
             skipped,
         }),
     ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RescoreBody {
+    /// The version whose definition grades the outputs (default: the source run's).
+    #[serde(default)]
+    pub version_id: Option<uuid::Uuid>,
+    /// Answer the case count and the estimated judge cost, creating nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub callback_url: Option<String>,
+}
+
+/// `POST /v1/runs/{id}/rescore`: a `rescore` run grading the completed run's stored outputs
+/// against a version's definition (the `given` runner carries each output: nothing is
+/// produced again; judges are called only where the definition's strategies need them). The
+/// source run is not changed.
+#[tracing::instrument(skip_all, fields(run_id = %id))]
+pub async fn rescore(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<RescoreBody>,
+) -> Result<Response, ApiError> {
+    let source_id = parse_uuid("id", &id)?;
+    if let Some(url) = &body.callback_url {
+        check_callback_url("/callback_url", url)?;
+    }
+    check_budget(body.max_cost_usd, body.max_tokens)?;
+    let source = state
+        .store
+        .get_run(source_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run", source_id))?;
+    if source.status != RunStatus::Completed {
+        return Err(ApiError::conflict(
+            "run_not_completed",
+            format!("run {source_id} is {}, not completed", source.status),
+        )
+        .with_details(json!({ "field": "id", "rule": "only a completed run's outputs can be rescored", "status": source.status })));
+    }
+    let request = RunRequest {
+        version_id: body.version_id.unwrap_or(source.version_id),
+        runner: None,
+        filter: CaseFilter::default(),
+        callback_url: body.callback_url,
+        idempotency_key: None,
+        kind: RunKind::Rescore,
+        max_cost_usd: body.max_cost_usd,
+        max_tokens: body.max_tokens,
+        gate: None,
+        rescore_of: Some(source_id),
+    };
+    if body.dry_run {
+        let prepared = {
+            let mut conn = state.store.pool().acquire().await?;
+            state.launcher.prepare_stored(&mut conn, &request).await?
+        };
+        let registry = skilleval::strategy::StrategyRegistry::builtin().build();
+        let mut counts = CallCounts::default();
+        let mut chunks = prepared.plan.chunks(0, usize::MAX);
+        while let Some(chunk) = chunks.recv().await {
+            let jobs = chunk.map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+            counts.add(&jobs, &registry);
+        }
+        // Priced from what judging cost in the source run, per case a model graded there.
+        let results = load_results(&state.store, source_id).await?;
+        let judged: Vec<f64> = results
+            .iter()
+            .filter(|r| r.grade_usage.input_tokens + r.grade_usage.output_tokens > 0)
+            .map(|r| r.grade_usage.cost_usd)
+            .collect();
+        let per_case =
+            (!judged.is_empty()).then(|| judged.iter().sum::<f64>() / judged.len() as f64);
+        return Ok(Json(json!({
+            "dry_run": true,
+            "source_run": source_id,
+            "version_id": request.version_id,
+            "cases": counts.cases,
+            "judge_calls": counts.judged,
+            "generation_calls": 0,
+            "estimated_judge_cost_usd": per_case.map(|c| c * counts.judged as f64),
+        }))
+        .into_response());
+    }
+    let inserted = state.launcher.create(&request).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(CreateRunResponse {
+            run_id: inserted.run_id(),
+            created: matches!(inserted, RunInsert::Created(_)),
+        }),
+    )
+        .into_response())
 }

@@ -161,6 +161,7 @@ pub async fn upload(
             max_cost_usd: None,
             max_tokens: None,
             gate,
+            rescore_of: None,
         };
         // Planned from the definition in hand (the one just stored, or the identical one of
         // the version with the same content), not read back from the database.

@@ -18,6 +18,7 @@ mod monitoring;
 mod openapi;
 mod packages;
 mod publish;
+mod rescore;
 mod runs;
 mod submit;
 mod upload;
