@@ -450,8 +450,26 @@ pub async fn rescore(
         )
         .with_details(json!({ "field": "id", "rule": "only a completed run's outputs can be rescored", "status": source.status })));
     }
+    let version_id = body.version_id.unwrap_or(source.version_id);
+    let target = {
+        let mut conn = state.store.pool().acquire().await?;
+        state.store.version_for_run(&mut conn, version_id).await?
+    }
+    .ok_or_else(|| ApiError::not_found("version", version_id))?;
+    if target.skill_name != source.skill {
+        let rule = format!(
+            "must be a version of `{}`, the run's skill (it is one of `{}`)",
+            source.skill, target.skill_name
+        );
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            format!("`/version_id`: {rule}"),
+        )
+        .with_details(json!({ "field": "/version_id", "rule": rule })));
+    }
     let request = RunRequest {
-        version_id: body.version_id.unwrap_or(source.version_id),
+        version_id,
         runner: None,
         filter: CaseFilter::default(),
         callback_url: body.callback_url,

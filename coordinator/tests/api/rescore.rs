@@ -188,6 +188,24 @@ async fn a_rescore_grades_stored_outputs_again_without_producing_them() {
     let body: Value = response.json().await.unwrap();
     crate::openapi::check(&doc, "post", "/v1/runs/{id}/rescore", 422, &body);
     assert_eq!(body["error"]["code"], "nothing_to_rescore", "{body}");
+    let other: Value = app
+        .upload_zip(
+            crate::packages::given_package("another-skill", &["ok"], json!({})),
+            "?run=false",
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let response = app
+        .post_json(
+            &format!("/v1/runs/{source}/rescore"),
+            &json!({ "version_id": other["version_id"] }),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 422);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["details"]["field"], "/version_id", "{body}");
     let response = app
         .post_json(
             &format!("/v1/runs/{}/rescore", uuid::Uuid::now_v7()),
