@@ -40,10 +40,18 @@ pub enum CompareFormat {
 
 #[derive(Debug, Clone, Args)]
 pub struct CompareArgs {
-    /// The base run: an `eval/runs/<run-id>` folder written by `skilleval run`.
+    /// The base run: an `eval/runs/<run-id>` folder written by `skilleval run` (with
+    /// `--server`: a run id or a version id on that server).
     pub base: PathBuf,
     /// The head run, compared against the base.
     pub head: PathBuf,
+    /// Compare on a skilleval server: BASE and HEAD are run or version ids there (a version
+    /// stands for its latest completed run); the comparison is stored on the server.
+    #[arg(long, env = "SKILLEVAL_SERVER")]
+    pub server: Option<String>,
+    /// Bearer token, when the server requires one.
+    #[arg(long, env = "SKILLEVAL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// What stdout carries.
     #[arg(long, short = 'f', value_enum, default_value_t = CompareFormat::Md)]
     pub format: CompareFormat,
@@ -121,7 +129,16 @@ pub fn load_side(run_dir: &Path) -> Result<RunSide, ArtifactError> {
 }
 
 /// Runs `skilleval compare`; returns the exit code.
-pub fn compare(args: &CompareArgs) -> u8 {
+pub async fn compare(args: &CompareArgs) -> u8 {
+    if let Some(server) = &args.server {
+        return match on_server(args, server).await {
+            Ok(comparison) => finish(args, &comparison),
+            Err(message) => {
+                eprintln!("error: {message}");
+                EXIT_BAD_INPUT
+            }
+        };
+    }
     let mut sides = Vec::with_capacity(2);
     for (which, dir) in [("BASE", &args.base), ("HEAD", &args.head)] {
         match load_side(dir) {
@@ -150,8 +167,51 @@ pub fn compare(args: &CompareArgs) -> u8 {
             return EXIT_BAD_INPUT;
         }
     };
+    finish(args, &comparison)
+}
+
+/// `POST /v1/comparisons` on the server; the comparison it answered.
+async fn on_server(args: &CompareArgs, server: &str) -> Result<compare::Comparison, String> {
+    let id = |which: &str, p: &Path| {
+        let text = p.to_string_lossy();
+        Uuid::parse_str(&text)
+            .map_err(|_| format!("{which} `{text}` is not a run or version id (with --server)"))
+    };
+    let (base, head) = (id("BASE", &args.base)?, id("HEAD", &args.head)?);
+    let url = format!("{}/v1/comparisons", server.trim_end_matches('/'));
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(120))
+        .user_agent(concat!("skilleval-cli/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    let mut request = client
+        .post(&url)
+        .json(&serde_json::json!({ "base": base, "head": head, "force": args.force }));
+    if let Some(token) = &args.token {
+        request = request.bearer_auth(token);
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach {server}: {e}"))?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    if !status.is_success() {
+        let message = body["error"]["message"].as_str().unwrap_or("no message");
+        let hint = if body["error"]["code"] == "not_comparable" {
+            ": pass --force to compare them anyway"
+        } else {
+            ""
+        };
+        return Err(format!("the server answered {status}: {message}{hint}"));
+    }
+    serde_json::from_value(body).map_err(|e| format!("the server's comparison does not parse: {e}"))
+}
+
+/// Writes and prints the comparison; the exit code by the gate.
+fn finish(args: &CompareArgs, comparison: &compare::Comparison) -> u8 {
     // Serialising plain data (numbers, strings, JSON values) cannot fail.
-    let json = serde_json::to_string_pretty(&comparison).unwrap_or_default() + "\n";
+    let json = serde_json::to_string_pretty(comparison).unwrap_or_default() + "\n";
     if let Some(path) = &args.output {
         if let Err(e) = std::fs::write(path, &json) {
             eprintln!("error: could not write {}: {e}", path.display());
@@ -159,7 +219,7 @@ pub fn compare(args: &CompareArgs) -> u8 {
         }
     }
     match args.format {
-        CompareFormat::Md => print!("{}", compare::markdown(&comparison)),
+        CompareFormat::Md => print!("{}", compare::markdown(comparison)),
         CompareFormat::Json => print!("{json}"),
     }
     if !comparison.not_comparable.is_empty() {

@@ -54,18 +54,35 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Upload a skill to a skilleval server; with --wait, follow the run and gate on its verdict.
     Submit(submit::SubmitArgs),
-    /// Compare two local runs (eval/runs/<run-id> folders); exit 1 when the head regressed.
+    /// Compare two local runs (eval/runs/<run-id> folders), or with --server two run or
+    /// version ids on a server; exit 1 when the head regressed.
     Compare(compare::CompareArgs),
     /// Estimate a run before starting it: cases, model calls, cost, detectable drop.
     Plan(plan::PlanArgs),
     /// Grade a JSONL log of production samples with the skill's monitor; print the quality report.
     Monitor(monitor::MonitorArgs),
+    /// Grade a local run's recorded outputs (eval/runs/<run-id>) against the skill's current
+    /// definition, producing nothing again; writes a new run like `run`.
+    Rescore(RescoreArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RescoreArgs {
+    /// The run whose outputs are graded again: an `eval/runs/<run-id>` folder.
+    pub run_dir: PathBuf,
+    /// The skill whose definition grades them, and every `run` option.
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// The skill: a folder with SKILL.md, or a ZIP of one.
     pub path: PathBuf,
+    /// `skilleval rescore`: the run folder whose recorded outputs are graded instead of
+    /// producing new ones.
+    #[arg(skip)]
+    pub rescore_of: Option<PathBuf>,
     /// Cases in flight at once (default: the file's maxConcurrentTests, else 4; 1 when
     /// parallelExecution is false).
     #[arg(long, short = 'j')]
@@ -147,9 +164,14 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Run(args) => run::run(&args).await,
         Command::Validate(args) => validate::validate(&args),
         Command::Submit(args) => submit::submit(&args).await,
-        Command::Compare(args) => compare::compare(&args),
+        Command::Compare(args) => compare::compare(&args).await,
         Command::Plan(args) => plan::plan(&args),
         Command::Monitor(args) => monitor::monitor(&args).await,
+        Command::Rescore(args) => {
+            let mut run_args = args.run;
+            run_args.rescore_of = Some(args.run_dir);
+            run::run(&run_args).await
+        }
     }
 }
 

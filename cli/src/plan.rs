@@ -5,27 +5,23 @@
 //! case with `--baseline`, the trigger evals), prices them from the skill's last local run
 //! (`eval/runs/<id>/results.jsonl`: measured tokens and cost per attempt), and gives the
 //! minimum detectable drop in pass rate at 80 % power for the planned cases and repeats, from
-//! the last local run's pass rate, with [`skilleval::stats::power_advice`]'s advice.
+//! the last local run's pass rate, with [`skilleval::stats::power_advice`]'s advice. The
+//! arithmetic is [`skilleval::forecast`]'s, which the service's dry runs use too.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde_json::json;
 use skilleval::artifacts::{self, RunRecord};
-use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::executor::JobResult;
+use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::package::{Package, PackageLimits};
-use skilleval::plan::{plan as plan_jobs, CaseFilter, Job};
-use skilleval::stats::{power_advice, Design};
+use skilleval::plan::{plan as plan_jobs, CaseFilter};
 use skilleval::strategy::StrategyRegistry;
 use uuid::Uuid;
 
 use crate::run::report_package_error;
 use crate::{EXIT_BAD_INPUT, EXIT_PASS};
-
-/// The drop the advice aims at (five points of pass rate).
-const TARGET_DROP: f64 = 0.05;
-/// The pass rate assumed when the skill has no local run yet.
-const ASSUMED_PASS_RATE: f64 = 0.8;
 
 #[derive(Debug, Clone, Args)]
 pub struct PlanArgs {
@@ -48,15 +44,6 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
-/// What the last local run measured.
-struct History {
-    run_id: Uuid,
-    pass_rate: f64,
-    attempts: u64,
-    tokens: u64,
-    cost_usd: f64,
-}
-
 /// The newest run folder under `runs_dir` with a readable `run.json` (run ids are UUIDv7, so
 /// the newest sorts last); older runs without one are skipped.
 fn last_run(runs_dir: &Path) -> Option<(RunRecord, Vec<JobResult>)> {
@@ -71,36 +58,10 @@ fn last_run(runs_dir: &Path) -> Option<(RunRecord, Vec<JobResult>)> {
         .find_map(|d| artifacts::read_run_record(d).ok())
 }
 
-fn history(runs_dir: &Path) -> Option<History> {
+/// What the last local run measured.
+fn history(runs_dir: &Path) -> Option<Measured> {
     let (record, results) = last_run(runs_dir)?;
-    let ran: Vec<&JobResult> = results
-        .iter()
-        .filter(|r| !matches!(r.status, CaseStatus::Skipped | CaseStatus::Queued))
-        .collect();
-    if ran.is_empty() {
-        return None;
-    }
-    let passed = ran
-        .iter()
-        .filter(|r| r.status == CaseStatus::Passed)
-        .count();
-    let (tokens, cost_usd) = ran.iter().fold((0u64, 0.0f64), |(t, c), r| {
-        let u = [&r.produce_usage, &r.grade_usage];
-        (
-            t + u
-                .iter()
-                .map(|u| u.input_tokens + u.output_tokens)
-                .sum::<u64>(),
-            c + u.iter().map(|u| u.cost_usd).sum::<f64>(),
-        )
-    });
-    Some(History {
-        run_id: record.run_id,
-        pass_rate: passed as f64 / ran.len() as f64,
-        attempts: ran.len() as u64,
-        tokens,
-        cost_usd,
-    })
+    Measured::from_results(format!("the last local run {}", record.run_id), &results)
 }
 
 /// Runs `skilleval plan`; returns the exit code.
@@ -126,91 +87,35 @@ pub fn plan(args: &PlanArgs) -> u8 {
             return EXIT_BAD_INPUT;
         }
     };
-    let cases = jobs.len() as u64;
-    if cases == 0 {
+    if jobs.is_empty() {
         eprintln!("error: the eval definition has no test case to plan");
         return EXIT_BAD_INPUT;
     }
-    let repeats = u64::from(args.repeats);
-    let registry = StrategyRegistry::builtin().build();
-    let llm_runner = jobs.iter().filter(|j| j.runner.kind == "llm").count() as u64;
-    let judged = |j: &Job| {
-        let strategy = j.case.strategy_name(j.profile);
-        registry.missing_provider(strategy, &j.case).is_some()
-    };
-    let judged_cases = jobs.iter().filter(|j| judged(j)).count() as u64;
-    let (baseline_cases, judged_baseline) = if args.baseline {
-        let llm: Vec<&Job> = jobs.iter().filter(|j| j.runner.kind == "llm").collect();
-        (
-            llm.len() as u64,
-            llm.iter().filter(|j| judged(j)).count() as u64,
-        )
-    } else {
-        (0, 0)
-    };
-    let attempts = (cases + baseline_cases) * repeats;
-    let producing = (llm_runner + baseline_cases) * repeats;
-    let judging = (judged_cases + judged_baseline) * repeats;
-    let trigger_calls = package.triggers.len() as u64 * u64::from(args.trigger_runs);
-    let model_calls = producing + judging + trigger_calls;
-
+    let mut counts = CallCounts::default();
+    counts.add(&jobs, &StrategyRegistry::builtin().build());
     let runs_dir = match &args.out {
         Some(dir) => dir.join("runs"),
         None => package.root().join("eval").join("runs"),
     };
     let last = history(&runs_dir);
-    let (pass_rate, rate_source) = match &last {
-        Some(h) if h.pass_rate > 0.0 => (h.pass_rate, format!("the last local run {}", h.run_id)),
-        Some(h) => (
-            ASSUMED_PASS_RATE,
-            format!(
-                "assumed: the last local run {} passed nothing, there is no drop to detect",
-                h.run_id
-            ),
-        ),
-        None => (
-            ASSUMED_PASS_RATE,
-            "assumed: no local run with run.json yet".to_string(),
-        ),
+    let shape = Shape {
+        repeats: args.repeats,
+        baseline: args.baseline,
+        trigger_queries: package.triggers.len() as u64,
+        trigger_runs: args.trigger_runs,
     };
-    let estimate = last.as_ref().map(|h| {
-        let per_attempt = |v: f64| v / h.attempts as f64;
-        (
-            per_attempt(h.tokens as f64) * attempts as f64,
-            per_attempt(h.cost_usd) * attempts as f64,
-        )
-    });
-    let design = Design::paired(cases, args.repeats, pass_rate);
-    let advice = match power_advice(&design, TARGET_DROP) {
-        Ok(a) => a,
+    let f = match forecast(&counts, shape, last.as_ref()) {
+        Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
             return EXIT_BAD_INPUT;
         }
     };
+    let calls = f.model_calls;
 
     if args.json {
-        let doc = json!({
-            "skill_name": package.manifest.name,
-            "cases": cases,
-            "repeats": args.repeats,
-            "baseline": args.baseline,
-            "attempts": attempts,
-            "model_calls": {
-                "producing": producing,
-                "judging": judging,
-                "triggers": trigger_calls,
-                "total": model_calls,
-            },
-            "estimated_tokens": estimate.map(|(t, _)| t.round() as u64),
-            "estimated_cost_usd": estimate.map(|(_, c)| c),
-            "baseline_pass_rate": pass_rate,
-            "pass_rate_source": rate_source,
-            "mde_pass_rate": advice.mde.drop,
-            "mde_reachable": advice.mde.reachable,
-            "advice": advice.text,
-            "power": advice,
-        });
+        let mut doc = json!(f);
+        doc["skill_name"] = json!(package.manifest.name);
         println!(
             "{}",
             // Plain data: serialising cannot fail.
@@ -220,33 +125,40 @@ pub fn plan(args: &PlanArgs) -> u8 {
     }
     println!("plan for {}", package.manifest.name);
     println!(
-        "cases: {cases} × {} repeat(s){} = {attempts} attempt(s)",
-        args.repeats,
-        if baseline_cases > 0 {
-            format!(" (+{baseline_cases} baseline case(s))")
+        "cases: {} × {} repeat(s){} = {} attempt(s)",
+        f.cases,
+        f.repeats,
+        if f.baseline_cases > 0 {
+            format!(" (+{} baseline case(s))", f.baseline_cases)
         } else {
             String::new()
-        }
+        },
+        f.attempts
     );
     println!(
-        "model calls: {model_calls} ({producing} producing, {judging} judging, {trigger_calls} trigger)"
+        "model calls: {} ({} producing, {} judging, {} trigger)",
+        calls.total, calls.producing, calls.judging, calls.triggers
     );
-    match (&last, estimate) {
-        (Some(h), Some((tokens, cost))) => println!(
-            "expected: ~{:.0} tokens, ~${cost:.4} (measured per attempt in run {})",
-            tokens, h.run_id
+    match (&last, f.estimated_tokens, f.estimated_cost_usd) {
+        (Some(m), Some(tokens), Some(cost)) => println!(
+            "expected: ~{tokens} tokens, ~${cost:.4} (measured per attempt in {})",
+            m.source
         ),
         _ => println!("expected cost: unknown until a local run has measured tokens per case"),
     }
-    println!("pass rate: {:.0} % ({rate_source})", pass_rate * 100.0);
-    if advice.mde.reachable {
+    println!(
+        "pass rate: {:.0} % ({})",
+        f.baseline_pass_rate * 100.0,
+        f.pass_rate_source
+    );
+    if f.mde_reachable {
         println!(
             "minimum detectable drop at 80 % power: {:.1} points of pass rate",
-            advice.mde.drop * 100.0
+            f.mde_pass_rate * 100.0
         );
     } else {
         println!("minimum detectable drop at 80 % power: none (even a fall to 0 % is not reliably detected)");
     }
-    println!("advice: {}", advice.text);
+    println!("advice: {}", f.advice);
     EXIT_PASS
 }

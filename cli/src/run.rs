@@ -258,14 +258,71 @@ fn plan_jobs(args: &RunArgs, package: &Package, run_id: Uuid) -> Result<Vec<Job>
             .map(skilleval::model::RunnerSpec::config)
             .unwrap_or_default()
     });
-    plan(
+    let jobs = plan(
         &package.config,
         &package.content_hash,
         run_id,
         &filter,
         runner_override.as_ref(),
     )
-    .map_err(|e| RunError::Config(e.to_string()))
+    .map_err(|e| RunError::Config(e.to_string()))?;
+    match &args.rescore_of {
+        Some(run_dir) => with_recorded_outputs(args, run_dir, jobs),
+        None => Ok(jobs),
+    }
+}
+
+/// `skilleval rescore`: the jobs of the cases the run at `run_dir` recorded an output for,
+/// each carrying that output to the `given` runner (nothing is produced again).
+fn with_recorded_outputs(
+    args: &RunArgs,
+    run_dir: &Path,
+    jobs: Vec<Job>,
+) -> Result<Vec<Job>, RunError> {
+    if args.baseline || args.repeats > 1 {
+        return Err(RunError::Config(
+            "rescore grades recorded outputs once: --baseline and --repeats produce new ones"
+                .into(),
+        ));
+    }
+    let (record, results) = skilleval::artifacts::read_run_record(run_dir).map_err(|e| {
+        RunError::Config(format!(
+            "{} is not a run folder skilleval can rescore: {e}",
+            run_dir.display()
+        ))
+    })?;
+    let outputs: std::collections::HashMap<String, String> = results
+        .into_iter()
+        .filter(|r| !matches!(r.status, CaseStatus::Skipped | CaseStatus::Queued))
+        .filter_map(|r| Some((r.test_case_id, r.output?)))
+        .collect();
+    let jobs: Vec<Job> = jobs
+        .into_iter()
+        .filter_map(|mut job| {
+            let output = outputs.get(&job.case.id)?.clone();
+            job.runner = RunnerConfig {
+                kind: "given".into(),
+                ..RunnerConfig::default()
+            };
+            job.given = Some(skilleval::model::Given {
+                output,
+                tool_calls: None,
+            });
+            Some(job)
+        })
+        .collect();
+    if jobs.is_empty() {
+        return Err(RunError::Config(format!(
+            "run {} recorded no output for any selected case of the definition",
+            record.run_id
+        )));
+    }
+    eprintln!(
+        "rescoring {} recorded output(s) of run {}",
+        jobs.len(),
+        record.run_id
+    );
+    Ok(jobs)
 }
 
 /// The jobs that can run here, after listing those that need a model provider none is

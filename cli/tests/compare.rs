@@ -233,3 +233,87 @@ fn plan_prints_the_detectable_drop_and_advice_from_the_last_run() {
     assert!(mde > 0.0 && mde <= 0.75, "{mde}");
     assert!(plan["advice"].as_str().unwrap().contains("3 repeats"));
 }
+
+/// Each case's status in a run folder's `results.jsonl`, by case id.
+fn statuses(run_dir: &Path) -> std::collections::BTreeMap<String, String> {
+    std::fs::read_to_string(run_dir.join("results.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let r: Value = serde_json::from_str(l).unwrap();
+            (
+                r["test_case_id"].as_str().unwrap().to_string(),
+                r["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn rescore_grades_recorded_outputs_against_the_new_definition_without_running_the_skill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("upper");
+    write_skill(&root, &[0, 1], "");
+    let source = run(&root);
+    let before = statuses(&source);
+    assert_eq!(before["tc-0"], "failed");
+    assert_eq!(before["tc-2"], "passed");
+    // The new definition expects lower case; the skill's script now fails whenever it runs.
+    let tests_path = root.join("eval/tests.json");
+    let mut tests: Value =
+        serde_json::from_str(&std::fs::read_to_string(&tests_path).unwrap()).unwrap();
+    for (i, case) in tests["testCases"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
+        case["expected"]["output"] = Value::String(format!("word{i}"));
+    }
+    std::fs::write(&tests_path, serde_json::to_string_pretty(&tests).unwrap()).unwrap();
+    std::fs::write(root.join("scripts/run.py"), "import sys\nsys.exit(3)\n").unwrap();
+
+    let runs = root.join("eval/runs");
+    let existing = list(&runs);
+    let out = bin()
+        .args(["rescore", "--quiet"])
+        .arg(&source)
+        .arg(&root)
+        .output()
+        .unwrap();
+    // Six of eight cases now fail the new expectation: the verdict is fail.
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("rescoring 8 recorded output(s)"),
+        "{}",
+        stderr(&out)
+    );
+    let new: Vec<PathBuf> = list(&runs)
+        .into_iter()
+        .filter(|p| !existing.contains(p))
+        .collect();
+    assert_eq!(new.len(), 1, "one new run folder: {new:?}");
+    let after = statuses(&new[0]);
+    for i in 0..CASES {
+        let id = format!("tc-{i}");
+        let flipped = if before[&id] == "passed" {
+            "failed"
+        } else {
+            "passed"
+        };
+        assert_eq!(
+            after[&id], flipped,
+            "{id}: graded against the new expectation"
+        );
+    }
+    assert_eq!(statuses(&source), before, "the source run is unchanged");
+
+    let out = bin()
+        .args(["rescore", "--quiet", "--repeats", "3"])
+        .arg(&source)
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

@@ -22,11 +22,12 @@ use crate::db::CaseRow;
 use anyhow::Context as _;
 use futures::TryStreamExt as _;
 use serde_json::{json, Value};
+use skilleval::compare::GateConfig;
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::budget::mark_stopped;
 use skilleval::model::EvalSettings;
 use skilleval::plan::Job;
-use skilleval::summary::{RunSummary, Summarizer};
+use skilleval::summary::{RunSummary, Summarizer, Verdict};
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use skilleval_infra::store::lifecycle::{
     Finalising, RunState, RunStatus, StopReason, TransitionError,
@@ -35,6 +36,7 @@ use skilleval_infra::store::outbox::NewWebhook;
 use skilleval_infra::store::Store;
 use uuid::Uuid;
 
+use crate::comparing::regression_gate;
 use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
 use crate::views::RunView;
@@ -183,7 +185,28 @@ impl RunAggregator {
             // It must not pass, whatever the cases it did run scored.
             mark_stopped(&mut summary, reason, not_run);
         }
-        let summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
+        // The regression gate judges what the run measured: not a run its budget cut short,
+        // nor a cancelled one.
+        let gate = match (&run.gate, budget_stop, run.status) {
+            (Some(config), None, status) if status != RunStatus::Cancelled => {
+                let config: GateConfig =
+                    serde_json::from_value(config.clone()).context("stored gate")?;
+                let report = regression_gate(&self.store, &run, config).await?;
+                if report.verdict == Verdict::Fail {
+                    summary.verdict = Verdict::Fail;
+                    summary.verdict_reasons.insert(0, report.reason());
+                }
+                Some(report)
+            }
+            _ => None,
+        };
+        let mut summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
+        if let (Some(report), Value::Object(map)) = (gate, &mut summary_json) {
+            map.insert(
+                "regression_gate".into(),
+                serde_json::to_value(report).context("serialising the gate")?,
+            );
+        }
         let mut tx = self
             .store
             .pool()

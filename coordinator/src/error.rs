@@ -167,6 +167,36 @@ impl From<LaunchError> for ApiError {
                 "kind_unsupported",
                 e.to_string(),
             ),
+            LaunchError::RescoreWithoutSource => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "kind_unsupported",
+                e.to_string(),
+            ),
+            LaunchError::NothingToRescore { .. } => {
+                let rule = e.to_string();
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "nothing_to_rescore",
+                    rule.clone(),
+                )
+                .with_details(json!({ "field": "/version_id", "rule": rule }))
+            }
+            LaunchError::Gate {
+                error,
+                in_definition,
+            } => {
+                let field = if in_definition {
+                    format!("eval/tests.json#/settings/gate/{}", error.field)
+                } else {
+                    format!("/gate/{}", error.field)
+                };
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_gate",
+                    format!("`{field}`: {}", error.rule),
+                )
+                .with_details(json!({ "field": field, "rule": error.rule }))
+            }
             other => ApiError::internal(other),
         }
     }

@@ -20,12 +20,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
+use skilleval::compare::{GateConfig, GateSpec, GateSpecError};
 use skilleval::executor::{CaseStatus, JobResult};
-use skilleval::model::{EvalConfig, RunnerConfig, RunnerSpec};
+use skilleval::model::{EvalConfig, Given, RunnerConfig, RunnerSpec};
 use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
 use skilleval_infra::messages::EncodedJob;
 use skilleval_infra::store::lifecycle::{
-    RunKind, Transition, TransitionError, UnsupportedKind, WrittenOff,
+    Planning, RunKind, Transition, TransitionError, UnsupportedKind, WrittenOff,
 };
 use skilleval_infra::store::{Store, StoreError};
 use sqlx::pool::PoolConnection;
@@ -62,6 +63,10 @@ pub struct RunRequest {
     /// by the route (`> 0`, `>= 1`); the database's CHECKs hold the same rules.
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<i64>,
+    /// The regression gate asked for (`None`: the definition's `settings.gate`, if any).
+    pub gate: Option<GateSpec>,
+    /// A rescore's source run: its stored outputs are graded again (kind `rescore` only).
+    pub rescore_of: Option<Uuid>,
 }
 
 impl RunRequest {
@@ -76,6 +81,8 @@ impl RunRequest {
             kind,
             max_cost_usd: None,
             max_tokens: None,
+            gate: None,
+            rescore_of: None,
         }
     }
 }
@@ -108,6 +115,19 @@ pub enum LaunchError {
     Transition(#[from] TransitionError),
     #[error("a background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// A rescore names no source run.
+    #[error("a rescore run needs the run whose outputs it grades")]
+    RescoreWithoutSource,
+    /// None of the source run's recorded outputs belongs to a case of the definition.
+    #[error("run {source_run} recorded no output for any test case of the definition")]
+    NothingToRescore { source_run: Uuid },
+    /// The gate's thresholds are out of range; `in_definition`: the definition's
+    /// `settings.gate`, not the request's.
+    #[error("the regression gate: {error}")]
+    Gate {
+        error: GateSpecError,
+        in_definition: bool,
+    },
 }
 
 fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> LaunchError {
@@ -147,7 +167,12 @@ impl RunLauncher {
         conn: &mut PgConnection,
         request: &RunRequest,
     ) -> Result<PreparedRun, LaunchError> {
-        request.kind.planning()?;
+        let planning = request.kind.planning()?;
+        let givens = match (planning, request.rescore_of) {
+            (Planning::StoredOutputs, Some(source)) => Some(self.stored_outputs(source).await?),
+            (Planning::StoredOutputs, None) => return Err(LaunchError::RescoreWithoutSource),
+            (Planning::StoredDefinition, _) => None,
+        };
         let version = self
             .store
             .version_for_run(conn, request.version_id)
@@ -155,19 +180,74 @@ impl RunLauncher {
             .ok_or(LaunchError::VersionNotFound(request.version_id))?;
         // Reading the definition (and counting a filter's jobs) parses all of it: CPU work,
         // kept off the async threads.
-        let filter = request.filter.clone();
-        let (definition, total) = tokio::task::spawn_blocking(move || {
+        let mut filter = request.filter.clone();
+        let outputs = givens.clone();
+        let (definition, filter, total) = tokio::task::spawn_blocking(move || {
             let definition = read_definition(version.config)?;
+            if let Some(outputs) = &outputs {
+                // A rescore grades the definition's cases the source run has an output for.
+                filter.case_ids = case_ids(&definition)?
+                    .into_iter()
+                    .filter(|id| outputs.contains_key(id))
+                    .collect();
+            }
             let total = definition.count(&filter)?;
-            Ok::<_, TextError>((definition, total))
+            Ok::<_, TextError>((definition, filter, total))
         })
         .await??;
+        if let (Some(source_run), true) = (request.rescore_of, filter.case_ids.is_empty()) {
+            if givens.is_some() {
+                return Err(LaunchError::NothingToRescore { source_run });
+            }
+        }
         let planned = PlannedVersion {
             version_id: version.version_id,
             package_hash: version.package_hash,
             definition: Arc::new(definition),
         };
-        self.prepare_counted(planned, request, total?)
+        let mut request = request.clone();
+        request.filter = filter;
+        let mut prepared = self.prepare_counted(planned, &request, total?)?;
+        if let Some(givens) = givens {
+            let plan = Arc::get_mut(&mut prepared.plan).ok_or_else(|| LaunchError::Corrupt {
+                run_id: prepared.run_id,
+                what: "its plan is shared before it is made".into(),
+            })?;
+            plan.runner = Some(RunnerConfig {
+                kind: "given".into(),
+                ..RunnerConfig::default()
+            });
+            plan.rescore = Some((request.rescore_of.unwrap_or_default(), givens));
+            // A rescore grades outputs again; it is no new version to gate.
+            prepared.gate = None;
+        }
+        Ok(prepared)
+    }
+
+    /// The outputs a completed run recorded, by test case id (what a rescore grades again).
+    async fn stored_outputs(&self, source: Uuid) -> Result<Givens, LaunchError> {
+        let results = crate::aggregate::load_results(&self.store, source)
+            .await
+            .map_err(|e| LaunchError::Corrupt {
+                run_id: source,
+                what: format!("its results do not read: {e:#}"),
+            })?;
+        Ok(Arc::new(
+            results
+                .into_iter()
+                .filter(|r| !matches!(r.status, CaseStatus::Skipped | CaseStatus::Queued))
+                .filter_map(|r| {
+                    let output = r.output?;
+                    Some((
+                        r.test_case_id,
+                        Given {
+                            output,
+                            tool_calls: None,
+                        },
+                    ))
+                })
+                .collect(),
+        ))
     }
 
     /// Plans a run: checks the request's filter against the definition and counts its jobs
@@ -202,8 +282,20 @@ impl RunLauncher {
                 .filter(|n| *n > 0)
                 .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
         };
+        let gate = match (request.gate, header.settings.gate) {
+            (Some(spec), _) => spec.config().map_err(|error| LaunchError::Gate {
+                error,
+                in_definition: false,
+            })?,
+            (None, Some(spec)) => spec.config().map_err(|error| LaunchError::Gate {
+                error,
+                in_definition: true,
+            })?,
+            (None, None) => None,
+        };
         let run_id = Uuid::now_v7();
         Ok(PreparedRun {
+            gate,
             run_id,
             version_id: version.version_id,
             kind: request.kind,
@@ -220,6 +312,7 @@ impl RunLauncher {
                 package_hash: version.package_hash,
                 filter: request.filter.clone(),
                 runner,
+                rescore: None,
             }),
         })
     }
@@ -240,9 +333,13 @@ impl RunLauncher {
             idempotency_key: prepared.idempotency_key.as_deref(),
             max_in_flight: prepared.max_in_flight,
             fail_fast: prepared.fail_fast,
-            request: json!(RecordedFilter::from(&prepared.plan.filter)),
+            request: json!(RecordedFilter {
+                rescore_of: prepared.plan.rescore.as_ref().map(|(source, _)| *source),
+                ..RecordedFilter::from(&prepared.plan.filter)
+            }),
             max_cost_usd: prepared.max_cost_usd,
             max_tokens: prepared.max_tokens,
+            gate: prepared.gate.map(|g| json!(g)),
         };
         Ok(self
             .store
@@ -622,12 +719,17 @@ impl RunLauncher {
             .await?
             .ok_or(LaunchError::VersionNotFound(stored.version_id))?;
         drop(conn);
-        let filter: CaseFilter = serde_json::from_value::<RecordedFilter>(stored.request)
-            .map_err(|e| LaunchError::Corrupt {
+        let recorded = serde_json::from_value::<RecordedFilter>(stored.request).map_err(|e| {
+            LaunchError::Corrupt {
                 run_id,
                 what: format!("its stored request does not parse: {e}"),
-            })?
-            .into();
+            }
+        })?;
+        let rescore = match recorded.rescore_of {
+            Some(source) => Some((source, self.stored_outputs(source).await?)),
+            None => None,
+        };
+        let filter: CaseFilter = recorded.into();
         let runner: Option<RunnerConfig> = stored
             .runner
             .map(serde_json::from_value)
@@ -644,6 +746,7 @@ impl RunLauncher {
             package_hash: version.package_hash,
             filter,
             runner,
+            rescore,
         });
         self.remember(Arc::clone(&plan));
         Ok(plan)
@@ -729,7 +832,12 @@ pub struct RunPlan {
     package_hash: String,
     filter: CaseFilter,
     runner: Option<RunnerConfig>,
+    /// A rescore's source run and its recorded outputs, carried by each job.
+    rescore: Option<(Uuid, Givens)>,
 }
+
+/// Recorded outputs by test case id.
+type Givens = Arc<HashMap<String, Given>>;
 
 impl RunPlan {
     /// The plan's jobs from position `from`, at most `limit` of them, in chunks of at most
@@ -742,6 +850,7 @@ impl RunPlan {
         let filter = self.filter.clone();
         let runner = self.runner.clone();
         let run_id = self.run_id;
+        let givens = self.rescore.as_ref().map(|(_, g)| Arc::clone(g));
         tokio::task::spawn_blocking(move || {
             let mut position = 0usize;
             let mut left = limit;
@@ -762,6 +871,11 @@ impl RunPlan {
                     }
                     jobs.truncate(left);
                     left -= jobs.len();
+                    if let Some(givens) = &givens {
+                        for job in &mut jobs {
+                            job.given = givens.get(&job.case.id).cloned();
+                        }
+                    }
                     tx.blocking_send(Ok(jobs)).is_ok() && left > 0
                 },
             );
@@ -794,6 +908,9 @@ struct RecordedFilter {
     suite: Option<String>,
     #[serde(default)]
     test_cases: Vec<String>,
+    /// A rescore's source run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rescore_of: Option<Uuid>,
 }
 
 impl From<&CaseFilter> for RecordedFilter {
@@ -802,6 +919,7 @@ impl From<&CaseFilter> for RecordedFilter {
             tags: filter.tags.clone(),
             suite: filter.suite.clone(),
             test_cases: filter.case_ids.clone(),
+            rescore_of: None,
         }
     }
 }
@@ -837,6 +955,7 @@ pub struct PreparedRun {
     fail_fast: bool,
     max_cost_usd: Option<f64>,
     max_tokens: Option<i64>,
+    gate: Option<GateConfig>,
     /// How many jobs the filter selects.
     pub total: usize,
     /// What its jobs are planned from.
@@ -847,11 +966,28 @@ pub struct PreparedRun {
 pub type JobChunks = tokio::sync::mpsc::Receiver<Result<Vec<Job>, TextError>>;
 
 /// A version's stored definition, read for planning.
-fn read_definition(stored: StoredDefinition) -> Result<DefinitionText, TextError> {
+pub(crate) fn read_definition(stored: StoredDefinition) -> Result<DefinitionText, TextError> {
     match stored {
         StoredDefinition::Deflated(bytes) => DefinitionText::from_deflated(bytes),
         StoredDefinition::Text(text) => DefinitionText::parse(text),
     }
+}
+
+/// Every case id of a definition, in definition order.
+fn case_ids(definition: &DefinitionText) -> Result<Vec<String>, TextError> {
+    let mut ids = Vec::with_capacity(definition.cases());
+    definition.plan_chunks(
+        "",
+        Uuid::nil(),
+        &CaseFilter::default(),
+        None,
+        PUBLISH_CHUNK,
+        |jobs| {
+            ids.extend(jobs.into_iter().map(|j| j.case.id));
+            true
+        },
+    )?;
+    Ok(ids)
 }
 
 /// A runner named in a request keeps the definition's runner options (its script) unless the

@@ -31,6 +31,7 @@ pub use skilleval_infra::store::runs as db;
 pub mod aggregate;
 pub mod auth;
 pub mod broker;
+pub mod comparing;
 pub mod error;
 pub mod extract;
 pub mod jobs;

@@ -101,6 +101,11 @@ pub struct EvalSettings {
     /// Minimum weighted mean score (0..1) for a `pass` verdict. Default: not checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub score_threshold: Option<f64>,
+    /// The regression gate every run of this definition applies in the service
+    /// (`"no_regression"` or `{"rule": "no_regression", "alpha": .., "scoreMargin": ..}`);
+    /// a run request may set its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<crate::compare::GateSpec>,
 }
 
 /// How a case's output is produced.

@@ -20,7 +20,9 @@ use crate::metrics::HttpLabels;
 use crate::state::AppState;
 
 pub mod admin;
+pub mod comparisons;
 pub mod health;
+pub mod history;
 pub mod runs;
 pub mod skills;
 
@@ -41,6 +43,10 @@ macro_rules! routes {
 routes! {
     post "/v1/skills" => skills::upload;
     get "/v1/skills/{name}/versions" => skills::versions;
+    get "/v1/skills/{name}/history" => history::history;
+    get "/v1/skills/{name}/benchmark" => history::benchmark;
+    post "/v1/comparisons" => comparisons::create;
+    get "/v1/comparisons/{id}" => comparisons::get_comparison;
     post "/v1/runs" => runs::create;
     get "/v1/runs/{id}" => runs::get_run;
     get "/v1/runs/{id}/results" => runs::results;
@@ -48,6 +54,7 @@ routes! {
     post "/v1/runs/{id}/cancel" => runs::cancel;
     get "/v1/admin/parked" => admin::list_parked;
     post "/v1/admin/parked/{id}/requeue" => admin::requeue_parked;
+    post "/v1/runs/{id}/rescore" => runs::rescore;
     get "/v1/openapi.json" => health::openapi;
     get "/healthz" => health::healthz;
     get "/readyz" => health::readyz;

@@ -7,11 +7,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
+use skilleval::compare::GateSpec;
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::model::RunnerSpec;
 use skilleval::plan::CaseFilter;
 use skilleval::report::{render, ReportContext, ReportFormat};
-use skilleval_infra::store::lifecycle::{RunKind, TransitionError};
+use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
 
 use crate::aggregate::{load_results, stored_summary};
 use crate::error::ApiError;
@@ -48,14 +50,26 @@ pub struct CreateRunBody {
     /// negative value reaches the range check and its message, not a type error.
     #[serde(default)]
     pub max_tokens: Option<i64>,
+    /// The regression gate: `"no_regression"` or `{"rule", "alpha", "score_margin"}`.
+    #[serde(default)]
+    pub gate: Option<GateSpec>,
 }
 
-/// `POST /v1/runs`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRunQuery {
+    /// Plan the run and answer what it would cost and detect, creating nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// `POST /v1/runs` (`?dry_run=true`: the forecast, nothing created).
 #[tracing::instrument(skip_all, fields(version_id = %body.version_id))]
 pub async fn create(
     State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<CreateRunQuery>,
     ApiJson(body): ApiJson<CreateRunBody>,
-) -> Result<(StatusCode, Json<CreateRunResponse>), ApiError> {
+) -> Result<Response, ApiError> {
     if let Some(url) = &body.callback_url {
         check_callback_url("/callback_url", url)?;
     }
@@ -91,7 +105,12 @@ pub async fn create(
         kind: RunKind::Manual,
         max_cost_usd: body.max_cost_usd,
         max_tokens: body.max_tokens,
+        gate: body.gate,
+        rescore_of: None,
     };
+    if query.dry_run {
+        return Ok(Json(dry_run(&state, &request).await?).into_response());
+    }
     let inserted = state.launcher.create(&request).await?;
     Ok((
         StatusCode::ACCEPTED,
@@ -99,7 +118,59 @@ pub async fn create(
             run_id: inserted.run_id(),
             created: matches!(inserted, RunInsert::Created(_)),
         }),
-    ))
+    )
+        .into_response())
+}
+
+/// What the run would cost and could detect: its jobs planned (filter and runner applied)
+/// and counted a chunk at a time, priced and powered from the skill's last completed run
+/// (this version's, else the previous version's), as `skilleval plan` does locally.
+async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::Value, ApiError> {
+    let prepared = {
+        let mut conn = state.store.pool().acquire().await?;
+        state.launcher.prepare_stored(&mut conn, request).await?
+    };
+    let registry = skilleval::strategy::StrategyRegistry::builtin().build();
+    let mut counts = CallCounts::default();
+    let mut chunks = prepared.plan.chunks(0, usize::MAX);
+    while let Some(chunk) = chunks.recv().await {
+        let jobs = chunk.map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+        counts.add(&jobs, &registry);
+    }
+    let last_run = match state.store.latest_completed_run(request.version_id).await? {
+        Some(run) => Some(run),
+        None => state
+            .store
+            .previous_run(request.version_id, false)
+            .await?
+            .map(|(_, run)| run),
+    };
+    let measured = match last_run {
+        Some(run_id) => {
+            let results = load_results(&state.store, run_id).await?;
+            let version = state.store.get_run(run_id).await?.map(|r| r.version);
+            let source = match version {
+                Some(v) => format!("run {run_id} of version {v}"),
+                None => format!("run {run_id}"),
+            };
+            Measured::from_results(source, &results)
+        }
+        None => None,
+    };
+    // The service runs each case once, with the skill, and no trigger evals yet.
+    let shape = Shape {
+        repeats: 1,
+        baseline: false,
+        trigger_queries: 0,
+        trigger_runs: 0,
+    };
+    let f = forecast(&counts, shape, measured.as_ref())
+        .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    let mut doc = json!(f);
+    doc["dry_run"] = json!(true);
+    doc["version_id"] = json!(request.version_id);
+    doc["measured"] = json!(measured);
+    Ok(doc)
 }
 
 /// Budget caps are well-formed JSON of the right type but may break their range: that is a
@@ -333,4 +404,121 @@ pub async fn cancel(
             skipped,
         }),
     ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RescoreBody {
+    /// The version whose definition grades the outputs (default: the source run's).
+    #[serde(default)]
+    pub version_id: Option<uuid::Uuid>,
+    /// Answer the case count and the estimated judge cost, creating nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub callback_url: Option<String>,
+}
+
+/// `POST /v1/runs/{id}/rescore`: a `rescore` run grading the completed run's stored outputs
+/// against a version's definition (the `given` runner carries each output: nothing is
+/// produced again; judges are called only where the definition's strategies need them). The
+/// source run is not changed.
+#[tracing::instrument(skip_all, fields(run_id = %id))]
+pub async fn rescore(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<RescoreBody>,
+) -> Result<Response, ApiError> {
+    let source_id = parse_uuid("id", &id)?;
+    if let Some(url) = &body.callback_url {
+        check_callback_url("/callback_url", url)?;
+    }
+    check_budget(body.max_cost_usd, body.max_tokens)?;
+    let source = state
+        .store
+        .get_run(source_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run", source_id))?;
+    if source.status != RunStatus::Completed {
+        return Err(ApiError::conflict(
+            "run_not_completed",
+            format!("run {source_id} is {}, not completed", source.status),
+        )
+        .with_details(json!({ "field": "id", "rule": "only a completed run's outputs can be rescored", "status": source.status })));
+    }
+    let version_id = body.version_id.unwrap_or(source.version_id);
+    let target = {
+        let mut conn = state.store.pool().acquire().await?;
+        state.store.version_for_run(&mut conn, version_id).await?
+    }
+    .ok_or_else(|| ApiError::not_found("version", version_id))?;
+    if target.skill_name != source.skill {
+        let rule = format!(
+            "must be a version of `{}`, the run's skill (it is one of `{}`)",
+            source.skill, target.skill_name
+        );
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            format!("`/version_id`: {rule}"),
+        )
+        .with_details(json!({ "field": "/version_id", "rule": rule })));
+    }
+    let request = RunRequest {
+        version_id,
+        runner: None,
+        filter: CaseFilter::default(),
+        callback_url: body.callback_url,
+        idempotency_key: None,
+        kind: RunKind::Rescore,
+        max_cost_usd: body.max_cost_usd,
+        max_tokens: body.max_tokens,
+        gate: None,
+        rescore_of: Some(source_id),
+    };
+    if body.dry_run {
+        let prepared = {
+            let mut conn = state.store.pool().acquire().await?;
+            state.launcher.prepare_stored(&mut conn, &request).await?
+        };
+        let registry = skilleval::strategy::StrategyRegistry::builtin().build();
+        let mut counts = CallCounts::default();
+        let mut chunks = prepared.plan.chunks(0, usize::MAX);
+        while let Some(chunk) = chunks.recv().await {
+            let jobs = chunk.map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+            counts.add(&jobs, &registry);
+        }
+        // Priced from what judging cost in the source run, per case a model graded there.
+        let results = load_results(&state.store, source_id).await?;
+        let judged: Vec<f64> = results
+            .iter()
+            .filter(|r| r.grade_usage.input_tokens + r.grade_usage.output_tokens > 0)
+            .map(|r| r.grade_usage.cost_usd)
+            .collect();
+        let per_case =
+            (!judged.is_empty()).then(|| judged.iter().sum::<f64>() / judged.len() as f64);
+        return Ok(Json(json!({
+            "dry_run": true,
+            "source_run": source_id,
+            "version_id": request.version_id,
+            "cases": counts.cases,
+            "judge_calls": counts.judged,
+            "generation_calls": 0,
+            "estimated_judge_cost_usd": per_case.map(|c| c * counts.judged as f64),
+        }))
+        .into_response());
+    }
+    let inserted = state.launcher.create(&request).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(CreateRunResponse {
+            run_id: inserted.run_id(),
+            created: matches!(inserted, RunInsert::Created(_)),
+        }),
+    )
+        .into_response())
 }

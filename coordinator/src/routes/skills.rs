@@ -15,6 +15,7 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
+use skilleval::compare::{GateRule, GateSpec};
 use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits};
 use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
 use skilleval::problem::Problem;
@@ -28,6 +29,34 @@ use crate::state::AppState;
 use crate::views::{UploadResponse, VersionList, VersionView};
 use skilleval_infra::store::lifecycle::RunKind;
 
+/// The upload's gate from its query parameters; thresholds without `gate` are refused (they
+/// would silently do nothing).
+fn upload_gate(query: &UploadQuery) -> Result<Option<GateSpec>, ApiError> {
+    let Some(rule) = query.gate else {
+        if query.gate_alpha.is_some() || query.gate_score_margin.is_some() {
+            return Err(ApiError::invalid_field(
+                "invalid_query",
+                "gate",
+                "is required with gate_alpha or gate_score_margin",
+            ));
+        }
+        return Ok(None);
+    };
+    let spec = GateSpec::Detailed {
+        rule,
+        alpha: query.gate_alpha,
+        score_margin: query.gate_score_margin,
+    };
+    if let Err(e) = spec.config() {
+        return Err(ApiError::invalid_field(
+            "invalid_query",
+            &format!("gate_{}", e.field),
+            e.rule,
+        ));
+    }
+    Ok(Some(spec))
+}
+
 /// The configuration key named in 413 responses.
 pub const UPLOAD_LIMIT_KEY: &str = "coordinator.max_upload_bytes";
 
@@ -39,6 +68,14 @@ pub struct UploadQuery {
     pub run: bool,
     #[serde(default)]
     pub callback_url: Option<String>,
+    /// The regression gate of the upload's run (`no_regression`, or `none` to override the
+    /// definition's), with optional thresholds.
+    #[serde(default)]
+    pub gate: Option<GateRule>,
+    #[serde(default)]
+    pub gate_alpha: Option<f64>,
+    #[serde(default)]
+    pub gate_score_margin: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -55,6 +92,7 @@ pub async fn upload(
     if let Some(url) = &query.callback_url {
         check_callback_url("callback_url", url)?;
     }
+    let gate = upload_gate(&query)?;
     let headers = request.headers().clone();
     let body = read_limited(request.into_body(), &headers, state.max_upload_bytes)
         .await
@@ -122,6 +160,8 @@ pub async fn upload(
             kind: RunKind::Upload,
             max_cost_usd: None,
             max_tokens: None,
+            gate,
+            rescore_of: None,
         };
         // Planned from the definition in hand (the one just stored, or the identical one of
         // the version with the same content), not read back from the database.

@@ -104,7 +104,7 @@ fn the_documents_own_examples_fit_its_schemas() {
 }
 
 /// Checks a live response against the document's schema for (method, route, status).
-fn check(doc: &Value, method: &str, route: &str, status: u16, body: &Value) {
+pub(crate) fn check(doc: &Value, method: &str, route: &str, status: u16, body: &Value) {
     let op = &doc["paths"][route][method];
     assert!(op.is_object(), "{method} {route} is not documented");
     let response = &op["responses"][status.to_string()];

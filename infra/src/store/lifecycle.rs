@@ -78,7 +78,7 @@ pub enum RunKind {
     /// Created by `POST /v1/runs`: planned and finalised exactly as an upload's run; only its
     /// origin differs (kept so that clients reading `kind` see what they saw before).
     Manual,
-    /// Grades stored outputs against another definition (no generation). Not yet created.
+    /// Grades a completed run's stored outputs against a version's definition (no generation).
     Rescore,
     /// Judges a batch of production samples on the lower-priority lane. Not yet created.
     Samples,
@@ -89,6 +89,9 @@ pub enum RunKind {
 pub enum Planning {
     /// One job per selected case of the version's stored definition, in case order.
     StoredDefinition,
+    /// One job per case of the version's definition that the source run recorded an output
+    /// for, carrying that output (`given` runner: nothing is produced again).
+    StoredOutputs,
 }
 
 /// What finalising a run of a kind produces.
@@ -112,15 +115,16 @@ impl RunKind {
     pub fn planning(self) -> Result<Planning, UnsupportedKind> {
         match self {
             RunKind::Upload | RunKind::Manual => Ok(Planning::StoredDefinition),
-            RunKind::Rescore | RunKind::Samples => Err(UnsupportedKind(self)),
+            RunKind::Rescore => Ok(Planning::StoredOutputs),
+            RunKind::Samples => Err(UnsupportedKind(self)),
         }
     }
 
     /// What finalising a run of this kind produces.
     pub fn finalising(self) -> Result<Finalising, UnsupportedKind> {
         match self {
-            RunKind::Upload | RunKind::Manual => Ok(Finalising::Verdict),
-            RunKind::Rescore | RunKind::Samples => Err(UnsupportedKind(self)),
+            RunKind::Upload | RunKind::Manual | RunKind::Rescore => Ok(Finalising::Verdict),
+            RunKind::Samples => Err(UnsupportedKind(self)),
         }
     }
 }

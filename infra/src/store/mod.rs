@@ -24,6 +24,7 @@ use sqlx::PgPool;
 
 use crate::config::{redact_url, DatabaseSettings};
 
+pub mod comparisons;
 pub mod lifecycle;
 pub mod llm;
 pub mod outbox;

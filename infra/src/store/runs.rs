@@ -42,6 +42,9 @@ pub struct NewRun<'a> {
     /// Budget: the run stops once its cases spent more than this (`None`: no cap).
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<i64>,
+    /// The regression gate's thresholds (`skilleval::compare::GateConfig` as JSON; `None`:
+    /// no gate).
+    pub gate: Option<Value>,
 }
 
 /// Whether [`insert_run`] created the run or found the one with the same idempotency key.
@@ -73,8 +76,8 @@ async fn insert_run(
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO runs
             (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
-             max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens)
-         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens, gate)
+         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
     )
@@ -90,6 +93,7 @@ async fn insert_run(
     .bind(&run.request)
     .bind(run.max_cost_usd)
     .bind(run.max_tokens)
+    .bind(&run.gate)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(run_id) = inserted else {
@@ -277,6 +281,8 @@ pub struct RunRow {
     /// Why the run stopped early, when it did, and the stop's sentence.
     pub stop_reason: Option<StopReason>,
     pub stop_detail: Option<String>,
+    /// The regression gate the run was created with (`GateConfig` as JSON).
+    pub gate: Option<Value>,
 }
 
 async fn get_run(
@@ -288,7 +294,7 @@ async fn get_run(
                 c.settings, r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
                 r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at,
                 r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd, r.stop_reason,
-                r.stop_detail
+                r.stop_detail, r.gate
          FROM runs r
          JOIN skill_versions v ON v.id = r.version_id
          JOIN skills s ON s.id = v.skill_id
@@ -330,6 +336,7 @@ async fn get_run(
             max_cost_usd: r.try_get(25)?,
             stop_reason: r.try_get(26)?,
             stop_detail: r.try_get(27)?,
+            gate: r.try_get(28)?,
         })
     })
     .transpose()
