@@ -30,7 +30,9 @@ pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use skilleval_infra::store::lifecycle::{
     Finalising, RunState, RunStatus, StopReason, TransitionError,
 };
+use skilleval_infra::store::runs::RunRow;
 use skilleval_infra::store::Store;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::launch::RunLauncher;
@@ -139,8 +141,8 @@ impl RunAggregator {
     }
 
     /// Computes the summary and finalises the run if nobody did yet; `true` when this call
-    /// finalised it (and sent the webhook).
-    #[tracing::instrument(skip(self))]
+    /// finalised it (and sent the webhook). Traced in the run's trace (a child of the request
+    /// that created it), whichever event or sweep got here.
     pub async fn finalise(&self, run_id: Uuid) -> anyhow::Result<bool> {
         let Some(run) = self.store.get_run(run_id).await? else {
             return Ok(false);
@@ -148,6 +150,17 @@ impl RunAggregator {
         if run.finalised || run.counters.completed < run.counters.total {
             return Ok(false);
         }
+        let span = tracing::info_span!(
+            "finalise run",
+            skilleval.run_id = %run_id,
+            skilleval.verdict = tracing::field::Empty,
+        );
+        skilleval_infra::telemetry::set_parent(&span, run.traceparent.as_deref());
+        self.finalise_run(run).instrument(span).await
+    }
+
+    async fn finalise_run(&self, run: RunRow) -> anyhow::Result<bool> {
+        let run_id = run.id;
         let Finalising::Verdict = run.kind.finalising()?;
         let settings: EvalSettings = if run.settings.is_null() {
             EvalSettings::default()
@@ -198,6 +211,7 @@ impl RunAggregator {
             summary.verdict.as_str()
         };
         Metrics::count(&self.metrics.runs_finalised, outcome);
+        tracing::Span::current().record("skilleval.verdict", outcome);
         tracing::info!(
             verdict = summary.verdict.as_str(),
             pass_rate = summary.pass_rate,
@@ -215,11 +229,25 @@ impl RunAggregator {
             let body = serde_json::to_vec(&json!({ "event": "run.finished", "run": view }))
                 .context("webhook body")?;
             let metrics = self.metrics.clone();
+            let span = tracing::info_span!(
+                "webhook",
+                otel.name = "POST run.finished webhook",
+                otel.kind = "client",
+                skilleval.run_id = %run_id,
+                http.request.method = "POST",
+                url.full = %url,
+                skilleval.webhook.outcome = tracing::field::Empty,
+            );
             // Delivery retries for minutes: never hold up the aggregator for it.
-            tokio::spawn(async move {
-                let delivery = sender.deliver(&url, "run.finished", &body).await;
-                Metrics::count(&metrics.webhooks, delivery.outcome());
-            });
+            tokio::spawn(
+                async move {
+                    let delivery = sender.deliver(&url, "run.finished", &body).await;
+                    tracing::Span::current()
+                        .record("skilleval.webhook.outcome", delivery.outcome());
+                    Metrics::count(&metrics.webhooks, delivery.outcome());
+                }
+                .instrument(span),
+            );
         }
         Ok(true)
     }

@@ -220,6 +220,7 @@ impl RunLauncher {
                 package_hash: version.package_hash,
                 filter: request.filter.clone(),
                 runner,
+                traceparent: skilleval_infra::telemetry::current_traceparent(),
             }),
         })
     }
@@ -243,11 +244,18 @@ impl RunLauncher {
             request: json!(RecordedFilter::from(&prepared.plan.filter)),
             max_cost_usd: prepared.max_cost_usd,
             max_tokens: prepared.max_tokens,
+            traceparent: prepared.plan.traceparent.clone(),
         };
-        Ok(self
+        let inserted = self
             .store
             .insert_run(conn, &new_run, prepared.total)
-            .await?)
+            .await?;
+        // On the creating request's span: what an operator searches the trace by.
+        skilleval_infra::telemetry::set_current_attribute(
+            "skilleval.run_id",
+            inserted.run_id().to_string(),
+        );
+        Ok(inserted)
     }
 
     /// After the commit of [`RunLauncher::insert`]: the creation's publishing pass, in a task
@@ -265,12 +273,16 @@ impl RunLauncher {
         self.metrics.runs_created.inc();
         self.remember(Arc::clone(&prepared.plan));
         let launcher = self.clone();
-        Some(tokio::spawn(async move {
-            if let Err(e) = launcher.create_pass(&prepared.plan).await {
-                launcher.metrics.publish_failures.inc();
-                tracing::warn!(%run_id, error = %e, "publishing the run's jobs failed; the sweeper will resume");
+        // In the creating request's span: the jobs' send spans belong to its trace.
+        Some(tokio::spawn(
+            async move {
+                if let Err(e) = launcher.create_pass(&prepared.plan).await {
+                    launcher.metrics.publish_failures.inc();
+                    tracing::warn!(%run_id, error = %e, "publishing the run's jobs failed; the sweeper will resume");
+                }
             }
-        }))
+            .in_current_span(),
+        ))
     }
 
     /// Creates a run of a stored version and starts publishing it.
@@ -411,7 +423,12 @@ impl RunLauncher {
                     run_id,
                     what: format!("job `{}` does not serialise: {e}", job.case.id),
                 })?;
-                Ok(EncodedJob::from_stored(run_id, job.case.id.clone(), &text))
+                Ok(EncodedJob::from_stored(
+                    run_id,
+                    job.case.id.clone(),
+                    job.attempt,
+                    &text,
+                ))
             })
             .collect()
     }
@@ -444,10 +461,15 @@ impl RunLauncher {
     /// cases finish). Returns how many jobs were confirmed.
     pub async fn release(&self, run_id: Uuid) -> Result<usize, LaunchError> {
         let plan = self.plan_of(run_id).await?;
-        let mut conn = self.locked(run_id).await?;
-        let published = self.publish_pass(&mut conn, &plan, Pass::Release).await;
-        unlock(&self.store, conn, run_id).await;
-        published
+        let span = plan.pass_span(Pass::Release);
+        async {
+            let mut conn = self.locked(run_id).await?;
+            let published = self.publish_pass(&mut conn, &plan, Pass::Release).await;
+            unlock(&self.store, conn, run_id).await;
+            published
+        }
+        .instrument(span)
+        .await
     }
 
     /// [`RunLauncher::release`], logging a failure instead of returning it: the sweeper
@@ -503,7 +525,12 @@ impl RunLauncher {
             return Ok(0);
         }
         let published = match self.plan_of(run_id).await {
-            Ok(plan) => self.publish_pass(&mut conn, &plan, Pass::Resume).await,
+            Ok(plan) => {
+                let span = plan.pass_span(Pass::Resume);
+                self.publish_pass(&mut conn, &plan, Pass::Resume)
+                    .instrument(span)
+                    .await
+            }
             Err(e) => Err(e),
         };
         unlock(&self.store, conn, run_id).await;
@@ -644,6 +671,7 @@ impl RunLauncher {
             package_hash: version.package_hash,
             filter,
             runner,
+            traceparent: stored.traceparent,
         });
         self.remember(Arc::clone(&plan));
         Ok(plan)
@@ -729,9 +757,23 @@ pub struct RunPlan {
     package_hash: String,
     filter: CaseFilter,
     runner: Option<RunnerConfig>,
+    /// The W3C trace context of the request that created the run: later passes (releases,
+    /// the sweeper) publish in its trace.
+    traceparent: Option<String>,
 }
 
 impl RunPlan {
+    /// A span for a pass that runs outside the creating request, in the run's trace.
+    fn pass_span(&self, pass: Pass) -> tracing::Span {
+        let span = tracing::info_span!(
+            "publish run",
+            skilleval.run_id = %self.run_id,
+            skilleval.pass = ?pass,
+        );
+        skilleval_infra::telemetry::set_parent(&span, self.traceparent.as_deref());
+        span
+    }
+
     /// The plan's jobs from position `from`, at most `limit` of them, in chunks of at most
     /// [`PUBLISH_CHUNK`] in case order, planned in a blocking thread (parsing is CPU work) a
     /// chunk or two ahead of the receiver; dropping the receiver stops the planning.

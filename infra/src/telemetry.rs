@@ -1,20 +1,46 @@
-//! Logging, set up in one place for every binary.
+//! Logging and tracing, set up in one place for every binary.
 //!
-//! The filter is an `EnvFilter` directive from [`LogSettings::filter`] (which `RUST_LOG`
-//! overrides, see [`crate::config`]). The format is JSON lines when asked for
+//! **Logs.** The filter is an `EnvFilter` directive from [`LogSettings::filter`] (which
+//! `RUST_LOG` overrides, see [`crate::config`]). The format is JSON lines when asked for
 //! (`SKILLEVAL_LOG_FORMAT=json`) or, with the default `auto`, whenever stderr is not a terminal:
 //! a process under a supervisor, in a container or in CI writes machine-readable lines that
-//! carry the fields of the enclosing spans (`run_id`, `test_case_id`), and a person at a
+//! carry the fields of the enclosing spans (`skilleval.run_id`, `skilleval.test_case_id`) and
+//! the OpenTelemetry `trace_id` and `span_id` of the nearest traced span, and a person at a
 //! terminal reads text. Logs go to stderr so stdout stays free for a binary's own output.
+//!
+//! **Traces.** `tracing` spans become OpenTelemetry spans through `tracing-opentelemetry`. Only
+//! the spans that make up a run's trace are traced ([`TRACED_FIELDS`]): the HTTP request, the
+//! broker's send and process spans, and the job's runner call, graders and result commit; the
+//! finer spans of the code stay in the logs. The W3C trace context travels in the AMQP message
+//! headers ([`crate::topology`]) and is stored with each run, so a job on any worker and the
+//! run's aggregation join the trace of the request that created the run.
+//!
+//! Spans are exported over OTLP (HTTP, protobuf) only when an endpoint is configured
+//! ([`TelemetrySettings::traces_url`]); then a batch processor exports them from a thread of its
+//! own, and [`Telemetry::shutdown`] flushes what is left when the process stops. Without an
+//! endpoint no exporter or processor is installed: span and trace ids are still made (they go
+//! into the message headers and the logs), nothing is queued or sent.
 
 use std::io::IsTerminal;
 
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
+use tracing_opentelemetry::{OpenTelemetrySpanExt, OtelData};
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::config::{LogFormat, LogSettings};
+use crate::config::{LogFormat, LogSettings, TelemetrySettings};
+
+/// A span is traced when it declares one of these fields: the ids of the job it is about, or
+/// its OpenTelemetry kind (the request and broker spans).
+pub const TRACED_FIELDS: &[&str] = &["skilleval.run_id", "otel.kind"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
@@ -24,6 +50,45 @@ pub enum TelemetryError {
         #[source]
         source: tracing_subscriber::filter::ParseError,
     },
+    #[error("setting up the OTLP exporter for {url}: {source}")]
+    Exporter {
+        url: String,
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+}
+
+/// The installed tracer provider. [`Telemetry::shutdown`] (or dropping it) exports the spans
+/// still queued; call it once the process's work is done.
+#[derive(Debug)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+    exporting: bool,
+}
+
+impl Telemetry {
+    /// Whether spans are exported (an OTLP endpoint is configured).
+    pub fn exporting(&self) -> bool {
+        self.exporting
+    }
+
+    /// Flushes and stops the exporter. Blocks until the queued spans are sent (or the export
+    /// timeout passes). Idempotent.
+    pub fn shutdown(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            if self.exporting {
+                if let Err(e) = provider.shutdown() {
+                    eprintln!("warning: flushing traces on shutdown: {e}");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
 }
 
 /// Whether logs will be JSON lines under these settings on this process.
@@ -35,30 +100,193 @@ pub fn uses_json(settings: &LogSettings) -> bool {
     }
 }
 
-/// Installs the global subscriber. A second call (tests) keeps the first one.
-pub fn init(settings: &LogSettings) -> Result<(), TelemetryError> {
-    let filter = EnvFilter::try_new(&settings.filter).map_err(|source| TelemetryError::Filter {
-        filter: settings.filter.clone(),
+/// Installs the global subscriber (logs, and traces as [`TelemetrySettings`] say) for the
+/// process `service` (the default `service.name`; `OTEL_SERVICE_NAME` wins). A second call
+/// (tests) keeps the first subscriber.
+pub fn init(
+    log: &LogSettings,
+    telemetry: &TelemetrySettings,
+    service: &str,
+) -> Result<Telemetry, TelemetryError> {
+    let filter = EnvFilter::try_new(&log.filter).map_err(|source| TelemetryError::Filter {
+        filter: log.filter.clone(),
         source,
     })?;
-    let registry = tracing_subscriber::registry().with(filter);
+    let (provider, exporting) = tracer_provider(telemetry, service)?;
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("skilleval"))
+        .with_location(false)
+        .with_threads(false)
+        .with_filter(filter_fn(|meta| {
+            meta.is_event()
+                || TRACED_FIELDS
+                    .iter()
+                    .any(|name| meta.fields().field(name).is_some())
+        }));
+    let registry = tracing_subscriber::registry().with(filter).with(otel);
     // `try_init` fails only when a subscriber is already set, which is fine to ignore.
-    if uses_json(settings) {
-        let layer = tracing_subscriber::fmt::layer()
-            .json()
+    if uses_json(log) {
+        let mut layer = json_subscriber::fmt::layer()
             .with_current_span(true)
             .with_span_list(true)
             .flatten_event(true)
-            .with_span_events(FmtSpan::NONE)
             .with_writer(std::io::stderr);
+        layer
+            .inner_layer_mut()
+            .add_from_span("trace_id", |span| traced_ids(span).map(|(t, _)| t));
+        layer
+            .inner_layer_mut()
+            .add_from_span("span_id", |span| traced_ids(span).map(|(_, s)| s));
         let _ = registry.with(layer).try_init();
     } else {
         // Colour only for a person at a terminal: escape codes in a file or a pipe are noise.
         let layer = tracing_subscriber::fmt::layer()
             .with_target(true)
             .with_ansi(std::io::stderr().is_terminal())
+            .with_span_events(FmtSpan::NONE)
             .with_writer(std::io::stderr);
         let _ = registry.with(layer).try_init();
     }
-    Ok(())
+    Ok(Telemetry {
+        provider: Some(provider),
+        exporting,
+    })
+}
+
+fn tracer_provider(
+    telemetry: &TelemetrySettings,
+    service: &str,
+) -> Result<(SdkTracerProvider, bool), TelemetryError> {
+    // The SDK's detectors read OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the binary's
+    // name stands in only for the SDK's `unknown_service` placeholder.
+    let detected = Resource::builder().build();
+    let named = detected
+        .get(&opentelemetry::Key::from_static_str("service.name"))
+        .is_some_and(|v| !v.as_str().starts_with("unknown_service"));
+    let resource = if named {
+        detected
+    } else {
+        Resource::builder().with_service_name(service.to_string()).build()
+    };
+    // The sampler comes from OTEL_TRACES_SAMPLER / _ARG (the SDK's default configuration).
+    let builder = SdkTracerProvider::builder().with_resource(resource);
+    let Some(url) = telemetry.traces_url() else {
+        return Ok((builder.build(), false));
+    };
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(url.clone())
+        .build()
+        .map_err(|source| TelemetryError::Exporter { url, source })?;
+    Ok((builder.with_batch_exporter(exporter).build(), true))
+}
+
+/// The trace and span ids (hex) of the nearest traced span from `span` up.
+fn traced_ids<S>(span: &SpanRef<'_, S>) -> Option<(String, String)>
+where
+    S: for<'a> LookupSpan<'a>,
+{
+    span.scope().find_map(|s| {
+        let ext = s.extensions();
+        let data = ext.get::<OtelData>()?;
+        Some((data.trace_id()?.to_string(), data.span_id()?.to_string()))
+    })
+}
+
+/// The W3C `traceparent` of `span`'s context, when it has a valid one (a subscriber with
+/// tracing installed).
+pub fn traceparent(span: &tracing::Span) -> Option<String> {
+    let cx = span.context();
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = TraceparentCarrier::default();
+    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+    carrier.traceparent
+}
+
+/// The W3C `traceparent` of the innermost traced span entered on this thread (the spans that
+/// are not traced do not enter the OpenTelemetry context).
+pub fn current_traceparent() -> Option<String> {
+    let cx = opentelemetry::Context::current();
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = TraceparentCarrier::default();
+    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+    carrier.traceparent
+}
+
+/// Sets an attribute on the innermost traced span entered on this thread (a no-op without
+/// one).
+pub fn set_current_attribute(key: &'static str, value: String) {
+    opentelemetry::Context::current()
+        .span()
+        .set_attribute(opentelemetry::KeyValue::new(key, value));
+}
+
+/// Makes the context of `traceparent` the parent of `span` (nothing when it is absent or not
+/// a valid trace context, or when `span` is not traced).
+pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>) {
+    let Some(tp) = traceparent else { return };
+    let carrier = TraceparentCarrier {
+        traceparent: Some(tp.to_string()),
+    };
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    if cx.span().span_context().is_valid() {
+        let _ = span.set_parent(cx);
+    }
+}
+
+/// Carries the one header the W3C propagator writes and reads that we keep (`tracestate` is
+/// neither set by us nor forwarded).
+#[derive(Debug, Default)]
+struct TraceparentCarrier {
+    traceparent: Option<String>,
+}
+
+const TRACEPARENT: &str = "traceparent";
+
+impl Injector for TraceparentCarrier {
+    fn set(&mut self, key: &str, value: String) {
+        if key == TRACEPARENT {
+            self.traceparent = Some(value);
+        }
+    }
+}
+
+impl Extractor for TraceparentCarrier {
+    fn get(&self, key: &str) -> Option<&str> {
+        (key == TRACEPARENT)
+            .then_some(self.traceparent.as_deref())
+            .flatten()
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec![TRACEPARENT]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_traces_url_is_the_signal_url_or_the_base_with_the_traces_path() {
+        let mut t = TelemetrySettings::default();
+        assert_eq!(t.traces_url(), None);
+        t.otlp_endpoint = Some("http://collector:4318/".into());
+        assert_eq!(
+            t.traces_url().as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        t.otlp_traces_endpoint = Some("http://other:4318/custom".into());
+        assert_eq!(t.traces_url().as_deref(), Some("http://other:4318/custom"));
+        t.otlp_traces_endpoint = Some(" ".into());
+        t.otlp_endpoint = Some(String::new());
+        assert_eq!(t.traces_url(), None);
+    }
 }

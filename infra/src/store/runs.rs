@@ -42,6 +42,8 @@ pub struct NewRun<'a> {
     /// Budget: the run stops once its cases spent more than this (`None`: no cap).
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<i64>,
+    /// The creating request's W3C trace context, kept so later work on the run joins its trace.
+    pub traceparent: Option<String>,
 }
 
 /// Whether [`insert_run`] created the run or found the one with the same idempotency key.
@@ -73,8 +75,9 @@ async fn insert_run(
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO runs
             (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
-             max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens)
-         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens,
+             traceparent)
+         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
     )
@@ -90,6 +93,7 @@ async fn insert_run(
     .bind(&run.request)
     .bind(run.max_cost_usd)
     .bind(run.max_tokens)
+    .bind(run.traceparent.as_deref())
     .fetch_optional(&mut *conn)
     .await?;
     let Some(run_id) = inserted else {
@@ -122,23 +126,28 @@ pub struct RunPlanRequest {
     pub kind: RunKind,
     pub runner: Option<Value>,
     pub request: Value,
+    /// The creating request's W3C trace context.
+    pub traceparent: Option<String>,
 }
 
 async fn run_plan_request(
     conn: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
 ) -> Result<Option<RunPlanRequest>, sqlx::Error> {
-    let row: Option<(Uuid, RunKind, Option<Value>, Value)> =
-        sqlx::query_as("SELECT version_id, kind, runner, request FROM runs WHERE id = $1")
-            .bind(run_id)
-            .fetch_optional(conn)
-            .await?;
+    type Row = (Uuid, RunKind, Option<Value>, Value, Option<String>);
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT version_id, kind, runner, request, traceparent FROM runs WHERE id = $1",
+    )
+    .bind(run_id)
+    .fetch_optional(conn)
+    .await?;
     Ok(
-        row.map(|(version_id, kind, runner, request)| RunPlanRequest {
+        row.map(|(version_id, kind, runner, request, traceparent)| RunPlanRequest {
             version_id,
             kind,
             runner,
             request,
+            traceparent,
         }),
     )
 }
@@ -277,6 +286,8 @@ pub struct RunRow {
     /// Why the run stopped early, when it did, and the stop's sentence.
     pub stop_reason: Option<StopReason>,
     pub stop_detail: Option<String>,
+    /// The creating request's W3C trace context (see [`NewRun::traceparent`]).
+    pub traceparent: Option<String>,
 }
 
 async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
@@ -285,7 +296,7 @@ async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Er
                 c.settings, r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
                 r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at,
                 r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd, r.stop_reason,
-                r.stop_detail
+                r.stop_detail, r.traceparent
          FROM runs r
          JOIN skill_versions v ON v.id = r.version_id
          JOIN skills s ON s.id = v.skill_id
@@ -327,6 +338,7 @@ async fn get_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Er
             max_cost_usd: r.try_get(25)?,
             stop_reason: r.try_get(26)?,
             stop_detail: r.try_get(27)?,
+            traceparent: r.try_get(28)?,
         })
     })
     .transpose()
