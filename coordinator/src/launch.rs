@@ -274,15 +274,14 @@ impl RunLauncher {
         self.remember(Arc::clone(&prepared.plan));
         let launcher = self.clone();
         // In the creating request's span: the jobs' send spans belong to its trace.
-        Some(tokio::spawn(
+        Some(tokio::spawn(skilleval_infra::telemetry::in_current_trace(
             async move {
                 if let Err(e) = launcher.create_pass(&prepared.plan).await {
                     launcher.metrics.publish_failures.inc();
                     tracing::warn!(%run_id, error = %e, "publishing the run's jobs failed; the sweeper will resume");
                 }
-            }
-            .in_current_span(),
-        ))
+            },
+        )))
     }
 
     /// Creates a run of a stored version and starts publishing it.
@@ -387,7 +386,9 @@ impl RunLauncher {
             let sink = self.sink.clone();
             let span = tracing::info_span!("publish_chunk", jobs = jobs.len(), through = end);
             in_flight.push_back((
-                tokio::spawn(async move { Confirms::of(&sink, jobs).await }.instrument(span)),
+                tokio::spawn(skilleval_infra::telemetry::in_current_trace(
+                    async move { Confirms::of(&sink, jobs).await }.instrument(span),
+                )),
                 end,
             ));
         }

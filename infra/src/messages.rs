@@ -207,7 +207,6 @@ impl From<CaseFinished> for CasesFinished {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

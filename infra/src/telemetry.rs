@@ -29,7 +29,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing_opentelemetry::{OpenTelemetrySpanExt, OtelData};
-use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::filter::{filter_fn, FilterExt as _};
 use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
@@ -108,23 +108,31 @@ pub fn init(
     telemetry: &TelemetrySettings,
     service: &str,
 ) -> Result<Telemetry, TelemetryError> {
-    let filter = EnvFilter::try_new(&log.filter).map_err(|source| TelemetryError::Filter {
-        filter: log.filter.clone(),
-        source,
-    })?;
+    let log_filter = || {
+        EnvFilter::try_new(&log.filter).map_err(|source| TelemetryError::Filter {
+            filter: log.filter.clone(),
+            source,
+        })
+    };
     let (provider, exporting) = tracer_provider(telemetry, service)?;
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    // The log filter does not decide what is traced (`RUST_LOG=warn` keeps every trace): the
+    // traced spans always, and as span events the log lines the log filter lets through.
+    let traced = filter_fn(|meta| {
+        meta.is_span()
+            && TRACED_FIELDS
+                .iter()
+                .any(|name| meta.fields().field(name).is_some())
+    });
     let otel = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("skilleval"))
         .with_location(false)
         .with_threads(false)
-        .with_filter(filter_fn(|meta| {
-            meta.is_event()
-                || TRACED_FIELDS
-                    .iter()
-                    .any(|name| meta.fields().field(name).is_some())
-        }));
-    let registry = tracing_subscriber::registry().with(filter).with(otel);
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_filter(traced.or(filter_fn(|meta| meta.is_event()).and(log_filter()?)));
+    let filter = log_filter()?;
+    let registry = tracing_subscriber::registry().with(otel);
     // `try_init` fails only when a subscriber is already set, which is fine to ignore.
     if uses_json(log) {
         let mut layer = json_subscriber::fmt::layer()
@@ -138,7 +146,7 @@ pub fn init(
         layer
             .inner_layer_mut()
             .add_from_span("span_id", |span| traced_ids(span).map(|(_, s)| s));
-        let _ = registry.with(layer).try_init();
+        let _ = registry.with(layer.with_filter(filter)).try_init();
     } else {
         // Colour only for a person at a terminal: escape codes in a file or a pipe are noise.
         let layer = tracing_subscriber::fmt::layer()
@@ -146,7 +154,7 @@ pub fn init(
             .with_ansi(std::io::stderr().is_terminal())
             .with_span_events(FmtSpan::NONE)
             .with_writer(std::io::stderr);
-        let _ = registry.with(layer).try_init();
+        let _ = registry.with(layer.with_filter(filter)).try_init();
     }
     Ok(Telemetry {
         provider: Some(provider),
@@ -167,7 +175,9 @@ fn tracer_provider(
     let resource = if named {
         detected
     } else {
-        Resource::builder().with_service_name(service.to_string()).build()
+        Resource::builder()
+            .with_service_name(service.to_string())
+            .build()
     };
     // The sampler comes from OTEL_TRACES_SAMPLER / _ARG (the SDK's default configuration).
     let builder = SdkTracerProvider::builder().with_resource(resource);
@@ -218,6 +228,17 @@ pub fn current_traceparent() -> Option<String> {
     let mut carrier = TraceparentCarrier::default();
     TraceContextPropagator::new().inject_context(&cx, &mut carrier);
     carrier.traceparent
+}
+
+/// `future` in the current `tracing` span and the current trace context, for a task spawned
+/// from inside a span that is not traced itself: the spans it opens keep their traced
+/// ancestor as parent (a span that is not traced does not carry the context into a new task).
+pub fn in_current_trace<F: std::future::Future>(
+    future: F,
+) -> impl std::future::Future<Output = F::Output> {
+    use opentelemetry::trace::FutureExt as _;
+    use tracing::Instrument as _;
+    future.in_current_span().with_current_context()
 }
 
 /// Sets an attribute on the innermost traced span entered on this thread (a no-op without

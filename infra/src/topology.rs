@@ -811,6 +811,8 @@ impl Publisher {
     }
 }
 
+/// (Integers are recorded as `i64`: `tracing-opentelemetry` exports unsigned ones as text.)
+///
 /// The PRODUCER span of one publish of jobs (a batch, or a retry's one message), following the
 /// messaging semantic conventions. A batch's span names its size; the message id, the test
 /// case and the attempt are named only for a single message, the run when all are of one run.
@@ -841,10 +843,13 @@ fn send_span(exchange: &str, routing_key: &str, jobs: &[EncodedJob]) -> tracing:
             span.record("messaging.message.id", job.message_id().as_str());
             span.record("skilleval.run_id", tracing::field::display(job.run_id));
             span.record("skilleval.test_case_id", job.test_case_id.as_str());
-            span.record("skilleval.attempt", job.attempt);
+            span.record("skilleval.attempt", i64::from(job.attempt));
         }
         [first, rest @ ..] => {
-            span.record("messaging.batch.message_count", jobs.len());
+            span.record(
+                "messaging.batch.message_count",
+                i64::try_from(jobs.len()).unwrap_or(i64::MAX),
+            );
             if rest.iter().all(|j| j.run_id == first.run_id) {
                 span.record("skilleval.run_id", tracing::field::display(first.run_id));
             }

@@ -94,7 +94,10 @@ impl Batcher {
             lanes.insert((f.result.run_id, f.result.test_case_id.clone()), f.lane);
             results.push(f.result);
             settles.push(f.acker);
-            f.span.record("skilleval.batch_size", size);
+            f.span.record(
+                "skilleval.batch_size",
+                i64::try_from(size).unwrap_or(i64::MAX),
+            );
             spans.push(f.span);
         }
         let mut attempt = 0;

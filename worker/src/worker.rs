@@ -783,10 +783,10 @@ fn process_span(job: &Job, info: &DeliveryInfo, queue: &str, lane: Lane) -> trac
         messaging.message.id = message_id.as_str(),
         skilleval.run_id = %job.run_id,
         skilleval.test_case_id = %job.case.id,
-        skilleval.attempt = job.attempt,
+        skilleval.attempt = i64::from(job.attempt),
         skilleval.lane = lane.as_str(),
         skilleval.redelivered = info.redelivered,
-        skilleval.delivery_count = info.delivery_count,
+        skilleval.delivery_count = i64::from(info.delivery_count),
         skilleval.disposition = tracing::field::Empty,
     );
     skilleval_infra::telemetry::set_parent(&span, info.traceparent.as_deref());

@@ -78,7 +78,10 @@ pub fn router(state: AppState, tokens: Tokens) -> Router {
 fn server_span<B>(request: &Request<B>) -> tracing::Span {
     let method = request.method().as_str();
     let path = request.uri().path();
-    let route = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str);
     let span = tracing::info_span!(
         "HTTP request",
         otel.name = %format_args!("{method} {}", route.unwrap_or(path)),
@@ -97,9 +100,13 @@ fn server_span<B>(request: &Request<B>) -> tracing::Span {
     span
 }
 
-fn record_response<B>(response: &axum::http::Response<B>, _latency: Duration, span: &tracing::Span) {
+fn record_response<B>(
+    response: &axum::http::Response<B>,
+    _latency: Duration,
+    span: &tracing::Span,
+) {
     let status = response.status();
-    span.record("http.response.status_code", status.as_u16());
+    span.record("http.response.status_code", i64::from(status.as_u16()));
     if status.is_server_error() {
         span.record("otel.status_code", "ERROR");
     }

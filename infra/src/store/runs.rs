@@ -141,15 +141,15 @@ async fn run_plan_request(
     .bind(run_id)
     .fetch_optional(conn)
     .await?;
-    Ok(
-        row.map(|(version_id, kind, runner, request, traceparent)| RunPlanRequest {
+    Ok(row.map(
+        |(version_id, kind, runner, request, traceparent)| RunPlanRequest {
             version_id,
             kind,
             runner,
             request,
             traceparent,
-        }),
-    )
+        },
+    ))
 }
 
 /// What an event needs to know about its run, in one read of its row.
