@@ -116,7 +116,7 @@ async fn receive(
             }
         }
     }
-    spans.lock().unwrap().extend(got);
+    spans.lock().expect("the spans lock").extend(got);
     (
         [("content-type", "application/x-protobuf")],
         ExportTraceServiceResponse::default().encode_to_vec(),
@@ -150,8 +150,10 @@ async fn chat(State(calls): State<Arc<AtomicUsize>>, Json(body): Json<Value>) ->
 }
 
 async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("the bound address");
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -179,15 +181,15 @@ fn package() -> Vec<u8> {
             "SKILL.md",
             b"---\nname: traced-skill\ndescription: Answers pong, for the tracing test.\n---\n\nAnswer pong.\n".to_vec(),
         ),
-        ("eval/tests.json", serde_json::to_vec(&tests).unwrap()),
+        ("eval/tests.json", serde_json::to_vec(&tests).expect("tests.json")),
     ];
     let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
     let options = zip::write::SimpleFileOptions::default();
     for (name, bytes) in &files {
-        w.start_file(*name, options).unwrap();
-        w.write_all(bytes).unwrap();
+        w.start_file(*name, options).expect("zip entry");
+        w.write_all(bytes).expect("zip write");
     }
-    w.finish().unwrap().into_inner()
+    w.finish().expect("zip finish").into_inner()
 }
 
 /// Sends SIGTERM and waits (up to 20 s) for the process to exit.
@@ -438,8 +440,8 @@ async fn one_upload_is_one_trace_from_the_request_through_the_queue_to_the_worke
         assert_eq!(runner.int("gen_ai.usage.output_tokens"), Some(3));
         assert_eq!(runner.str("skilleval.test_case_id"), case);
         assert!(
-            runner.attrs.get("gen_ai.input.messages").is_none()
-                && runner.attrs.get("gen_ai.output.messages").is_none(),
+            !runner.attrs.contains_key("gen_ai.input.messages")
+                && !runner.attrs.contains_key("gen_ai.output.messages"),
             "no prompt or output text unless enabled: {runner:#?}"
         );
         let grade = children_of(p, "grade exact_match");

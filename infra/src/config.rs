@@ -592,6 +592,39 @@ mod tests {
     }
 
     #[test]
+    fn the_standard_opentelemetry_variables_set_the_telemetry_keys() {
+        let dir = tempfile_dir();
+        let s =
+            Settings::load_from(&env(&[("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap())])).unwrap();
+        assert_eq!(s.telemetry.traces_url(), None, "no endpoint, no export");
+        assert!(!s.telemetry.capture_model_content);
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.telemetry.traces_url().as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert!(s.telemetry.capture_model_content);
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://traces:4318/in",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.telemetry.traces_url().as_deref(),
+            Some("http://traces:4318/in")
+        );
+    }
+
+    #[test]
     fn the_shipped_production_toml_loads_over_the_defaults() {
         let dir = repo_config();
         let s = Settings::load_from(&env(&[

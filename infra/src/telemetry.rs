@@ -116,36 +116,11 @@ pub fn init(
     };
     let (provider, exporting) = tracer_provider(telemetry, service)?;
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    // The log filter does not decide what is traced (`RUST_LOG=warn` keeps every trace): the
-    // traced spans always, and as span events the log lines the log filter lets through.
-    let traced = filter_fn(|meta| {
-        meta.is_span()
-            && TRACED_FIELDS
-                .iter()
-                .any(|name| meta.fields().field(name).is_some())
-    });
-    let otel = tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer("skilleval"))
-        .with_location(false)
-        .with_threads(false)
-        .with_target(false)
-        .with_tracked_inactivity(false)
-        .with_filter(traced.or(filter_fn(|meta| meta.is_event()).and(log_filter()?)));
     let filter = log_filter()?;
-    let registry = tracing_subscriber::registry().with(otel);
+    let registry = tracing_subscriber::registry().with(otel_layer(&provider, log_filter()?));
     // `try_init` fails only when a subscriber is already set, which is fine to ignore.
     if uses_json(log) {
-        let mut layer = json_subscriber::fmt::layer()
-            .with_current_span(true)
-            .with_span_list(true)
-            .flatten_event(true)
-            .with_writer(std::io::stderr);
-        layer
-            .inner_layer_mut()
-            .add_from_span("trace_id", |span| traced_ids(span).map(|(t, _)| t));
-        layer
-            .inner_layer_mut()
-            .add_from_span("span_id", |span| traced_ids(span).map(|(_, s)| s));
+        let layer = json_layer(std::io::stderr);
         let _ = registry.with(layer.with_filter(filter)).try_init();
     } else {
         // Colour only for a person at a terminal: escape codes in a file or a pipe are noise.
@@ -160,6 +135,49 @@ pub fn init(
         provider: Some(provider),
         exporting,
     })
+}
+
+/// The layer that turns the traced spans into OpenTelemetry spans. The log filter does not
+/// decide what is traced (`RUST_LOG=warn` keeps every trace): the traced spans always, and as
+/// span events the log lines `events` lets through.
+fn otel_layer<S>(provider: &SdkTracerProvider, events: EnvFilter) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    let traced = filter_fn(|meta| {
+        meta.is_span()
+            && TRACED_FIELDS
+                .iter()
+                .any(|name| meta.fields().field(name).is_some())
+    });
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("skilleval"))
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_filter(traced.or(filter_fn(|meta| meta.is_event()).and(events)))
+}
+
+/// JSON log lines as `tracing-subscriber` writes them (fields flattened, the current span and
+/// the span list), plus the `trace_id` and `span_id` of the nearest traced span.
+fn json_layer<S, W>(writer: W) -> json_subscriber::fmt::Layer<S, W>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + 'static,
+{
+    let mut layer = json_subscriber::fmt::layer()
+        .with_current_span(true)
+        .with_span_list(true)
+        .flatten_event(true)
+        .with_writer(writer);
+    layer
+        .inner_layer_mut()
+        .add_from_span("trace_id", |span| traced_ids(span).map(|(t, _)| t));
+    layer
+        .inner_layer_mut()
+        .add_from_span("span_id", |span| traced_ids(span).map(|(_, s)| s));
+    layer
 }
 
 fn tracer_provider(
@@ -294,6 +312,84 @@ impl Extractor for TraceparentCarrier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// Collects what the JSON layer writes.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn json_lines_carry_the_ids_of_the_nearest_traced_span_and_traced_spans_ignore_the_log_level() {
+        let provider = SdkTracerProvider::builder().build();
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::registry()
+            .with(otel_layer(&provider, EnvFilter::new("warn")))
+            .with(json_layer(move || writer.clone()).with_filter(EnvFilter::new("info")));
+        let (traceparent, inner) = tracing::subscriber::with_default(subscriber, || {
+            let traced = tracing::info_span!("process", skilleval.run_id = "r1");
+            let _in = traced.enter();
+            // Not traced: a log line inside it takes the ids of `process`.
+            let inner = tracing::info_span!("inner", detail = 1);
+            let _inner = inner.enter();
+            tracing::info!("inside");
+            (traceparent(&traced), current_traceparent())
+        });
+        let traceparent = traceparent.expect("a traced span has a trace context");
+        assert_eq!(
+            inner.as_ref(),
+            Some(&traceparent),
+            "the current context is `process`"
+        );
+        let parts: Vec<&str> = traceparent.split('-').collect();
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|v| v["message"] == "inside")
+            .unwrap_or_else(|| panic!("no line: {text}"));
+        assert_eq!(line["trace_id"], parts[1], "{line}");
+        assert_eq!(line["span_id"], parts[2], "{line}");
+        assert_eq!(line["span"]["name"], "inner", "{line}");
+    }
+
+    #[test]
+    fn a_traceparent_becomes_the_parent_and_garbage_is_ignored() {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber =
+            tracing_subscriber::registry().with(otel_layer(&provider, EnvFilter::new("off")));
+        tracing::subscriber::with_default(subscriber, || {
+            let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+            let span = tracing::info_span!("send", otel.kind = "producer");
+            set_parent(&span, Some(parent));
+            let child = traceparent(&span).expect("a context");
+            assert!(child.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+            assert!(
+                !child.contains("00f067aa0ba902b7"),
+                "a span of its own: {child}"
+            );
+            let orphan = tracing::info_span!("send", otel.kind = "producer");
+            set_parent(&orphan, Some("not a trace context"));
+            let own = traceparent(&orphan).expect("a root context");
+            assert!(!own.contains("4bf92f3577b34da6a3ce929d0e0e4736"));
+            let untraced = tracing::info_span!("plain");
+            assert_eq!(
+                traceparent(&untraced),
+                None,
+                "spans without the fields are not traced"
+            );
+        });
+    }
 
     #[test]
     fn the_traces_url_is_the_signal_url_or_the_base_with_the_traces_path() {
