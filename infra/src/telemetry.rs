@@ -29,7 +29,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing_opentelemetry::{OpenTelemetrySpanExt, OtelData};
-use tracing_subscriber::filter::{filter_fn, FilterExt as _};
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
@@ -108,20 +108,18 @@ pub fn init(
     telemetry: &TelemetrySettings,
     service: &str,
 ) -> Result<Telemetry, TelemetryError> {
-    let log_filter = || {
-        EnvFilter::try_new(&log.filter).map_err(|source| TelemetryError::Filter {
-            filter: log.filter.clone(),
-            source,
-        })
-    };
+    let filter = EnvFilter::try_new(&log.filter).map_err(|source| TelemetryError::Filter {
+        filter: log.filter.clone(),
+        source,
+    })?;
     let (provider, exporting) = tracer_provider(telemetry, service)?;
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = log_filter()?;
-    let registry = tracing_subscriber::registry().with(otel_layer(&provider, log_filter()?));
+    let registry = tracing_subscriber::registry()
+        .with(LogOrTraced(filter))
+        .with(otel_layer(&provider, tracing::Level::INFO));
     // `try_init` fails only when a subscriber is already set, which is fine to ignore.
     if uses_json(log) {
-        let layer = json_layer(std::io::stderr);
-        let _ = registry.with(layer.with_filter(filter)).try_init();
+        let _ = registry.with(json_layer(std::io::stderr)).try_init();
     } else {
         // Colour only for a person at a terminal: escape codes in a file or a pipe are noise.
         let layer = tracing_subscriber::fmt::layer()
@@ -129,7 +127,7 @@ pub fn init(
             .with_ansi(std::io::stderr().is_terminal())
             .with_span_events(FmtSpan::NONE)
             .with_writer(std::io::stderr);
-        let _ = registry.with(layer.with_filter(filter)).try_init();
+        let _ = registry.with(layer).try_init();
     }
     Ok(Telemetry {
         provider: Some(provider),
@@ -137,18 +135,92 @@ pub fn init(
     })
 }
 
-/// The layer that turns the traced spans into OpenTelemetry spans. The log filter does not
-/// decide what is traced (`RUST_LOG=warn` keeps every trace): the traced spans always, and as
-/// span events the log lines `events` lets through.
-fn otel_layer<S>(provider: &SdkTracerProvider, events: EnvFilter) -> impl Layer<S>
+/// Whether spans of this callsite are traced.
+fn is_traced_span(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_span()
+        && TRACED_FIELDS
+            .iter()
+            .any(|name| meta.fields().field(name).is_some())
+}
+
+/// The log filter as the global filter, letting the traced spans through whatever it says:
+/// `RUST_LOG=warn` keeps every trace. Written by hand because `tracing-subscriber`'s filter
+/// combinators are per-layer only; every span hook is forwarded so the filter's span-scoped
+/// directives keep working.
+struct LogOrTraced(EnvFilter);
+
+impl<S> Layer<S> for LogOrTraced
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
-    let traced = filter_fn(|meta| {
-        meta.is_span()
-            && TRACED_FIELDS
-                .iter()
-                .any(|name| meta.fields().field(name).is_some())
+    fn register_callsite(
+        &self,
+        meta: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if is_traced_span(meta) {
+            return tracing::subscriber::Interest::always();
+        }
+        Layer::<S>::register_callsite(&self.0, meta)
+    }
+
+    fn enabled(
+        &self,
+        meta: &tracing::Metadata<'_>,
+        cx: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        is_traced_span(meta) || Layer::<S>::enabled(&self.0, meta, cx)
+    }
+
+    fn max_level_hint(&self) -> Option<tracing_subscriber::filter::LevelFilter> {
+        // The traced spans are INFO spans.
+        Layer::<S>::max_level_hint(&self.0)
+            .map(|l| l.max(tracing_subscriber::filter::LevelFilter::INFO))
+    }
+
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        cx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        Layer::<S>::on_new_span(&self.0, attrs, id, cx);
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        cx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        Layer::<S>::on_record(&self.0, id, values, cx);
+    }
+
+    fn on_enter(&self, id: &tracing::span::Id, cx: tracing_subscriber::layer::Context<'_, S>) {
+        Layer::<S>::on_enter(&self.0, id, cx);
+    }
+
+    fn on_exit(&self, id: &tracing::span::Id, cx: tracing_subscriber::layer::Context<'_, S>) {
+        Layer::<S>::on_exit(&self.0, id, cx);
+    }
+
+    fn on_close(&self, id: tracing::span::Id, cx: tracing_subscriber::layer::Context<'_, S>) {
+        Layer::<S>::on_close(&self.0, id, cx);
+    }
+}
+
+/// The layer that turns the traced spans into OpenTelemetry spans. The log filter does not
+/// decide what is traced (`RUST_LOG=warn` keeps every trace): the traced spans always, and as
+/// span events the log lines of level `events` and above.
+fn otel_layer<S>(provider: &SdkTracerProvider, events: tracing::Level) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    // Decided from the callsite alone (cached per callsite): no per-event cost.
+    let traced = filter_fn(move |meta| {
+        if meta.is_event() {
+            return *meta.level() <= events;
+        }
+        is_traced_span(meta)
     });
     tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("skilleval"))
@@ -156,7 +228,7 @@ where
         .with_threads(false)
         .with_target(false)
         .with_tracked_inactivity(false)
-        .with_filter(traced.or(filter_fn(|meta| meta.is_event()).and(events)))
+        .with_filter(traced)
 }
 
 /// JSON log lines as `tracing-subscriber` writes them (fields flattened, the current span and
@@ -334,15 +406,16 @@ mod tests {
         let lines = Lines::default();
         let writer = lines.clone();
         let subscriber = tracing_subscriber::registry()
-            .with(otel_layer(&provider, EnvFilter::new("warn")))
-            .with(json_layer(move || writer.clone()).with_filter(EnvFilter::new("info")));
+            .with(LogOrTraced(EnvFilter::new("warn")))
+            .with(otel_layer(&provider, tracing::Level::WARN))
+            .with(json_layer(move || writer.clone()));
         let (traceparent, inner) = tracing::subscriber::with_default(subscriber, || {
             let traced = tracing::info_span!("process", skilleval.run_id = "r1");
             let _in = traced.enter();
             // Not traced: a log line inside it takes the ids of `process`.
-            let inner = tracing::info_span!("inner", detail = 1);
+            let inner = tracing::warn_span!("inner", detail = 1);
             let _inner = inner.enter();
-            tracing::info!("inside");
+            tracing::warn!("inside");
             (traceparent(&traced), current_traceparent())
         });
         let traceparent = traceparent.expect("a traced span has a trace context");
@@ -367,7 +440,7 @@ mod tests {
     fn a_traceparent_becomes_the_parent_and_garbage_is_ignored() {
         let provider = SdkTracerProvider::builder().build();
         let subscriber =
-            tracing_subscriber::registry().with(otel_layer(&provider, EnvFilter::new("off")));
+            tracing_subscriber::registry().with(otel_layer(&provider, tracing::Level::ERROR));
         tracing::subscriber::with_default(subscriber, || {
             let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
             let span = tracing::info_span!("send", otel.kind = "producer");
