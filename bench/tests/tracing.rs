@@ -5,7 +5,7 @@
 //! must hold, under one trace id, the coordinator's SERVER span, its PRODUCER `send` span
 //! parenting the worker's CONSUMER `process` spans, their runner (`gen_ai.*`), grader and
 //! commit children, the retry (a `send` from the failed attempt's `process` span parenting the
-//! second attempt's), and the run's finalisation; the spans reach the receiver because both
+//! second attempt's), the run's finalisation and its webhook delivery; the spans reach the receiver because both
 //! processes flush on SIGTERM (the batch delay is longer than the test).
 
 use std::collections::HashMap;
@@ -149,6 +149,12 @@ async fn chat(State(calls): State<Arc<AtomicUsize>>, Json(body): Json<Value>) ->
     )
 }
 
+/// The webhook receiver: counts deliveries.
+async fn hook(State(hooks): State<Arc<AtomicUsize>>) -> StatusCode {
+    hooks.fetch_add(1, Ordering::SeqCst);
+    StatusCode::NO_CONTENT
+}
+
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -222,6 +228,14 @@ async fn one_upload_is_one_trace_from_the_request_through_the_queue_to_the_worke
     )
     .await;
 
+    let hooks = Arc::new(AtomicUsize::new(0));
+    let webhook = serve(
+        Router::new()
+            .route("/hook", post(hook))
+            .with_state(hooks.clone()),
+    )
+    .await;
+
     let mut scratch = Scratch::create().await;
     let tiers = vec![200u64, 400];
     scratch.owns(Topology::new(
@@ -271,7 +285,9 @@ async fn one_upload_is_one_trace_from_the_request_through_the_queue_to_the_worke
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
     let upload: Value = http
-        .post(format!("{base}/v1/skills"))
+        .post(format!(
+            "{base}/v1/skills?callback_url=http://{webhook}/hook"
+        ))
         .header("Content-Type", "application/zip")
         .body(package())
         .send()
@@ -302,6 +318,11 @@ async fn one_upload_is_one_trace_from_the_request_through_the_queue_to_the_worke
         3,
         "one failed call, two answers"
     );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hooks.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(hooks.load(Ordering::SeqCst), 1, "the webhook was delivered");
     assert!(stop(worker).await, "the worker exits cleanly on SIGTERM");
     assert!(
         stop(coordinator).await,
@@ -473,5 +494,12 @@ async fn one_upload_is_one_trace_from_the_request_through_the_queue_to_the_worke
     assert_eq!(finalise.service, "skilleval-coordinator");
     assert_eq!(finalise.parent, server.span_id);
     assert_eq!(finalise.str("skilleval.verdict"), Some("pass"));
+    let delivery = in_trace
+        .iter()
+        .find(|s| s.kind == SpanKind::Client as i32)
+        .unwrap_or_else(|| panic!("no webhook span in the trace: {in_trace:#?}"));
+    assert_eq!(delivery.name, "POST run.finished webhook");
+    assert_eq!(delivery.parent, finalise.span_id);
+    assert_eq!(delivery.str("skilleval.webhook.outcome"), Some("delivered"));
     drop(scratch);
 }
