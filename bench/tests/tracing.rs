@@ -5,8 +5,8 @@
 //! must hold, under one trace id, the coordinator's SERVER span, its PRODUCER `send` span
 //! parenting the worker's CONSUMER `process` spans, their runner (`gen_ai.*`), grader and
 //! commit children, the retry (a `send` from the failed attempt's `process` span parenting the
-//! second attempt's), the run's finalisation and its webhook delivery; the spans reach the receiver because both
-//! processes flush on SIGTERM (the batch delay is longer than the test).
+//! second attempt's), the run's finalisation and its webhook delivery. The spans reach the
+//! receiver because both processes flush on SIGTERM (the batch delay is longer than the test).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
