@@ -43,7 +43,11 @@ pub fn child_main() -> Option<anyhow::Result<()>> {
 /// `coordinator`: the coordinator as its binary runs it; prints its port on stdout.
 fn child_coordinator() -> anyhow::Result<()> {
     let settings = Settings::load()?;
-    skilleval_infra::telemetry::init(&settings.log)?;
+    let mut telemetry = skilleval_infra::telemetry::init(
+        &settings.log,
+        &settings.telemetry,
+        "skilleval-coordinator",
+    )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -51,15 +55,24 @@ fn child_coordinator() -> anyhow::Result<()> {
         let app = skilleval_coordinator::startup::Application::build(settings).await?;
         println!("{}", app.port());
         std::io::stdout().flush()?;
+        let token = app.shutdown_token();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::spawn(async move {
+            term.recv().await;
+            token.cancel();
+        });
         app.run_until_stopped().await
-    })
+    })?;
+    telemetry.shutdown();
+    Ok(())
 }
 
 /// `worker`: the worker as `skilleval-worker` runs it (without the health/metrics server):
 /// SIGTERM stops it gracefully, SIGKILL does not.
 fn child_worker() -> anyhow::Result<()> {
     let settings = Settings::load()?;
-    skilleval_infra::telemetry::init(&settings.log)?;
+    let mut telemetry =
+        skilleval_infra::telemetry::init(&settings.log, &settings.telemetry, "skilleval-worker")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -74,8 +87,10 @@ fn child_worker() -> anyhow::Result<()> {
             on_term.cancel();
         });
         worker.run(shutdown).await?;
-        Ok(())
-    })
+        anyhow::Ok(())
+    })?;
+    telemetry.shutdown();
+    Ok(())
 }
 
 /// A child process, killed when dropped (also when the program fails half-way).

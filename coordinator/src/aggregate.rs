@@ -33,7 +33,9 @@ use skilleval_infra::store::lifecycle::{
     Finalising, RunState, RunStatus, StopReason, TransitionError,
 };
 use skilleval_infra::store::outbox::NewWebhook;
+use skilleval_infra::store::runs::RunRow;
 use skilleval_infra::store::Store;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::comparing::regression_gate;
@@ -146,8 +148,8 @@ impl RunAggregator {
     }
 
     /// Computes the summary and finalises the run if nobody did yet; `true` when this call
-    /// finalised it (and enqueued its webhook).
-    #[tracing::instrument(skip(self))]
+    /// finalised it (and enqueued its webhook). Traced in the run's trace (a child of the
+    /// request that created it), whichever event or sweep got here.
     pub async fn finalise(&self, run_id: Uuid) -> anyhow::Result<bool> {
         let Some(run) = self.store.get_run(run_id).await? else {
             return Ok(false);
@@ -155,6 +157,17 @@ impl RunAggregator {
         if run.finalised || run.counters.completed < run.counters.total {
             return Ok(false);
         }
+        let span = tracing::info_span!(
+            "finalise run",
+            skilleval.run_id = %run_id,
+            skilleval.verdict = tracing::field::Empty,
+        );
+        skilleval_infra::telemetry::set_parent(&span, run.traceparent.as_deref());
+        self.finalise_run(run).instrument(span).await
+    }
+
+    async fn finalise_run(&self, run: RunRow) -> anyhow::Result<bool> {
+        let run_id = run.id;
         let Finalising::Verdict = run.kind.finalising()?;
         let settings: EvalSettings = if run.settings.is_null() {
             EvalSettings::default()
@@ -236,10 +249,14 @@ impl RunAggregator {
                 .with_context(|| format!("run {run_id} vanished while finalising"))?;
             let body = serde_json::to_vec(&json!({ "event": RUN_FINISHED, "run": view }))
                 .context("webhook body")?;
+            // Sent later, by whichever coordinator claims it, as a child of this span.
+            let traceparent = skilleval_infra::telemetry::current_traceparent();
             let webhook = NewWebhook {
                 event: RUN_FINISHED,
                 url,
                 body: &body,
+                run_id: Some(run_id),
+                traceparent: traceparent.as_deref(),
             };
             delivery = Some(self.store.enqueue_webhook(&mut tx, &webhook).await?);
         }
@@ -251,6 +268,7 @@ impl RunAggregator {
             summary.verdict.as_str()
         };
         Metrics::count(&self.metrics.runs_finalised, outcome);
+        tracing::Span::current().record("skilleval.verdict", outcome);
         tracing::info!(
             verdict = summary.verdict.as_str(),
             pass_rate = summary.pass_rate,

@@ -152,6 +152,7 @@ impl JobSink for BrokerJobSink {
                     routing_key: from_queue,
                     body,
                     headers: FieldTable::default(),
+                    message_id: None,
                     mandatory: true,
                 })
                 .await

@@ -313,6 +313,7 @@ impl RunLauncher {
                 filter: request.filter.clone(),
                 runner,
                 rescore: None,
+                traceparent: skilleval_infra::telemetry::current_traceparent(),
             }),
         })
     }
@@ -340,11 +341,18 @@ impl RunLauncher {
             max_cost_usd: prepared.max_cost_usd,
             max_tokens: prepared.max_tokens,
             gate: prepared.gate.map(|g| json!(g)),
+            traceparent: prepared.plan.traceparent.clone(),
         };
-        Ok(self
+        let inserted = self
             .store
             .insert_run(conn, &new_run, prepared.total)
-            .await?)
+            .await?;
+        // On the creating request's span: what an operator searches the trace by.
+        skilleval_infra::telemetry::set_current_attribute(
+            "skilleval.run_id",
+            inserted.run_id().to_string(),
+        );
+        Ok(inserted)
     }
 
     /// After the commit of [`RunLauncher::insert`]: the creation's publishing pass, in a task
@@ -362,12 +370,15 @@ impl RunLauncher {
         self.metrics.runs_created.inc();
         self.remember(Arc::clone(&prepared.plan));
         let launcher = self.clone();
-        Some(tokio::spawn(async move {
-            if let Err(e) = launcher.create_pass(&prepared.plan).await {
-                launcher.metrics.publish_failures.inc();
-                tracing::warn!(%run_id, error = %e, "publishing the run's jobs failed; the sweeper will resume");
-            }
-        }))
+        // In the creating request's span: the jobs' send spans belong to its trace.
+        Some(tokio::spawn(skilleval_infra::telemetry::in_current_trace(
+            async move {
+                if let Err(e) = launcher.create_pass(&prepared.plan).await {
+                    launcher.metrics.publish_failures.inc();
+                    tracing::warn!(%run_id, error = %e, "publishing the run's jobs failed; the sweeper will resume");
+                }
+            },
+        )))
     }
 
     /// Creates a run of a stored version and starts publishing it.
@@ -472,7 +483,9 @@ impl RunLauncher {
             let sink = self.sink.clone();
             let span = tracing::info_span!("publish_chunk", jobs = jobs.len(), through = end);
             in_flight.push_back((
-                tokio::spawn(async move { Confirms::of(&sink, jobs).await }.instrument(span)),
+                tokio::spawn(skilleval_infra::telemetry::in_current_trace(
+                    async move { Confirms::of(&sink, jobs).await }.instrument(span),
+                )),
                 end,
             ));
         }
@@ -508,7 +521,12 @@ impl RunLauncher {
                     run_id,
                     what: format!("job `{}` does not serialise: {e}", job.case.id),
                 })?;
-                Ok(EncodedJob::from_stored(run_id, job.case.id.clone(), &text))
+                Ok(EncodedJob::from_stored(
+                    run_id,
+                    job.case.id.clone(),
+                    job.attempt,
+                    &text,
+                ))
             })
             .collect()
     }
@@ -541,10 +559,15 @@ impl RunLauncher {
     /// cases finish). Returns how many jobs were confirmed.
     pub async fn release(&self, run_id: Uuid) -> Result<usize, LaunchError> {
         let plan = self.plan_of(run_id).await?;
-        let mut conn = self.locked(run_id).await?;
-        let published = self.publish_pass(&mut conn, &plan, Pass::Release).await;
-        unlock(&self.store, conn, run_id).await;
-        published
+        let span = plan.pass_span(Pass::Release);
+        async {
+            let mut conn = self.locked(run_id).await?;
+            let published = self.publish_pass(&mut conn, &plan, Pass::Release).await;
+            unlock(&self.store, conn, run_id).await;
+            published
+        }
+        .instrument(span)
+        .await
     }
 
     /// [`RunLauncher::release`], logging a failure instead of returning it: the sweeper
@@ -600,7 +623,12 @@ impl RunLauncher {
             return Ok(0);
         }
         let published = match self.plan_of(run_id).await {
-            Ok(plan) => self.publish_pass(&mut conn, &plan, Pass::Resume).await,
+            Ok(plan) => {
+                let span = plan.pass_span(Pass::Resume);
+                self.publish_pass(&mut conn, &plan, Pass::Resume)
+                    .instrument(span)
+                    .await
+            }
             Err(e) => Err(e),
         };
         unlock(&self.store, conn, run_id).await;
@@ -747,6 +775,7 @@ impl RunLauncher {
             filter,
             runner,
             rescore,
+            traceparent: stored.traceparent,
         });
         self.remember(Arc::clone(&plan));
         Ok(plan)
@@ -834,12 +863,26 @@ pub struct RunPlan {
     runner: Option<RunnerConfig>,
     /// A rescore's source run and its recorded outputs, carried by each job.
     rescore: Option<(Uuid, Givens)>,
+    /// The W3C trace context of the request that created the run: later passes (releases,
+    /// the sweeper) publish in its trace.
+    traceparent: Option<String>,
 }
 
 /// Recorded outputs by test case id.
 type Givens = Arc<HashMap<String, Given>>;
 
 impl RunPlan {
+    /// A span for a pass that runs outside the creating request, in the run's trace.
+    fn pass_span(&self, pass: Pass) -> tracing::Span {
+        let span = tracing::info_span!(
+            "publish run",
+            skilleval.run_id = %self.run_id,
+            skilleval.pass = ?pass,
+        );
+        skilleval_infra::telemetry::set_parent(&span, self.traceparent.as_deref());
+        span
+    }
+
     /// The plan's jobs from position `from`, at most `limit` of them, in chunks of at most
     /// [`PUBLISH_CHUNK`] in case order, planned in a blocking thread (parsing is CPU work) a
     /// chunk or two ahead of the receiver; dropping the receiver stops the planning.

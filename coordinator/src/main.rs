@@ -86,10 +86,17 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = skilleval_infra::telemetry::init(&settings.log) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
+    let mut telemetry = match skilleval_infra::telemetry::init(
+        &settings.log,
+        &settings.telemetry,
+        "skilleval-coordinator",
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let outcome = match cli.command.unwrap_or(Command::Serve) {
         Command::Migrate { create_database } => migrate(&settings, create_database)
             .await
@@ -99,6 +106,8 @@ async fn main() -> ExitCode {
             command: AdminCommand::Parked { command },
         } => admin_parked(&settings, command).await,
     };
+    // After a SIGTERM too: the spans of the last requests are exported before the exit.
+    telemetry.shutdown();
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -25,6 +25,7 @@ use sha2::Sha256;
 use skilleval_infra::store::outbox::{AttemptOutcome, ClaimedWebhook};
 use skilleval_infra::store::{Store, StoreError};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::metrics::Metrics;
@@ -250,11 +251,32 @@ impl WebhookOutbox {
         }
     }
 
-    /// One attempt of a claimed delivery, and its outcome recorded.
-    #[tracing::instrument(skip_all, fields(delivery_id = %claimed.id, event = %claimed.event, attempt = claimed.attempts))]
+    /// One attempt of a claimed delivery, and its outcome recorded: a CLIENT span in the trace
+    /// of whatever enqueued it (a run's finalisation).
     async fn attempt(&self, claimed: ClaimedWebhook) {
+        let span = tracing::info_span!(
+            "webhook",
+            otel.name = %format!("POST {} webhook", claimed.event),
+            otel.kind = "client",
+            skilleval.run_id = tracing::field::Empty,
+            http.request.method = "POST",
+            url.full = %claimed.url,
+            skilleval.webhook.outcome = tracing::field::Empty,
+            delivery_id = %claimed.id,
+            event = %claimed.event,
+            attempt = claimed.attempts,
+        );
+        if let Some(run_id) = claimed.run_id {
+            span.record("skilleval.run_id", run_id.to_string());
+        }
+        skilleval_infra::telemetry::set_parent(&span, claimed.traceparent.as_deref());
+        self.attempt_in_span(claimed).instrument(span).await;
+    }
+
+    async fn attempt_in_span(&self, claimed: ClaimedWebhook) {
         let attempt = u32::try_from(claimed.attempts).unwrap_or(u32::MAX);
         let (outcome, recorded) = self.send(&claimed, attempt).await;
+        tracing::Span::current().record("skilleval.webhook.outcome", outcome.as_str());
         Metrics::count(&self.metrics.webhooks, outcome.as_str());
         match self.store.settle_webhook(&claimed, &recorded).await {
             Ok(true) => {}

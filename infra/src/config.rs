@@ -130,6 +130,9 @@ pub struct Settings {
     pub worker: WorkerSettings,
     pub coordinator: CoordinatorSettings,
     pub log: LogSettings,
+    /// Traces: where they are exported and what they may carry.
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
     /// Limits of sandboxed processes (custom graders, `command` runners).
     pub sandbox: SandboxPolicy,
     /// Limits applied to uploaded packages (and to packages a worker extracts).
@@ -507,6 +510,38 @@ impl Default for LogSettings {
     }
 }
 
+/// OpenTelemetry traces. Nothing is exported unless an OTLP endpoint is set; the SDK reads the
+/// other standard variables itself (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
+/// `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`, `OTEL_EXPORTER_OTLP_HEADERS`,
+/// `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_BSP_*`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TelemetrySettings {
+    /// The collector's base URL (`OTEL_EXPORTER_OTLP_ENDPOINT`): traces go to
+    /// `<endpoint>/v1/traces`, OTLP over HTTP with protobuf bodies.
+    pub otlp_endpoint: Option<String>,
+    /// The full traces URL (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), used as it is; it wins over
+    /// `otlp_endpoint`.
+    pub otlp_traces_endpoint: Option<String>,
+    /// Whether the runner's spans carry the prompt and the model's output text
+    /// (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`). Off by default: test inputs and
+    /// outputs may be confidential, and a trace backend is seldom the place for them.
+    pub capture_model_content: bool,
+}
+
+impl TelemetrySettings {
+    /// The URL spans are posted to, when exporting is on.
+    pub fn traces_url(&self) -> Option<String> {
+        fn set(v: &Option<String>) -> Option<&str> {
+            v.as_deref().map(str::trim).filter(|v| !v.is_empty())
+        }
+        if let Some(url) = set(&self.otlp_traces_endpoint) {
+            return Some(url.to_string());
+        }
+        set(&self.otlp_endpoint).map(|base| format!("{}/v1/traces", base.trim_end_matches('/')))
+    }
+}
+
 /// Variables that override a setting directly, as users of Postgres, RabbitMQ and Rust tools
 /// expect, and the key each one sets.
 const STANDARD_VARIABLES: &[(&str, &str)] = &[
@@ -514,6 +549,15 @@ const STANDARD_VARIABLES: &[(&str, &str)] = &[
     ("AMQP_URL", "amqp.url"),
     ("RUST_LOG", "log.filter"),
     ("SKILLEVAL_LOG_FORMAT", "log.format"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "telemetry.otlp_endpoint"),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "telemetry.otlp_traces_endpoint",
+    ),
+    (
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+        "telemetry.capture_model_content",
+    ),
 ];
 
 /// Settings keys whose environment value is a comma-separated list.
@@ -730,6 +774,39 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&loaded).unwrap(),
             serde_json::to_value(Settings::default()).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_standard_opentelemetry_variables_set_the_telemetry_keys() {
+        let dir = tempfile_dir();
+        let s =
+            Settings::load_from(&env(&[("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap())])).unwrap();
+        assert_eq!(s.telemetry.traces_url(), None, "no endpoint, no export");
+        assert!(!s.telemetry.capture_model_content);
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.telemetry.traces_url().as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert!(s.telemetry.capture_model_content);
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://traces:4318/in",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.telemetry.traces_url().as_deref(),
+            Some("http://traces:4318/in")
         );
     }
 

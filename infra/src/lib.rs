@@ -2,9 +2,12 @@
 //!
 //! - [`config`] loads the one typed [`config::Settings`]: built-in defaults, then
 //!   `config/default.toml` and `config/{SKILLEVAL_ENV}.toml`, then `SKILLEVAL__SECTION__KEY`
-//!   variables, then the standard `DATABASE_URL`, `AMQP_URL` and `RUST_LOG`. Nothing else in the
-//!   service reads the environment.
-//! - [`telemetry`] sets up `tracing` once (JSON lines in production, readable text on a terminal).
+//!   variables, then the standard `DATABASE_URL`, `AMQP_URL`, `RUST_LOG` and OTLP endpoint
+//!   variables. Nothing else in the service reads the environment, except the OpenTelemetry
+//!   SDK, which reads its own standard `OTEL_*` variables (sampler, resource, batching).
+//! - [`telemetry`] sets up `tracing` once (JSON lines in production, readable text on a
+//!   terminal) and OpenTelemetry traces (exported over OTLP when an endpoint is set), with the
+//!   W3C trace-context helpers the broker messages and the stored runs use.
 //! - [`store`] is where every SQL statement lives: the pool, the migrations, the workers' result
 //!   writes ([`store::results`]) and the coordinator's runs ([`store::runs`]).
 //! - [`topology`] names and declares every exchange and queue, and publishes with confirms.

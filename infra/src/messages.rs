@@ -52,6 +52,8 @@ pub fn encode_job(job: &Job) -> Result<Vec<u8>, MessageError> {
 pub struct EncodedJob {
     pub run_id: Uuid,
     pub test_case_id: String,
+    /// The job's attempt (1 for a first publish).
+    pub attempt: u32,
     pub body: Vec<u8>,
 }
 
@@ -60,14 +62,26 @@ impl EncodedJob {
         Ok(EncodedJob {
             run_id: job.run_id,
             test_case_id: job.case.id.clone(),
+            attempt: job.attempt,
             body: encode_job(job)?,
         })
+    }
+
+    /// The message's AMQP `message-id`: `<run id>/<test case id>/<attempt>` (a redelivery
+    /// or a second publish of the same attempt has the same id).
+    pub fn message_id(&self) -> String {
+        format!("{}/{}/{}", self.run_id, self.test_case_id, self.attempt)
     }
 
     /// The message of a job stored as JSON text (a run's row): wrapped in the envelope as it
     /// is, without parsing and re-serialising it. `job_json` must be a JSON object (the
     /// database's `jsonb` output is); a worker that cannot read it parks the message.
-    pub fn from_stored(run_id: Uuid, test_case_id: String, job_json: &str) -> EncodedJob {
+    pub fn from_stored(
+        run_id: Uuid,
+        test_case_id: String,
+        attempt: u32,
+        job_json: &str,
+    ) -> EncodedJob {
         let mut body = Vec::with_capacity(job_json.len() + 24);
         body.extend_from_slice(b"{\"schema\":");
         body.extend_from_slice(JOB_SCHEMA_VERSION.to_string().as_bytes());
@@ -77,6 +91,7 @@ impl EncodedJob {
         EncodedJob {
             run_id,
             test_case_id,
+            attempt,
             body,
         }
     }
@@ -192,24 +207,6 @@ impl From<CaseFinished> for CasesFinished {
     }
 }
 
-/// A W3C `traceparent` whose trace id is the run id, so every job of one upload shares one
-/// trace across the coordinator and the workers (the span id is random per message).
-pub fn traceparent_for_run(run_id: Uuid) -> String {
-    format!(
-        "00-{}-{:016x}-01",
-        run_id.simple(),
-        rand::random::<u64>() | 1
-    )
-}
-
-/// The trace id of a `traceparent` header, when it is well formed.
-pub fn trace_id(traceparent: &str) -> Option<&str> {
-    let mut parts = traceparent.split('-');
-    let (_version, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
-    (trace.len() == 32 && span.len() == 16 && trace.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then_some(trace)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,7 +250,7 @@ mod tests {
     fn a_stored_job_is_wrapped_as_it_is_and_reads_back() {
         let j = job();
         let stored = serde_json::to_string(&serde_json::to_value(&j).unwrap()).unwrap();
-        let e = EncodedJob::from_stored(j.run_id, j.case.id.clone(), &stored);
+        let e = EncodedJob::from_stored(j.run_id, j.case.id.clone(), j.attempt, &stored);
         assert_eq!(decode_job(&e.body).unwrap(), j);
         assert_eq!((e.run_id, e.test_case_id.as_str()), (j.run_id, "c1"));
         let v: serde_json::Value = serde_json::from_slice(&e.body).unwrap();
@@ -324,13 +321,5 @@ mod tests {
             e
         );
         assert!(CasesFinished::decode(br#"{"run_id": 1}"#).is_err());
-    }
-
-    #[test]
-    fn traceparent_carries_the_run_id() {
-        let run = Uuid::now_v7();
-        let tp = traceparent_for_run(run);
-        assert_eq!(trace_id(&tp), Some(run.simple().to_string().as_str()));
-        assert_eq!(trace_id("garbage"), None);
     }
 }

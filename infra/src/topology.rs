@@ -54,9 +54,10 @@ use lapin::{
     PublisherConfirm,
 };
 use skilleval::plan::Job;
+use tracing::Instrument;
 
 use crate::config::{AmqpSettings, Settings};
-use crate::messages::{self, CaseFinished, CasesFinished, EncodedJob, MessageError};
+use crate::messages::{CaseFinished, CasesFinished, EncodedJob, MessageError};
 
 /// Routing key of CI jobs on the jobs exchange.
 pub const JOB_ROUTING_KEY: &str = "job";
@@ -648,6 +649,8 @@ pub struct Outgoing<'a> {
     pub routing_key: &'a str,
     pub body: &'a [u8],
     pub headers: FieldTable,
+    /// The AMQP `message-id` property (a job's is `<run id>/<test case id>/<attempt>`).
+    pub message_id: Option<&'a str>,
     /// A message no queue takes comes back as [`BrokerError::Unroutable`] instead of being
     /// dropped.
     pub mandatory: bool,
@@ -743,6 +746,7 @@ impl Publisher {
             routing_key,
             body,
             headers,
+            message_id,
             mandatory,
         } = message;
         // The publish time (AMQP timestamps are whole seconds): consumers measure how long a
@@ -750,11 +754,14 @@ impl Publisher {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let properties = BasicProperties::default()
+        let mut properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type(ShortString::from("application/json"))
             .with_timestamp(now)
             .with_headers(headers);
+        if let Some(id) = message_id {
+            properties = properties.with_message_id(ShortString::from(id));
+        }
         let confirm = self
             .channel
             .basic_publish(
@@ -776,69 +783,79 @@ impl Publisher {
         })
     }
 
-    fn job_headers(job: &Job) -> FieldTable {
-        Self::run_headers(job.run_id)
-    }
-
-    fn run_headers(run_id: uuid::Uuid) -> FieldTable {
+    /// The headers of a job message: the trace context of the `send` span that publishes it.
+    fn trace_headers(span: &tracing::Span) -> FieldTable {
         let mut headers = FieldTable::default();
-        headers.insert(
-            TRACEPARENT_HEADER.into(),
-            long_string(&messages::traceparent_for_run(run_id)),
-        );
+        if let Some(tp) = crate::telemetry::traceparent(span) {
+            headers.insert(TRACEPARENT_HEADER.into(), long_string(&tp));
+        }
         headers
     }
 
     /// Publishes a job to its lane and waits for the confirm.
     pub async fn publish_job(&self, job: &Job, lane: Lane) -> Result<(), BrokerError> {
-        let body = messages::encode_job(job)?;
-        self.publish(Outgoing {
-            exchange: &self.topology.jobs_exchange(),
-            routing_key: lane.routing_key(),
-            body: &body,
-            headers: Self::job_headers(job),
-            mandatory: true,
-        })
-        .await
+        self.publish_jobs(std::slice::from_ref(job), lane)
+            .await
+            .pop()
+            .unwrap_or(Ok(()))
     }
 
     /// Publishes every job, then waits for all the confirms: one round trip for the batch.
     /// Returns, per job in order, whether the broker took it.
     pub async fn publish_jobs(&self, jobs: &[Job], lane: Lane) -> Vec<Result<(), BrokerError>> {
-        let exchange = self.topology.jobs_exchange();
-        let exchange = exchange.as_str();
-        self.publish_all(jobs.iter().map(|job| async move {
-            let encoded = EncodedJob::from_job(job)?;
-            self.send_job(exchange, &encoded, lane).await
-        }))
-        .await
+        let mut encoded = Vec::with_capacity(jobs.len());
+        let mut failed = Vec::new();
+        for (i, job) in jobs.iter().enumerate() {
+            match EncodedJob::from_job(job) {
+                Ok(e) => encoded.push(e),
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        let mut sent = self.publish_encoded(&encoded, lane).await.into_iter();
+        let mut failed = failed.into_iter().peekable();
+        (0..jobs.len())
+            .map(|i| match failed.next_if(|(at, _)| *at == i) {
+                Some((_, e)) => Err(BrokerError::from(e)),
+                None => sent.next().unwrap_or(Ok(())),
+            })
+            .collect()
     }
 
-    /// [`Publisher::publish_jobs`] for jobs already encoded (a run's stored rows).
+    /// [`Publisher::publish_jobs`] for jobs already encoded (a run's stored rows): one
+    /// PRODUCER `send` span for the batch, whose trace context every message carries.
     pub async fn publish_encoded(
         &self,
         jobs: &[EncodedJob],
         lane: Lane,
     ) -> Vec<Result<(), BrokerError>> {
         let exchange = self.topology.jobs_exchange();
+        let span = send_span(&exchange, lane.routing_key(), jobs);
+        let headers = Self::trace_headers(&span);
         let exchange = exchange.as_str();
-        self.publish_all(jobs.iter().map(|job| self.send_job(exchange, job, lane)))
-            .await
+        let headers = &headers;
+        self.publish_all(
+            jobs.iter()
+                .map(|job| self.send_job(exchange, lane.routing_key(), job, headers.clone())),
+        )
+        .instrument(span)
+        .await
     }
 
-    /// Sends a job to its lane on the jobs exchange (mandatory, persistent); the confirm is
-    /// awaited later. Inside [`Publisher::in_order`].
+    /// Sends a job (mandatory, persistent); the confirm is awaited later. Inside
+    /// [`Publisher::in_order`].
     async fn send_job(
         &self,
         exchange: &str,
+        routing_key: &str,
         job: &EncodedJob,
-        lane: Lane,
+        headers: FieldTable,
     ) -> Result<PendingConfirm, BrokerError> {
         self.send(Outgoing {
             exchange,
-            routing_key: lane.routing_key(),
+            routing_key,
             body: &job.body,
-            headers: Self::run_headers(job.run_id),
+            headers,
+            message_id: Some(&job.message_id()),
             mandatory: true,
         })
         .await
@@ -877,16 +894,18 @@ impl Publisher {
         lane: Lane,
         tier_ms: u64,
     ) -> Result<(), BrokerError> {
-        let body = messages::encode_job(job)?;
+        let encoded = EncodedJob::from_job(job)?;
         let queue = self.topology.retry_queue(lane, tier_ms);
         // The default exchange routes by queue name.
-        self.publish(Outgoing {
-            exchange: "",
-            routing_key: &queue,
-            body: &body,
-            headers: Self::job_headers(job),
-            mandatory: true,
-        })
+        let span = send_span("", &queue, std::slice::from_ref(&encoded));
+        let headers = Self::trace_headers(&span);
+        async {
+            let sent = self
+                .in_order(self.send_job("", &queue, &encoded, headers))
+                .await?;
+            sent.wait().await
+        }
+        .instrument(span)
         .await
     }
 
@@ -906,6 +925,7 @@ impl Publisher {
             routing_key: "",
             body,
             headers,
+            message_id: None,
             mandatory: true,
         })
         .await
@@ -927,6 +947,7 @@ impl Publisher {
                     routing_key: &key,
                     body: &body,
                     headers: FieldTable::default(),
+                    message_id: None,
                     mandatory: false,
                 })
                 .await
@@ -934,6 +955,54 @@ impl Publisher {
         }))
         .await
     }
+}
+
+/// (Integers are recorded as `i64`: `tracing-opentelemetry` exports unsigned ones as text.)
+///
+/// The PRODUCER span of one publish of jobs (a batch, or a retry's one message), following the
+/// messaging semantic conventions. A batch's span names its size; the message id, the test
+/// case and the attempt are named only for a single message, the run when all are of one run.
+fn send_span(exchange: &str, routing_key: &str, jobs: &[EncodedJob]) -> tracing::Span {
+    // RabbitMQ's default exchange has the empty name; the conventions call it `amq.default`.
+    let destination = if exchange.is_empty() {
+        "amq.default"
+    } else {
+        exchange
+    };
+    let span = tracing::info_span!(
+        "send",
+        otel.name = %format_args!("send {destination}"),
+        otel.kind = "producer",
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "send",
+        messaging.operation.name = "send",
+        messaging.destination.name = destination,
+        messaging.rabbitmq.destination.routing_key = routing_key,
+        messaging.batch.message_count = tracing::field::Empty,
+        messaging.message.id = tracing::field::Empty,
+        skilleval.run_id = tracing::field::Empty,
+        skilleval.test_case_id = tracing::field::Empty,
+        skilleval.attempt = tracing::field::Empty,
+    );
+    match jobs {
+        [job] => {
+            span.record("messaging.message.id", job.message_id().as_str());
+            span.record("skilleval.run_id", tracing::field::display(job.run_id));
+            span.record("skilleval.test_case_id", job.test_case_id.as_str());
+            span.record("skilleval.attempt", i64::from(job.attempt));
+        }
+        [first, rest @ ..] => {
+            span.record(
+                "messaging.batch.message_count",
+                i64::try_from(jobs.len()).unwrap_or(i64::MAX),
+            );
+            if rest.iter().all(|j| j.run_id == first.run_id) {
+                span.record("skilleval.run_id", tracing::field::display(first.run_id));
+            }
+        }
+        [] => {}
+    }
+    span
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::grade::{Fault, Grade, SchemaError, Usage};
@@ -293,6 +294,8 @@ pub struct Executor {
     sandbox: Arc<Sandbox>,
     /// Compiled graders by definition (not by case: cases with the same definition share one).
     graders: Mutex<HashMap<DefinitionKey, Arc<dyn Grader>>>,
+    /// Whether the runner call's span carries the prompt and the output text.
+    capture_content: bool,
 }
 
 impl std::fmt::Debug for Executor {
@@ -315,7 +318,16 @@ impl Executor {
             runners,
             sandbox,
             graders: Mutex::new(HashMap::new()),
+            capture_content: false,
         }
+    }
+
+    /// Puts the prompt and the produced text on the runner call's span (`gen_ai.input.messages`,
+    /// `gen_ai.output.messages`). Off by default: test inputs and outputs may be confidential.
+    #[must_use]
+    pub fn with_content_capture(mut self, capture: bool) -> Self {
+        self.capture_content = capture;
+        self
     }
 
     pub fn strategies(&self) -> &StrategyRegistry {
@@ -489,10 +501,16 @@ impl Executor {
             environment: &job.environment,
             timeout,
         };
-        let produced = match runner.produce(&req, env).await {
+        let span = produce_span(job);
+        let produced = match runner.produce(&req, env).instrument(span.clone()).await {
             Ok(p) => p,
-            Err(fault) => return (Usage::default(), Err(fault)),
+            Err(fault) => {
+                record_fault(&span, &fault);
+                return (Usage::default(), Err(fault));
+            }
         };
+        self.record_produced(&span, job, &produced);
+        drop(span);
         let usage = produced.usage;
         let input = GradeInput {
             output: &produced.output,
@@ -502,10 +520,103 @@ impl Executor {
             case: &job.case,
         };
         let grading = Instant::now();
-        let graded = grader.grade(&input, env).await;
+        let span = tracing::info_span!(
+            "grade",
+            otel.name = %format_args!("grade {}", job.strategy()),
+            otel.status_code = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            skilleval.run_id = %job.run_id,
+            skilleval.test_case_id = %job.case.id,
+            skilleval.strategy = job.strategy(),
+            skilleval.score = tracing::field::Empty,
+            skilleval.passed = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+        );
+        let graded = grader.grade(&input, env).instrument(span.clone()).await;
+        match &graded {
+            Ok(g) => {
+                span.record("skilleval.score", g.score);
+                span.record("skilleval.passed", g.passed);
+                if !g.usage.is_zero() {
+                    record_tokens(&span, &g.usage);
+                }
+            }
+            Err(fault) => record_fault(&span, fault),
+        }
+        drop(span);
         let grade_ms = duration_ms(grading.elapsed());
         (usage, graded.map(|g| (produced, g, grade_ms)))
     }
+
+    /// What the runner call's span learns from its answer: for a model call (a runner that
+    /// names its provider and model), the GenAI semantic conventions' attributes.
+    fn record_produced(&self, span: &tracing::Span, job: &Job, produced: &Produced) {
+        let text = |key: &str| produced.details.get(key).and_then(Value::as_str);
+        if let (Some(provider), Some(model)) = (text("provider"), text("model")) {
+            span.record("gen_ai.operation.name", "chat");
+            span.record("gen_ai.provider.name", provider);
+            span.record("gen_ai.request.model", model);
+            span.record("gen_ai.response.model", model);
+        }
+        if !produced.usage.is_zero() {
+            record_tokens(span, &produced.usage);
+        }
+        if self.capture_content {
+            let message = |role: &str, content: &str| {
+                serde_json::json!([{"role": role, "parts": [{"type": "text", "content": content}]}])
+                    .to_string()
+            };
+            span.record(
+                "gen_ai.input.messages",
+                message("user", &job.case.input.prompt),
+            );
+            span.record(
+                "gen_ai.output.messages",
+                message("assistant", &produced.output),
+            );
+        }
+    }
+}
+
+/// The span of a runner call; [`Executor::record_produced`] fills in what the answer says.
+fn produce_span(job: &Job) -> tracing::Span {
+    tracing::info_span!(
+        "produce",
+        // A model call is named as the GenAI conventions name it (the model is known only
+        // from the answer, and a started span keeps its name).
+        otel.name = %if job.runner.kind == "llm" {
+            "chat".to_string()
+        } else {
+            format!("produce {}", job.runner.kind)
+        },
+        otel.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        skilleval.run_id = %job.run_id,
+        skilleval.test_case_id = %job.case.id,
+        skilleval.runner = job.runner.kind.as_str(),
+        gen_ai.operation.name = tracing::field::Empty,
+        gen_ai.provider.name = tracing::field::Empty,
+        gen_ai.request.model = tracing::field::Empty,
+        gen_ai.response.model = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.input.messages = tracing::field::Empty,
+        gen_ai.output.messages = tracing::field::Empty,
+    )
+}
+
+/// Token counts as `i64` (`tracing-opentelemetry` exports unsigned integers as text).
+fn record_tokens(span: &tracing::Span, usage: &Usage) {
+    let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    span.record("gen_ai.usage.input_tokens", int(usage.input_tokens));
+    span.record("gen_ai.usage.output_tokens", int(usage.output_tokens));
+}
+
+/// Marks a span failed with the fault's kind (`transient`, `permanent`, ...).
+fn record_fault(span: &tracing::Span, fault: &Fault) {
+    span.record("otel.status_code", "ERROR");
+    span.record("error.type", fault.kind());
 }
 
 fn apply_grade(result: &mut JobResult, produced: Produced, grade: Grade, elapsed: u64) {

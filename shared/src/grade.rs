@@ -152,6 +152,16 @@ impl Fault {
         matches!(self, Fault::Host { .. })
     }
 
+    /// The fault's kind as it is serialised (`transient`, `permanent`, `timeout`, `host`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::Transient { .. } => "transient",
+            Fault::Permanent { .. } => "permanent",
+            Fault::Timeout { .. } => "timeout",
+            Fault::Host { .. } => "host",
+        }
+    }
+
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Fault::Transient {

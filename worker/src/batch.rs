@@ -42,6 +42,9 @@ pub struct Finished {
     /// `None` in tests that drive the pipeline without a broker.
     pub acker: Option<Pending>,
     pub lane: Lane,
+    /// The result's `commit result` span (a child of the job's `process` span), ended once
+    /// the batch holding it is committed.
+    pub span: tracing::Span,
 }
 
 /// What the batcher needs.
@@ -85,10 +88,17 @@ impl Batcher {
         let mut results = Vec::with_capacity(batch.len());
         let mut settles = Vec::with_capacity(batch.len());
         let mut lanes: HashMap<(Uuid, String), Lane> = HashMap::with_capacity(batch.len());
+        let size = batch.len();
+        let mut spans = Vec::with_capacity(size);
         for f in batch {
             lanes.insert((f.result.run_id, f.result.test_case_id.clone()), f.lane);
             results.push(f.result);
             settles.push(f.acker);
+            f.span.record(
+                "skilleval.batch_size",
+                i64::try_from(size).unwrap_or(i64::MAX),
+            );
+            spans.push(f.span);
         }
         let mut attempt = 0;
         let changed = loop {
@@ -106,6 +116,11 @@ impl Batcher {
                 }
             }
         };
+        // One transaction for the whole batch: every result's span ends with it.
+        for span in &spans {
+            span.record("skilleval.committed", changed.is_some());
+        }
+        drop(spans);
         let Some(changed) = changed else {
             self.metrics.batch_failures.inc();
             futures::future::join_all(

@@ -55,6 +55,7 @@ pub fn build_executor(
     let executor = ExecutorBuilder::new()
         .providers(clients.clone())
         .sandbox(Sandbox::detect(settings.sandbox.clone()))
-        .build();
+        .build()
+        .with_content_capture(settings.telemetry.capture_model_content);
     Ok((executor, clients))
 }

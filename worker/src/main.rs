@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let settings = Settings::load().context("loading configuration")?;
-    telemetry::init(&settings.log).context("setting up logging")?;
+    let mut telemetry = telemetry::init(&settings.log, &settings.telemetry, "skilleval-worker")
+        .context("setting up logging and tracing")?;
     let store = Store::connect(&settings.database)
         .await
         .context("connecting to the database")?;
@@ -29,6 +30,8 @@ async fn main() -> anyhow::Result<()> {
     let outcome = worker.run(shutdown.clone()).await;
     shutdown.cancel();
     let _ = http.await;
+    // After a SIGTERM too: the last jobs' spans are exported before the exit.
+    telemetry.shutdown();
     outcome.context("the worker stopped")
 }
 

@@ -107,10 +107,12 @@ pub struct DeliveryInfo {
     pub redelivered: bool,
     /// Deliveries before this one (quorum queues count them).
     pub delivery_count: u32,
+    /// The W3C trace context of the `send` span that published the message.
     pub traceparent: Option<String>,
 }
 
 impl DeliveryInfo {
+    /// What a delivery's `redelivered` flag and headers say.
     pub fn from_headers(redelivered: bool, headers: Option<&FieldTable>) -> DeliveryInfo {
         let get = |key: &str| headers.and_then(|h| h.inner().get(key));
         let delivery_count = get(DELIVERY_COUNT_HEADER).and_then(integer).unwrap_or(0);
@@ -264,30 +266,52 @@ impl Worker {
         lane: Lane,
         publisher: Option<&Publisher>,
     ) -> Result<Disposition, HandleError> {
+        self.handle_traced(body, headers, info, lane, publisher)
+            .await
+            .0
+    }
+
+    /// [`Worker::handle`], also returning the job's CONSUMER `process` span (disabled for a
+    /// message that is not a job), the parent of its result's commit.
+    async fn handle_traced(
+        &self,
+        body: &[u8],
+        headers: Option<&FieldTable>,
+        info: &DeliveryInfo,
+        lane: Lane,
+        publisher: Option<&Publisher>,
+    ) -> (Result<Disposition, HandleError>, tracing::Span) {
         let job = match messages::decode_job(body) {
             Ok(job) => job,
             Err(e) => {
                 let reason = e.to_string();
-                let publisher = publisher.ok_or(HandleError::NoPublisher)?;
-                publisher
-                    .publish_parked(body, &reason, &self.topology.queue(lane), headers)
-                    .await?;
-                self.metrics.parked.inc();
-                tracing::warn!(%reason, bytes = body.len(), "unparseable message parked");
-                return Ok(Disposition::Parked(reason));
+                let parked = async {
+                    let publisher = publisher.ok_or(HandleError::NoPublisher)?;
+                    publisher
+                        .publish_parked(body, &reason, &self.topology.queue(lane), headers)
+                        .await?;
+                    self.metrics.parked.inc();
+                    tracing::warn!(%reason, bytes = body.len(), "unparseable message parked");
+                    Ok(Disposition::Parked(reason.clone()))
+                }
+                .await;
+                return (parked, tracing::Span::none());
             }
         };
-        let span = tracing::info_span!(
-            "job",
-            run_id = %job.run_id,
-            test_case_id = %job.case.id,
-            attempt = job.attempt,
-            lane = lane.as_str(),
-            trace_id = info.traceparent.as_deref().and_then(messages::trace_id).unwrap_or(""),
-        );
-        self.handle_job(job, info, lane, publisher)
-            .instrument(span)
-            .await
+        let span = process_span(&job, info, &self.topology.queue(lane), lane);
+        let outcome = self
+            .handle_job(job, info, lane, publisher)
+            .instrument(span.clone())
+            .await;
+        let disposition = match &outcome {
+            Ok(Disposition::Record(r)) => r.status.as_str(),
+            Ok(Disposition::Retried { .. }) => "retried",
+            Ok(Disposition::Parked(_)) => "parked",
+            Ok(Disposition::Decided(_)) => "decided",
+            Err(_) => "requeued",
+        };
+        span.record("skilleval.disposition", disposition);
+        (outcome, span)
     }
 
     async fn handle_job(
@@ -700,8 +724,8 @@ impl Worker {
             self.metrics.redeliveries.inc();
         }
         let publisher = crate::current_publisher(&self.publisher);
-        let outcome = self
-            .handle(
+        let (outcome, span) = self
+            .handle_traced(
                 &delivery.data,
                 delivery.properties.headers().as_ref(),
                 &info,
@@ -713,10 +737,21 @@ impl Worker {
         drop(permit);
         match outcome {
             Ok(Disposition::Record(result)) => {
+                let span = tracing::info_span!(
+                    parent: &span,
+                    "commit result",
+                    skilleval.run_id = %result.run_id,
+                    skilleval.test_case_id = %result.test_case_id,
+                    skilleval.status = result.status.as_str(),
+                    db.system.name = "postgresql",
+                    skilleval.batch_size = tracing::field::Empty,
+                    skilleval.committed = tracing::field::Empty,
+                );
                 let finished = Finished {
                     result: *result,
                     acker: Some(pending),
                     lane,
+                    span,
                 };
                 if tx.send(finished).await.is_err() {
                     tracing::error!("the batcher is gone; the delivery is left for redelivery");
@@ -737,6 +772,32 @@ impl Worker {
             }
         }
     }
+}
+
+/// The CONSUMER span of one job (messaging semantic conventions), a child of the `send` span
+/// whose context the message carries: the first delivery, a redelivery and a retry's delivery
+/// (published from the previous attempt's span) all stay in the trace of the run's creation.
+fn process_span(job: &Job, info: &DeliveryInfo, queue: &str, lane: Lane) -> tracing::Span {
+    let message_id = format!("{}/{}/{}", job.run_id, job.case.id, job.attempt);
+    let span = tracing::info_span!(
+        "process",
+        otel.name = %format_args!("process {queue}"),
+        otel.kind = "consumer",
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "process",
+        messaging.operation.name = "process",
+        messaging.destination.name = queue,
+        messaging.message.id = message_id.as_str(),
+        skilleval.run_id = %job.run_id,
+        skilleval.test_case_id = %job.case.id,
+        skilleval.attempt = i64::from(job.attempt),
+        skilleval.lane = lane.as_str(),
+        skilleval.redelivered = info.redelivered,
+        skilleval.delivery_count = i64::from(info.delivery_count),
+        skilleval.disposition = tracing::field::Empty,
+    );
+    skilleval_infra::telemetry::set_parent(&span, info.traceparent.as_deref());
+    span
 }
 
 struct LaneConsumer {

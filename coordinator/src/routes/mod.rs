@@ -75,8 +75,51 @@ pub fn router(state: AppState, tokens: Tokens) -> Router {
             axum::http::StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
         ))
-        .layer(TraceLayer::new_for_http())
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(server_span)
+                .on_response(record_response),
+        )
         .with_state(state)
+}
+
+/// The SERVER span of a request (HTTP semantic conventions), continuing the caller's trace
+/// when it sent a `traceparent`.
+fn server_span<B>(request: &Request<B>) -> tracing::Span {
+    let method = request.method().as_str();
+    let path = request.uri().path();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str);
+    let span = tracing::info_span!(
+        "HTTP request",
+        otel.name = %format_args!("{method} {}", route.unwrap_or(path)),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method,
+        http.route = route,
+        url.path = path,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let traceparent = request
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok());
+    skilleval_infra::telemetry::set_parent(&span, traceparent);
+    span
+}
+
+fn record_response<B>(
+    response: &axum::http::Response<B>,
+    _latency: Duration,
+    span: &tracing::Span,
+) {
+    let status = response.status();
+    span.record("http.response.status_code", i64::from(status.as_u16()));
+    if status.is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
 }
 
 async fn not_found(request: Request) -> ApiError {

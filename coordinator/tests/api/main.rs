@@ -24,5 +24,5 @@ mod runs;
 mod submit;
 mod tls;
 mod upload;
-mod webhooks;
 mod versions;
+mod webhooks;

@@ -304,6 +304,8 @@ async fn failing_deliveries_are_retried_with_backoff_then_failed_and_rejections_
                 event: "alert.fired",
                 url: &broken,
                 body: br#"{"event":"alert.fired"}"#,
+                run_id: None,
+                traceparent: None,
             },
         )
         .await
@@ -315,6 +317,8 @@ async fn failing_deliveries_are_retried_with_backoff_then_failed_and_rejections_
                 event: "alert.fired",
                 url: &rejecting,
                 body: br#"{"event":"alert.fired"}"#,
+                run_id: None,
+                traceparent: None,
             },
         )
         .await
@@ -391,6 +395,8 @@ async fn a_claimed_delivery_is_nobody_elses_until_its_lease_ends_then_it_keeps_i
             event: "test.event",
             url: "http://127.0.0.1:9/unused",
             body: body.as_bytes(),
+            run_id: None,
+            traceparent: None,
         };
         ids.insert(store.enqueue_webhook(&mut tx, &webhook).await.unwrap());
     }

@@ -52,6 +52,10 @@ pub struct NewWebhook<'a> {
     pub url: &'a str,
     /// The exact bytes to POST (signed as they are).
     pub body: &'a [u8],
+    /// The run the delivery announces, if any (`skilleval.run_id` of its span).
+    pub run_id: Option<Uuid>,
+    /// The W3C trace context the delivery is sent in (the enqueuer's span), if any.
+    pub traceparent: Option<&'a str>,
 }
 
 /// A claimed delivery, to send now.
@@ -66,6 +70,10 @@ pub struct ClaimedWebhook {
     pub attempts: i32,
     /// The lease this claim holds; settling needs it.
     pub leased_until: DateTime<Utc>,
+    /// See [`NewWebhook::run_id`].
+    pub run_id: Option<Uuid>,
+    /// See [`NewWebhook::traceparent`].
+    pub traceparent: Option<String>,
 }
 
 /// What an attempt came to, for [`Store::settle_webhook`].
@@ -113,12 +121,15 @@ impl Store {
     ) -> Result<Uuid, StoreError> {
         let id = Uuid::now_v7();
         sqlx::query(
-            "INSERT INTO webhook_deliveries (id, event, url, body) VALUES ($1, $2, $3, $4)",
+            "INSERT INTO webhook_deliveries (id, event, url, body, run_id, traceparent)
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(id)
         .bind(webhook.event)
         .bind(webhook.url)
         .bind(webhook.body)
+        .bind(webhook.run_id)
+        .bind(webhook.traceparent)
         .execute(conn)
         .await
         .map_err(StoreError::query("enqueueing a webhook"))?;
@@ -149,7 +160,8 @@ impl Store {
              SET leased_until = now() + make_interval(secs => $2::float8),
                  attempts = w.attempts + 1
              FROM due WHERE w.id = due.id
-             RETURNING w.id, w.event, w.url, w.body, w.attempts, w.leased_until",
+             RETURNING w.id, w.event, w.url, w.body, w.attempts, w.leased_until, w.run_id,
+                       w.traceparent",
         )
         .bind(limit)
         .bind(secs(lease))

@@ -45,6 +45,8 @@ pub struct NewRun<'a> {
     /// The regression gate's thresholds (`skilleval::compare::GateConfig` as JSON; `None`:
     /// no gate).
     pub gate: Option<Value>,
+    /// The creating request's W3C trace context, kept so later work on the run joins its trace.
+    pub traceparent: Option<String>,
 }
 
 /// Whether [`insert_run`] created the run or found the one with the same idempotency key.
@@ -76,8 +78,9 @@ async fn insert_run(
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO runs
             (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
-             max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens, gate)
-         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+             max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens, gate,
+             traceparent)
+         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
     )
@@ -94,6 +97,7 @@ async fn insert_run(
     .bind(run.max_cost_usd)
     .bind(run.max_tokens)
     .bind(&run.gate)
+    .bind(run.traceparent.as_deref())
     .fetch_optional(&mut *conn)
     .await?;
     let Some(run_id) = inserted else {
@@ -126,25 +130,30 @@ pub struct RunPlanRequest {
     pub kind: RunKind,
     pub runner: Option<Value>,
     pub request: Value,
+    /// The creating request's W3C trace context.
+    pub traceparent: Option<String>,
 }
 
 async fn run_plan_request(
     conn: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
 ) -> Result<Option<RunPlanRequest>, sqlx::Error> {
-    let row: Option<(Uuid, RunKind, Option<Value>, Value)> =
-        sqlx::query_as("SELECT version_id, kind, runner, request FROM runs WHERE id = $1")
-            .bind(run_id)
-            .fetch_optional(conn)
-            .await?;
-    Ok(
-        row.map(|(version_id, kind, runner, request)| RunPlanRequest {
+    type Row = (Uuid, RunKind, Option<Value>, Value, Option<String>);
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT version_id, kind, runner, request, traceparent FROM runs WHERE id = $1",
+    )
+    .bind(run_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(
+        |(version_id, kind, runner, request, traceparent)| RunPlanRequest {
             version_id,
             kind,
             runner,
             request,
-        }),
-    )
+            traceparent,
+        },
+    ))
 }
 
 /// What an event needs to know about its run, in one read of its row.
@@ -283,6 +292,8 @@ pub struct RunRow {
     pub stop_detail: Option<String>,
     /// The regression gate the run was created with (`GateConfig` as JSON).
     pub gate: Option<Value>,
+    /// The creating request's W3C trace context (see [`NewRun::traceparent`]).
+    pub traceparent: Option<String>,
 }
 
 async fn get_run(
@@ -294,7 +305,7 @@ async fn get_run(
                 c.settings, r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
                 r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at,
                 r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd, r.stop_reason,
-                r.stop_detail, r.gate
+                r.stop_detail, r.gate, r.traceparent
          FROM runs r
          JOIN skill_versions v ON v.id = r.version_id
          JOIN skills s ON s.id = v.skill_id
@@ -337,6 +348,7 @@ async fn get_run(
             stop_reason: r.try_get(26)?,
             stop_detail: r.try_get(27)?,
             gate: r.try_get(28)?,
+            traceparent: r.try_get(29)?,
         })
     })
     .transpose()

@@ -81,6 +81,7 @@ async fn an_unparseable_message_is_parked_and_its_neighbours_run() {
                 routing_key: JOB_ROUTING_KEY,
                 body,
                 headers,
+                message_id: None,
                 mandatory: true,
             })
             .await

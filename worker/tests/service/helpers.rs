@@ -142,10 +142,17 @@ impl TestEnv {
     pub async fn new() -> TestEnv {
         // `SKILLEVAL_TEST_LOG=debug cargo test ...` shows the in-process workers' logs.
         if let Ok(filter) = std::env::var("SKILLEVAL_TEST_LOG") {
-            let _ = skilleval_infra::telemetry::init(&skilleval_infra::config::LogSettings {
-                filter,
-                format: skilleval_infra::config::LogFormat::Text,
-            });
+            // Kept for the test binary's life: no exporter is installed without an endpoint.
+            if let Ok(t) = skilleval_infra::telemetry::init(
+                &skilleval_infra::config::LogSettings {
+                    filter,
+                    format: skilleval_infra::config::LogFormat::Text,
+                },
+                &Default::default(),
+                "skilleval-worker-tests",
+            ) {
+                std::mem::forget(t);
+            }
         }
         let mut scratch = Scratch::create().await;
         let (db_name, db_url, prefix) = (
