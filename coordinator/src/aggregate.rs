@@ -148,7 +148,10 @@ impl RunAggregator {
         if run.finalised || run.counters.completed < run.counters.total {
             return Ok(false);
         }
-        let Finalising::Verdict = run.kind.finalising()?;
+        let announce = match run.kind.finalising()? {
+            Finalising::Verdict => true,
+            Finalising::Tally => false,
+        };
         let settings: EvalSettings = if run.settings.is_null() {
             EvalSettings::default()
         } else {
@@ -203,7 +206,9 @@ impl RunAggregator {
             pass_rate = summary.pass_rate,
             "run finalised"
         );
-        if let (Some(url), Some(sender)) = (run.callback_url.clone(), self.webhooks.clone()) {
+        if let (true, Some(url), Some(sender)) =
+            (announce, run.callback_url.clone(), self.webhooks.clone())
+        {
             let Some(view) = self
                 .store
                 .get_run(run_id)

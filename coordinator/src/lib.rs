@@ -26,6 +26,7 @@
 pub use skilleval_infra::store::runs as db;
 
 pub mod aggregate;
+pub mod alerts;
 pub mod auth;
 pub mod broker;
 pub mod error;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
@@ -20,6 +20,7 @@ use crate::metrics::HttpLabels;
 use crate::state::AppState;
 
 pub mod health;
+pub mod monitoring;
 pub mod runs;
 pub mod skills;
 
@@ -40,6 +41,11 @@ macro_rules! routes {
 routes! {
     post "/v1/skills" => skills::upload;
     get "/v1/skills/{name}/versions" => skills::versions;
+    put "/v1/skills/{name}/monitor" => monitoring::put_monitor;
+    get "/v1/skills/{name}/monitor" => monitoring::get_monitor;
+    post "/v1/skills/{name}/samples" => monitoring::ingest;
+    get "/v1/skills/{name}/quality" => monitoring::quality;
+    get "/v1/skills/{name}/alerts" => monitoring::alerts;
     post "/v1/runs" => runs::create;
     get "/v1/runs/{id}" => runs::get_run;
     get "/v1/runs/{id}/results" => runs::results;

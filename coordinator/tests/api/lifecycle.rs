@@ -183,13 +183,17 @@ async fn a_kind_not_implemented_yet_is_refused_at_creation() {
         .await
         .unwrap();
     let version_id: Uuid = upload["version_id"].as_str().unwrap().parse().unwrap();
-    for kind in [RunKind::Rescore, RunKind::Samples] {
-        let request = RunRequest::all_cases(version_id, kind);
-        assert!(matches!(
-            app.state.launcher.create(&request).await,
-            Err(LaunchError::Kind(_))
-        ));
-    }
+    let request = RunRequest::all_cases(version_id, RunKind::Rescore);
+    assert!(matches!(
+        app.state.launcher.create(&request).await,
+        Err(LaunchError::Kind(_))
+    ));
+    // A samples run comes from ingest only, never from a definition.
+    let request = RunRequest::all_cases(version_id, RunKind::Samples);
+    assert!(matches!(
+        app.state.launcher.create(&request).await,
+        Err(LaunchError::IngestOnly)
+    ));
     assert_eq!(app.count("runs").await, 0);
     app.cleanup().await;
 }

@@ -19,5 +19,6 @@ mod openapi;
 mod packages;
 mod publish;
 mod runs;
+mod sampling;
 mod submit;
 mod upload;

@@ -77,7 +77,8 @@ pub enum RunKind {
     Manual,
     /// Grades stored outputs against another definition (no generation). Not yet created.
     Rescore,
-    /// Judges a batch of production samples on the lower-priority lane. Not yet created.
+    /// Judges one ingest batch of production samples on the lower-priority lane
+    /// (`POST /v1/skills/{name}/samples`).
     Samples,
 }
 
@@ -86,6 +87,9 @@ pub enum RunKind {
 pub enum Planning {
     /// One job per selected case of the version's stored definition, in case order.
     StoredDefinition,
+    /// One job per sampled item of the run's ingest batch (its `samples` rows, in position
+    /// order), graded by the monitor revision the batch was taken with.
+    Samples,
 }
 
 /// What finalising a run of a kind produces.
@@ -93,6 +97,9 @@ pub enum Planning {
 pub enum Finalising {
     /// A suite summary and a pass/fail verdict, announced by webhook.
     Verdict,
+    /// The same summary, announced to nobody: a samples run is one ingest batch; what its
+    /// results mean is read over time (quality, alerts), not per run.
+    Tally,
 }
 
 impl RunKind {
@@ -109,7 +116,8 @@ impl RunKind {
     pub fn planning(self) -> Result<Planning, UnsupportedKind> {
         match self {
             RunKind::Upload | RunKind::Manual => Ok(Planning::StoredDefinition),
-            RunKind::Rescore | RunKind::Samples => Err(UnsupportedKind(self)),
+            RunKind::Samples => Ok(Planning::Samples),
+            RunKind::Rescore => Err(UnsupportedKind(self)),
         }
     }
 
@@ -117,7 +125,8 @@ impl RunKind {
     pub fn finalising(self) -> Result<Finalising, UnsupportedKind> {
         match self {
             RunKind::Upload | RunKind::Manual => Ok(Finalising::Verdict),
-            RunKind::Rescore | RunKind::Samples => Err(UnsupportedKind(self)),
+            RunKind::Samples => Ok(Finalising::Tally),
+            RunKind::Rescore => Err(UnsupportedKind(self)),
         }
     }
 }

@@ -5,7 +5,8 @@
 //! one. Every statement is a method of [`Store`] returning [`StoreError`] with context, one
 //! file per concern: [`lifecycle`] (a run's states and every transition), [`versions`]
 //! (skills, versions, definitions), [`runs`] (creating and reading runs and their results),
-//! [`publishing`] (watermarks, the publish lock, the sweeper's lists), [`results`] (the
+//! [`publishing`] (watermarks, the publish lock, the sweeper's lists), [`samples`]
+//! (monitors, production samples, alerts, retention), [`results`] (the
 //! workers' writes), [`llm`] (the model response cache and fleet-wide provider rate limits).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
@@ -28,6 +29,7 @@ pub mod llm;
 pub mod publishing;
 pub mod results;
 pub mod runs;
+pub mod samples;
 pub mod versions;
 
 pub use results::{CaseState, Changed};
