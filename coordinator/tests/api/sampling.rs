@@ -393,3 +393,417 @@ async fn the_same_batch_twice_is_graded_once_on_the_samples_lane() {
     let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
     app.cleanup().await;
 }
+
+fn at(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+}
+
+/// `n` samples with ids `{prefix}-{i}`, the first `passing` saying "ok", observed from
+/// `start` every `step`.
+fn history(
+    prefix: &str,
+    n: usize,
+    passing: usize,
+    start: DateTime<Utc>,
+    step: chrono::Duration,
+    version: &str,
+) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            let mut s = sample(
+                &format!("{prefix}-{i:04}"),
+                if i < passing { "ok" } else { "bad" },
+                Some(start + step * i32::try_from(i).unwrap()),
+            );
+            s["version"] = json!(version);
+            s
+        })
+        .collect()
+}
+
+fn close(got: &Value, want: f64) {
+    let got = got.as_f64().unwrap_or(f64::NAN);
+    assert!((got - want).abs() < 5e-5, "{got} != {want}");
+}
+
+#[tokio::test]
+async fn quality_buckets_carry_hand_computed_wilson_intervals_and_old_samples_are_swept() {
+    let app = spawn_app_with(AppOptions {
+        background: true,
+        ..AppOptions::default()
+    })
+    .await;
+    upload(&app, monitored_package("qual", says_ok(1.0))).await;
+    let day1 = at("2026-10-01T00:00:00Z");
+    let day2 = at("2026-10-02T00:00:00Z");
+    let hour = chrono::Duration::hours(1);
+    let (_, first) = ingest(
+        &app,
+        "qual",
+        &json!(history("d1", 10, 7, day1 + hour, hour, "1.0.0")),
+    )
+    .await;
+    let (_, second) = ingest(
+        &app,
+        "qual",
+        &json!(history("d2", 20, 5, day2, hour, "1.1.0")),
+    )
+    .await;
+    assert_eq!(
+        (first["sampled"].as_u64(), second["sampled"].as_u64()),
+        (Some(10), Some(20))
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let (stop, worker) = start_worker_with(fast_samples(&app), cache.path()).await;
+    assert_eq!(
+        wait_graded(&app, "qual", 30, Duration::from_secs(60)).await,
+        30
+    );
+
+    let (status, q) = app
+        .get_json(
+            "/v1/skills/qual/quality?from=2026-10-01T00:00:00Z&to=2026-10-03T00:00:00Z&bucket=day",
+        )
+        .await;
+    assert_eq!(status, 200, "{q}");
+    let b = q["buckets"].as_array().unwrap();
+    assert_eq!(b.len(), 2);
+    // 7 of 10: Wilson 95 %, z = 1.959964, by hand:
+    // centre = (0.7 + z²/20) / (1 + z²/10) = 0.892073 / 1.384146 = 0.644491
+    // half   = z·√(0.7·0.3/10 + z²/400) / 1.384146 = 0.247715  ->  [0.396776, 0.892206]
+    assert_eq!(
+        (b[0]["n"].as_u64(), b[0]["passed"].as_u64()),
+        (Some(10), Some(7))
+    );
+    close(&b[0]["pass_rate"], 0.7);
+    close(&b[0]["pass_rate_ci"]["low"], 0.396776);
+    close(&b[0]["pass_rate_ci"]["high"], 0.892206);
+    // 5 of 20: centre = (0.25 + z²/40) / (1 + z²/20) = 0.346037 / 1.192073 = 0.290282
+    // half = z·√(0.25·0.75/20 + z²/1600) / 1.192073 = 0.178418  ->  [0.111864, 0.468701]
+    assert_eq!(
+        (b[1]["n"].as_u64(), b[1]["passed"].as_u64()),
+        (Some(20), Some(5))
+    );
+    close(&b[1]["pass_rate"], 0.25);
+    close(&b[1]["pass_rate_ci"]["low"], 0.111864);
+    close(&b[1]["pass_rate_ci"]["high"], 0.468701);
+    close(&b[1]["criteria"]["says-ok"], 0.25);
+    assert_eq!(q["total"]["n"], 30);
+    let markers = q["markers"].as_array().unwrap();
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    assert_eq!(
+        (markers[0]["kind"].as_str(), markers[0]["to"].as_str()),
+        (Some("version"), Some("1.1.0"))
+    );
+    // One version only.
+    let (_, v) = app
+        .get_json("/v1/skills/qual/quality?from=2026-10-01T00:00:00Z&to=2026-10-03T00:00:00Z&version=1.0.0")
+        .await;
+    assert_eq!(v["total"]["n"], 10);
+    // Markdown and a self-contained HTML page, by format= or by Accept.
+    let md = app
+        .get("/v1/skills/qual/quality?from=2026-10-01T00:00:00Z&to=2026-10-03T00:00:00Z&format=markdown")
+        .await;
+    assert!(md.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/markdown"));
+    assert!(md.text().await.unwrap().contains("| 2026-10-02"));
+    let html = app
+        .client
+        .get(format!(
+            "{}/v1/skills/qual/quality?from=2026-10-01T00:00:00Z&to=2026-10-03T00:00:00Z",
+            app.address
+        ))
+        .header("Accept", "text/html")
+        .send()
+        .await
+        .unwrap();
+    assert!(html.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let page = html.text().await.unwrap();
+    assert!(page.contains("<svg"), "a chart");
+    assert!(
+        !page.contains("<script src") && !page.contains("<link"),
+        "self-contained"
+    );
+    // A bad range names the parameter.
+    let (status, e) = app
+        .get_json("/v1/skills/qual/quality?from=2026-10-03T00:00:00Z&to=2026-10-01T00:00:00Z")
+        .await;
+    assert_eq!(
+        (status, e["error"]["details"]["field"].as_str()),
+        (400, Some("from"))
+    );
+
+    // Retention: the first batch (received "100 days ago") goes, with its finished run and
+    // results; the second stays.
+    let run1: Uuid = first["run_id"].as_str().unwrap().parse().unwrap();
+    let run2: Uuid = second["run_id"].as_str().unwrap().parse().unwrap();
+    for _ in 0..100 {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE finalised")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        if n == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sqlx::query("UPDATE samples SET received_at = now() - interval '100 days' WHERE run_id = $1")
+        .bind(run1)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE runs SET created_at = now() - interval '100 days' WHERE id = $1")
+        .bind(run1)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    skilleval_coordinator::startup::sweep_samples(&app.state.store, 90).await;
+    assert_eq!(app.count("samples").await, 20);
+    let runs: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM runs WHERE kind = 'samples'")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, [run2]);
+    assert_eq!(app.count("eval_results").await, 20);
+    assert_eq!(graded(&app, "qual").await, 20);
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_alert_fires_once_on_a_drop_resolves_once_and_a_small_window_stays_quiet() {
+    let app = spawn_app().await;
+    let hooks = crate::helpers::WebhookReceiver::start().await;
+    let monitor = |rate: f64| {
+        let mut m = says_ok(rate);
+        m["alerts"] = json!([{"name": "drop", "min_samples": 40}]);
+        m
+    };
+    for skill in ["alerty", "quiet"] {
+        upload(&app, monitored_package(skill, monitor(1.0))).await;
+        let url = format!(
+            "{}/v1/skills/{skill}/monitor?callback_url={}",
+            app.address, hooks.url
+        );
+        let r = app
+            .client
+            .put(url)
+            .json(&monitor(1.0))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    let t = at("2026-10-10T00:00:00Z");
+    let h = chrono::Duration::hours(1);
+    // Baseline: 140 samples hourly from 8 days back (the history is old enough to judge),
+    // 90 % pass; then a day at 50 % (50 samples).
+    let baseline = history("base", 140, 126, t - chrono::Duration::days(8), h, "1.0.0");
+    let drop = history(
+        "drop",
+        50,
+        25,
+        t - h * 20,
+        chrono::Duration::minutes(20),
+        "1.1.0",
+    );
+    ingest(&app, "alerty", &json!(baseline)).await;
+    ingest(&app, "alerty", &json!(drop)).await;
+    // The quiet skill drops as much, but its window holds 10 graded samples (< 40).
+    ingest(
+        &app,
+        "quiet",
+        &json!(history(
+            "base",
+            140,
+            126,
+            t - chrono::Duration::days(8),
+            h,
+            "1.0.0"
+        )),
+    )
+    .await;
+    ingest(
+        &app,
+        "quiet",
+        &json!(history("drop", 10, 2, t - h * 20, h, "1.1.0")),
+    )
+    .await;
+    let cache = tempfile::tempdir().unwrap();
+    let (stop, worker) = start_worker_with(fast_samples(&app), cache.path()).await;
+    assert_eq!(
+        wait_graded(&app, "alerty", 190, Duration::from_secs(90)).await,
+        190
+    );
+    assert_eq!(
+        wait_graded(&app, "quiet", 150, Duration::from_secs(90)).await,
+        150
+    );
+
+    let alerts = &app.state.alerts;
+    // Breach, breach (fires: 2 of 3), breach (still firing: no second alert).
+    for hours in 1..=3 {
+        let round = alerts.round(t + h * hours).await.unwrap();
+        assert!(round.leased);
+        let fired: Vec<&str> = round.transitions.iter().map(|a| a.skill.as_str()).collect();
+        assert_eq!(
+            fired,
+            if hours == 2 { vec!["alerty"] } else { vec![] },
+            "at +{hours} h"
+        );
+    }
+    // A second evaluation within the gap (another coordinator's round) is skipped.
+    let again = alerts
+        .round(t + h * 3 + chrono::Duration::seconds(10))
+        .await
+        .unwrap();
+    assert_eq!(again.evaluated, 0);
+    // Recovery: a good day after the drop.
+    let good = history(
+        "good",
+        60,
+        60,
+        t + h * 7,
+        chrono::Duration::minutes(20),
+        "1.1.1",
+    );
+    ingest(&app, "alerty", &json!(good)).await;
+    assert_eq!(
+        wait_graded(&app, "alerty", 250, Duration::from_secs(60)).await,
+        250
+    );
+    let mut resolved_at = Vec::new();
+    for hours in 30..=33 {
+        let round = alerts.round(t + h * hours).await.unwrap();
+        if !round.transitions.is_empty() {
+            resolved_at.push(hours);
+        }
+    }
+    assert_eq!(
+        resolved_at,
+        [31],
+        "resolves once, when fewer than 2 of the last 3 breach"
+    );
+
+    let delivered = hooks.wait_for(2, Duration::from_secs(20)).await;
+    assert_eq!(delivered.len(), 2);
+    let events: Vec<&str> = delivered
+        .iter()
+        .map(|(h, _)| h["x-skilleval-event"].as_str())
+        .collect();
+    assert_eq!(events, ["alert.firing", "alert.resolved"]);
+    for (headers, body) in &delivered {
+        assert!(skilleval_coordinator::webhook::verify(
+            crate::helpers::WEBHOOK_SECRET.as_bytes(),
+            body,
+            &headers["x-skilleval-signature"]
+        ));
+        let body: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(body["skill"], "alerty");
+    }
+
+    let (_, list) = app.get_json("/v1/skills/alerty/alerts").await;
+    let transitions: Vec<(&str, &str)> = list["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["from_state"].as_str().unwrap(),
+                a["to_state"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(transitions, [("firing", "resolved"), ("ok", "firing")]);
+    assert_eq!(list["rules"][0]["state"], "resolved");
+    let firing = &list["alerts"][1]["evaluation"];
+    assert_eq!(firing["finding"], "breached");
+    assert_eq!(
+        (
+            firing["window"]["n"].as_u64(),
+            firing["window"]["passed"].as_u64()
+        ),
+        (Some(50), Some(25))
+    );
+    let (_, quiet) = app.get_json("/v1/skills/quiet/alerts").await;
+    assert_eq!(quiet["alerts"], json!([]));
+    assert_eq!(quiet["rules"][0]["state"], "no_data");
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+    app.cleanup().await;
+}
+
+/// Uploads the calculator example and waits for its verdict; returns how long it took.
+async fn calculator_run(app: &TestApp, zip: &[u8]) -> Duration {
+    let started = std::time::Instant::now();
+    let upload: Value = app.upload_zip(zip.to_vec(), "").await.json().await.unwrap();
+    let run_id = upload["run_id"].as_str().expect("a run").to_string();
+    let run = crate::e2e::wait_for_verdict(app, &run_id).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn an_upload_run_is_not_starved_by_queued_samples() {
+    let app = spawn_app_with(AppOptions {
+        background: true,
+        ..AppOptions::default()
+    })
+    .await;
+    if skilleval::sandbox::Sandbox::detect(app.settings.sandbox.clone())
+        .unavailable_reason()
+        .is_some()
+    {
+        eprintln!("bubblewrap is not available: skipping the lane priority test");
+        app.cleanup().await;
+        return;
+    }
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/skills/calculator");
+    let zip = skilleval_cli::submit::zip_folder(&example).unwrap();
+    upload(&app, monitored_package("flood", says_ok(1.0))).await;
+    // The default split: 4 CI slots, 1 samples slot.
+    let cache = tempfile::tempdir().unwrap();
+    let (stop, worker) = start_worker_with(app.settings.clone(), cache.path()).await;
+    // Warm-up (the worker fetches and caches the package), then the idle figure.
+    calculator_run(&app, &zip).await;
+    let idle = calculator_run(&app, &zip).await;
+
+    // 3,000 samples queued on the samples lane (the full 20,000 is the benchmark's).
+    const FLOOD: usize = 3_000;
+    for batch in 0..FLOOD / 1_000 {
+        let items: Vec<Value> = (0..1_000)
+            .map(|i| sample(&format!("f-{batch}-{i:04}"), "ok", None))
+            .collect();
+        let (_, r) = ingest(&app, "flood", &json!(items)).await;
+        assert_eq!(r["sampled"], 1_000);
+    }
+    let samples_queue = app.topology.samples_queue();
+    for _ in 0..50 {
+        if app.queue_depth(&samples_queue).await > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let loaded = calculator_run(&app, &zip).await;
+    let graded_then = graded(&app, "flood").await;
+    assert!(
+        graded_then < i64::try_from(FLOOD).unwrap(),
+        "the flood was still there when the upload run finished ({graded_then} graded)"
+    );
+    // Polling for the verdict is 100 ms grained: that much slack on top of 2x.
+    assert!(
+        loaded <= idle * 2 + Duration::from_millis(100),
+        "with {FLOOD} samples queued the run took {loaded:?}, idle {idle:?}"
+    );
+    eprintln!("calculator run: idle {idle:?}, with {FLOOD} samples queued {loaded:?} ({graded_then} graded meanwhile)");
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+    app.cleanup().await;
+}
