@@ -8,5 +8,6 @@ mod faults;
 mod llm;
 mod pipeline;
 mod processes;
+mod sampling;
 mod sandbox;
 mod schema;
