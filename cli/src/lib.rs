@@ -1,7 +1,7 @@
 //! The `skilleval` command line: evaluate a skill locally (`run`), check it without running
 //! (`validate`), compare two local runs (`compare`), estimate a run before it starts (`plan`),
-//! hand a skill to a skilleval server (`submit`), or grade a log of its production samples
-//! with its monitor (`monitor`).
+//! hand a skill to a skilleval server (`submit`), grade a log of its production samples with
+//! its monitor (`monitor`), or send such a log to a server (`samples push`).
 //!
 //! Local runs use the same `skilleval` library code path as the service's workers: open and
 //! validate the package, plan one job per case, execute jobs on an in-process pool, summarise,
@@ -19,6 +19,7 @@ pub mod monitor;
 pub mod plan;
 pub mod providers;
 pub mod run;
+pub mod samples;
 pub mod sandbox_check;
 pub mod submit;
 pub mod table;
@@ -60,6 +61,8 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Grade a JSONL log of production samples with the skill's monitor; print the quality report.
     Monitor(monitor::MonitorArgs),
+    /// Production samples on a server: `samples push FILE.jsonl --server URL --skill NAME`.
+    Samples(samples::SamplesArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -150,6 +153,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Compare(args) => compare::compare(&args),
         Command::Plan(args) => plan::plan(&args),
         Command::Monitor(args) => monitor::monitor(&args).await,
+        Command::Samples(args) => samples::samples(&args).await,
     }
 }
 

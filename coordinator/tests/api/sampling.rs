@@ -807,3 +807,59 @@ async fn an_upload_run_is_not_starved_by_queued_samples() {
     let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn samples_push_sends_a_log_in_batches_and_a_second_push_is_all_duplicates() {
+    let app = spawn_app().await;
+    upload(&app, monitored_package("pushed", says_ok(0.5))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("log.jsonl");
+    let mut lines: Vec<String> = (0..25)
+        .map(|i| sample(&format!("l-{i:02}"), "ok", None).to_string())
+        .collect();
+    lines.insert(3, "{not json".into());
+    lines.insert(
+        12,
+        json!({"sample_id": "no-output", "input": "x"}).to_string(),
+    );
+    lines.insert(20, String::new());
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let args = skilleval_cli::samples::PushArgs {
+        file: file.clone(),
+        server: app.address.clone(),
+        skill: "pushed".into(),
+        token: None,
+        batch_size: 10,
+        attempts: 2,
+        quiet: true,
+    };
+    let first = skilleval_cli::samples::push(&args).await.unwrap();
+    assert_eq!((first.lines, first.batches), (27, 3), "{first:?}");
+    assert_eq!(first.accepted, 25);
+    assert_eq!(first.sampled + first.dropped, 25);
+    assert_eq!(first.errors.len(), 2, "{:?}", first.errors);
+    assert!(
+        first.errors[0].starts_with("line 4: not JSON"),
+        "{:?}",
+        first.errors
+    );
+    assert!(
+        first.errors[1].starts_with("line 13: /output"),
+        "{:?}",
+        first.errors
+    );
+    // Pushed again (as a retry would): nothing new, nothing graded twice.
+    let runs = app.count("runs").await;
+    let second = skilleval_cli::samples::push(&args).await.unwrap();
+    assert_eq!((second.accepted, second.duplicates), (0, 25));
+    assert_eq!(app.count("runs").await, runs);
+    assert_eq!(app.count("samples").await, 25);
+    // An unknown skill is the server's 404, reported as an error.
+    let ghost = skilleval_cli::samples::PushArgs {
+        skill: "ghost".into(),
+        ..args
+    };
+    let e = skilleval_cli::samples::push(&ghost).await.unwrap_err();
+    assert!(e.contains("404"), "{e}");
+    app.cleanup().await;
+}

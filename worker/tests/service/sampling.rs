@@ -1,6 +1,9 @@
 //! A samples run (production samples graded on the samples lane) survives a worker killed
 //! with -9 mid-batch: every sampled item ends up graded exactly once.
 
+// Tests may unwrap: a failure is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::io::{Cursor, Write as _};
 use std::time::Duration;
 
