@@ -368,7 +368,7 @@ impl Default for SamplingSettings {
             max_batch_samples: 1_000,
             max_batch_bytes: 5 * 1024 * 1024,
             retention_days: 90,
-            alert_interval_secs: 300,
+            alert_interval_secs: 3_600,
         }
     }
 }
