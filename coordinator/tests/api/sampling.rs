@@ -863,3 +863,61 @@ async fn samples_push_sends_a_log_in_batches_and_a_second_push_is_all_duplicates
     assert!(e.contains("404"), "{e}");
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_spent_daily_cost_cap_stops_the_model_criteria_visibly() {
+    let app = spawn_app().await;
+    let judge = json!({"name": "judge", "strategy": "llm_judge"});
+    let says_ok =
+        json!({"name": "says-ok", "strategy": "contains", "options": {"includes": ["ok"]}});
+    // A cap of 0 is spent from the start of the day.
+    upload(
+        &app,
+        monitored_package(
+            "capped",
+            json!({"sample_rate": 1.0, "max_cost_usd_per_day": 0, "criteria": [says_ok, judge]}),
+        ),
+    )
+    .await;
+    upload(
+        &app,
+        monitored_package(
+            "judged",
+            json!({"sample_rate": 1.0, "max_cost_usd_per_day": 0, "criteria": [judge]}),
+        ),
+    )
+    .await;
+    let batch = json!([sample("x-1", "ok", None), sample("x-2", "ok", None)]);
+    let (_, r) = ingest(&app, "capped", &batch).await;
+    assert_eq!(r["sampled"], 2, "{r}");
+    assert_eq!(r["skipped_criteria"], json!(["judge"]));
+    // Each job records what it was graded without.
+    let run_id: Uuid = r["run_id"].as_str().unwrap().parse().unwrap();
+    let jobs = crate::helpers::planned_jobs(&app, run_id).await;
+    assert_eq!(jobs.len(), 2);
+    for job in &jobs {
+        let info = skilleval::monitor::job_info(job).unwrap();
+        assert_eq!(info.skipped_criteria, ["judge"]);
+        assert!(!job.case.evaluation.weights.contains_key("llm_judge"));
+    }
+    // Only model criteria: nothing can be graded until tomorrow, and the answer says so.
+    let (_, r) = ingest(&app, "judged", &batch).await;
+    assert_eq!(
+        (r["sampled"].as_u64(), r["dropped_over_daily_cost"].as_u64()),
+        (Some(0), Some(2)),
+        "{r}"
+    );
+    // With budget left, every criterion grades.
+    put_monitor(
+        &app,
+        "capped",
+        &json!({"sample_rate": 1.0, "max_cost_usd_per_day": 5, "criteria": [says_ok, judge]}),
+    )
+    .await;
+    let (_, r) = ingest(&app, "capped", &json!([sample("x-3", "ok", None)])).await;
+    assert_eq!(
+        (r["sampled"].as_u64(), &r["skipped_criteria"]),
+        (Some(1), &json!([]))
+    );
+    app.cleanup().await;
+}
