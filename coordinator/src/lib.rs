@@ -18,6 +18,10 @@
 //! - [`aggregate::RunAggregator`] turns case-finished events (and a periodic sweep) into
 //!   failFast stops, further releases, and exactly-once finalisation with a signed
 //!   [`webhook`].
+//! - Production monitoring: [`routes::monitoring`] serves monitors, sample ingest (each batch's
+//!   sampled items become one `samples` run, published on the samples lane by the same
+//!   launcher), quality reports and alerts; [`alerts::AlertScheduler`] evaluates the alert
+//!   rules on a schedule, one coordinator of the fleet at a time.
 //! - [`views`] are the response bodies; [`metrics`] the Prometheus metrics.
 //!
 //! The SQL lives in `skilleval_infra::store`, as methods of its `Store` (the run types of

@@ -242,7 +242,7 @@ impl Store {
         .map_err(StoreError::query("reading a monitor's revisions"))
     }
 
-    /// One revision of the monitor of the skill that owns `run_id`'s samples.
+    /// One revision of the skill's monitor: (monitor id, validated monitor).
     pub async fn monitor_revision_of_skill(
         &self,
         skill_id: Uuid,
@@ -378,18 +378,6 @@ impl Store {
         .await
         .map_err(StoreError::query("inserting samples"))?;
         Ok(done.rows_affected())
-    }
-
-    /// The skill and monitor revision of a samples run's samples (`None`: it has none).
-    pub async fn samples_run_origin(
-        &self,
-        run_id: Uuid,
-    ) -> Result<Option<(Uuid, i32)>, StoreError> {
-        sqlx::query_as("SELECT skill_id, monitor_revision FROM samples WHERE run_id = $1 LIMIT 1")
-            .bind(run_id)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(StoreError::query("reading a samples run's origin"))
     }
 
     /// A samples run's planned samples with position in `[from, from + limit)`, in position
@@ -627,8 +615,8 @@ impl Store {
         .await
         .map_err(StoreError::query("deleting old samples runs"))?
         .rows_affected();
-        // Unsampled rows, and sampled rows whose run is still live (kept until it finalises
-        // would leave its plan whole; a run older than the retention is long finished).
+        // A sampled row of a run not finalised yet stays: it is that run's plan (a run older
+        // than the retention has long finished; the next sweep takes it).
         let samples = sqlx::query(
             "DELETE FROM samples WHERE received_at < $1
                AND (run_id IS NULL
