@@ -20,9 +20,10 @@
 //!    restarted with `samples_concurrency` = `--concurrency`, so both paths grade with the
 //!    same number of slots. Both figures are printed as a ratio to the upload path's cases/s.
 //! 3. **Lane priority** (`--skip-flood` leaves it out; needs bubblewrap): the calculator
-//!    example is run idle (after a warm-up run), then again right after `--flood` samples
-//!    were queued on the samples lane, by a worker with the default split (`concurrency` 4,
-//!    samples a quarter); prints both times and their ratio (the bound: 2).
+//!    example is run idle (after a warm-up run), then again once `--flood` samples are queued
+//!    on the samples lane (ingested, and every samples run published), by a worker with the
+//!    default split (`concurrency` 4, samples a quarter); prints both times and their ratio
+//!    (the bound: 2).
 
 use std::io::{Cursor, Write};
 use std::time::{Duration, Instant};
@@ -157,6 +158,15 @@ impl Env {
         if let Err(e) = deleted.await {
             eprintln!("cleanup: deleting the queues of {}: {e}", self.prefix);
         }
+    }
+
+    /// Samples runs whose jobs are not all published yet.
+    async fn unpublished_samples_runs(&self) -> anyhow::Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM runs WHERE kind = 'samples' AND published_through < total",
+        )
+        .fetch_one(self.store.pool())
+        .await?)
     }
 
     async fn graded(&self, skill: &str) -> anyhow::Result<i64> {
@@ -349,6 +359,14 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
     let monitor = json!({"sample_rate": 1.0, "criteria": criteria()});
     cluster::upload_version(&http, &base, package("flood", 1, Some(monitor))?).await?;
     ingest(&http, &base, "flood", "f", opts.flood).await?;
+    // Queued: every samples run published (the coordinator publishes after answering).
+    let publishing = Instant::now();
+    while env.unpublished_samples_runs().await? > 0 {
+        if publishing.elapsed() > Duration::from_secs(600) {
+            bail!("the samples runs were not published in 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let loaded = run_upload(&http, &base, calculator).await?;
     let graded_then = env.graded("flood").await?;
     println!(
