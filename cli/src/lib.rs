@@ -1,7 +1,7 @@
 //! The `skilleval` command line: evaluate a skill locally (`run`), check it without running
 //! (`validate`), compare two local runs (`compare`), estimate a run before it starts (`plan`),
-//! hand a skill to a skilleval server (`submit`), or grade a log of its production samples
-//! with its monitor (`monitor`).
+//! hand a skill to a skilleval server (`submit`), grade a log of its production samples with
+//! its monitor (`monitor`), or send such a log to a server (`samples push`).
 //!
 //! Local runs use the same `skilleval` library code path as the service's workers: open and
 //! validate the package, plan one job per case, execute jobs on an in-process pool, summarise,
@@ -19,6 +19,7 @@ pub mod monitor;
 pub mod plan;
 pub mod providers;
 pub mod run;
+pub mod samples;
 pub mod sandbox_check;
 pub mod submit;
 pub mod table;
@@ -64,6 +65,8 @@ pub enum Command {
     /// Grade a local run's recorded outputs (eval/runs/<run-id>) against the skill's current
     /// definition, producing nothing again; writes a new run like `run`.
     Rescore(RescoreArgs),
+    /// Production samples on a server: `samples push FILE.jsonl --server URL --skill NAME`.
+    Samples(samples::SamplesArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -172,6 +175,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
             run_args.rescore_of = Some(args.run_dir);
             run::run(&run_args).await
         }
+        Command::Samples(args) => samples::samples(&args).await,
     }
 }
 

@@ -168,7 +168,10 @@ impl RunAggregator {
 
     async fn finalise_run(&self, run: RunRow) -> anyhow::Result<bool> {
         let run_id = run.id;
-        let Finalising::Verdict = run.kind.finalising()?;
+        let announce = match run.kind.finalising()? {
+            Finalising::Verdict => true,
+            Finalising::Tally => false,
+        };
         let settings: EvalSettings = if run.settings.is_null() {
             EvalSettings::default()
         } else {
@@ -240,7 +243,8 @@ impl RunAggregator {
         };
         // The webhook is enqueued with the finalisation: both commit, or neither.
         let mut delivery = None;
-        if let Some(url) = run.callback_url.as_deref() {
+        // A samples run is a tally of its batch: nobody waits on it.
+        if let (true, Some(url)) = (announce, run.callback_url.as_deref()) {
             let view = self
                 .store
                 .get_run_in(&mut tx, run_id)

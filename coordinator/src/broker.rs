@@ -99,7 +99,7 @@ impl BrokerJobSink {
 
 #[async_trait]
 impl JobSink for BrokerJobSink {
-    async fn publish(&self, jobs: &[EncodedJob]) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, jobs: &[EncodedJob], lane: Lane) -> Vec<Result<(), PublishError>> {
         let publisher = match self.publisher().await {
             Ok(p) => p,
             Err(e) => {
@@ -111,7 +111,7 @@ impl JobSink for BrokerJobSink {
             }
         };
         publisher
-            .publish_encoded(jobs, Lane::Ci)
+            .publish_encoded(jobs, lane)
             .await
             .into_iter()
             .map(|r| r.map_err(|e| PublishError::Refused(Arc::new(e))))

@@ -162,6 +162,12 @@ impl From<LaunchError> for ApiError {
                 )
                 .with_details(json!({ "field": field, "rule": rule }))
             }
+            LaunchError::IngestOnly => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "kind_unsupported",
+                LaunchError::IngestOnly.to_string(),
+            )
+            .with_details(json!({ "field": "kind", "rule": "samples runs are created by POST /v1/skills/{name}/samples" })),
             LaunchError::Kind(e) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "kind_unsupported",

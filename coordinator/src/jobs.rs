@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use skilleval_infra::messages::EncodedJob;
-use skilleval_infra::topology::{BrokerError, QueueDepth};
+use skilleval_infra::topology::{BrokerError, Lane, QueueDepth};
 
 /// Why the broker did not confirm a job.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -29,9 +29,9 @@ pub enum PublishError {
 /// Publishes jobs and says which the broker confirmed.
 #[async_trait]
 pub trait JobSink: Send + Sync + std::fmt::Debug {
-    /// Publishes every job (pipelined) and returns, per job in order, whether the broker
-    /// confirmed it.
-    async fn publish(&self, jobs: &[EncodedJob]) -> Vec<Result<(), PublishError>>;
+    /// Publishes every job (pipelined) on `lane` and returns, per job in order, whether the
+    /// broker confirmed it.
+    async fn publish(&self, jobs: &[EncodedJob], lane: Lane) -> Vec<Result<(), PublishError>>;
 
     /// Whether the broker connection is usable (readiness).
     async fn check(&self) -> Result<(), PublishError>;

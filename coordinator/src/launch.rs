@@ -23,12 +23,14 @@ use serde_json::json;
 use skilleval::compare::{GateConfig, GateSpec, GateSpecError};
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::model::{EvalConfig, Given, RunnerConfig, RunnerSpec};
+use skilleval::monitor::{sample_job, CriteriaSelection, Monitor, Sample, SampleJobContext};
 use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
 use skilleval_infra::messages::EncodedJob;
 use skilleval_infra::store::lifecycle::{
     Planning, RunKind, Transition, TransitionError, UnsupportedKind, WrittenOff,
 };
 use skilleval_infra::store::{Store, StoreError};
+use skilleval_infra::topology::Lane;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres};
 use tracing::Instrument as _;
@@ -99,6 +101,11 @@ pub enum LaunchError {
     Filter(#[from] PlanError),
     #[error(transparent)]
     Kind(#[from] UnsupportedKind),
+    /// A samples run is created by ingest only (`POST /v1/skills/{name}/samples`).
+    #[error(
+        "runs of kind `samples` are created by ingesting samples, not planned from a definition"
+    )]
+    IngestOnly,
     #[error("reading the stored eval definition: {0}")]
     Definition(#[from] TextError),
     #[error("run {run_id}: {what}")]
@@ -172,6 +179,7 @@ impl RunLauncher {
             (Planning::StoredOutputs, Some(source)) => Some(self.stored_outputs(source).await?),
             (Planning::StoredOutputs, None) => return Err(LaunchError::RescoreWithoutSource),
             (Planning::StoredDefinition, _) => None,
+            (Planning::Samples, _) => return Err(LaunchError::IngestOnly),
         };
         let version = self
             .store
@@ -213,11 +221,16 @@ impl RunLauncher {
                 run_id: prepared.run_id,
                 what: "its plan is shared before it is made".into(),
             })?;
-            plan.runner = Some(RunnerConfig {
-                kind: "given".into(),
-                ..RunnerConfig::default()
-            });
-            plan.rescore = Some((request.rescore_of.unwrap_or_default(), givens));
+            if let PlanSource::Definition {
+                runner, rescore, ..
+            } = &mut plan.source
+            {
+                *runner = Some(RunnerConfig {
+                    kind: "given".into(),
+                    ..RunnerConfig::default()
+                });
+                *rescore = Some((request.rescore_of.unwrap_or_default(), givens));
+            }
             // A rescore grades outputs again; it is no new version to gate.
             prepared.gate = None;
         }
@@ -258,7 +271,11 @@ impl RunLauncher {
         version: PlannedVersion,
         request: &RunRequest,
     ) -> Result<PreparedRun, LaunchError> {
-        request.kind.planning()?;
+        match request.kind.planning()? {
+            Planning::StoredDefinition => {}
+            Planning::StoredOutputs => return Err(LaunchError::RescoreWithoutSource),
+            Planning::Samples => return Err(LaunchError::IngestOnly),
+        }
         let total = version.definition.count(&request.filter)??;
         self.prepare_counted(version, request, total)
     }
@@ -308,14 +325,51 @@ impl RunLauncher {
             total,
             plan: Arc::new(RunPlan {
                 run_id,
-                definition: version.definition,
                 package_hash: version.package_hash,
-                filter: request.filter.clone(),
-                runner,
-                rescore: None,
+                source: PlanSource::Definition {
+                    definition: version.definition,
+                    filter: request.filter.clone(),
+                    runner,
+                    rescore: None,
+                },
                 traceparent: skilleval_infra::telemetry::current_traceparent(),
             }),
         })
+    }
+
+    /// Plans the samples run of one ingest batch: `total` sampled items, whose `samples` rows
+    /// the caller inserts in the same transaction as the run ([`RunLauncher::insert`]), with
+    /// positions `0..total`.
+    pub fn prepare_samples(&self, samples: SamplesRun) -> PreparedRun {
+        let run_id = Uuid::now_v7();
+        PreparedRun {
+            gate: None,
+            run_id,
+            version_id: samples.version_id,
+            kind: RunKind::Samples,
+            callback_url: None,
+            idempotency_key: None,
+            max_in_flight: None,
+            fail_fast: false,
+            max_cost_usd: None,
+            max_tokens: None,
+            total: samples.total,
+            plan: Arc::new(RunPlan {
+                run_id,
+                package_hash: samples.package_hash.clone(),
+                source: PlanSource::Samples(SamplesPlan {
+                    store: self.store.clone(),
+                    monitor: samples.monitor,
+                    request: SamplesRequest {
+                        skill_id: samples.skill_id,
+                        monitor_revision: samples.monitor_revision,
+                        selection: samples.selection,
+                        package_hash: samples.package_hash,
+                    },
+                }),
+                traceparent: skilleval_infra::telemetry::current_traceparent(),
+            }),
+        }
     }
 
     /// Inserts a prepared run (one row: the run and its plan, `creating`) in the caller's
@@ -329,15 +383,12 @@ impl RunLauncher {
             id: prepared.run_id,
             version_id: prepared.version_id,
             kind: prepared.kind,
-            runner: prepared.plan.runner.as_ref().map(|r| json!(r)),
+            runner: prepared.plan.runner().map(|r| json!(r)),
             callback_url: prepared.callback_url.as_deref(),
             idempotency_key: prepared.idempotency_key.as_deref(),
             max_in_flight: prepared.max_in_flight,
             fail_fast: prepared.fail_fast,
-            request: json!(RecordedFilter {
-                rescore_of: prepared.plan.rescore.as_ref().map(|(source, _)| *source),
-                ..RecordedFilter::from(&prepared.plan.filter)
-            }),
+            request: prepared.plan.recorded_request(),
             max_cost_usd: prepared.max_cost_usd,
             max_tokens: prepared.max_tokens,
             gate: prepared.gate.map(|g| json!(g)),
@@ -472,6 +523,7 @@ impl RunLauncher {
             let end = i32::try_from(position).unwrap_or(i32::MAX);
             let jobs = self.encode(run_id, &chunk, pass).await?;
             drop(chunk);
+            let lane = plan.lane();
             while in_flight.len() >= CHUNKS_IN_FLIGHT {
                 if let Some(oldest) = in_flight.pop_front() {
                     confirmed += self.confirm(conn, run_id, oldest, &mut whole).await?;
@@ -484,7 +536,7 @@ impl RunLauncher {
             let span = tracing::info_span!("publish_chunk", jobs = jobs.len(), through = end);
             in_flight.push_back((
                 tokio::spawn(skilleval_infra::telemetry::in_current_trace(
-                    async move { Confirms::of(&sink, jobs).await }.instrument(span),
+                    async move { Confirms::of(&sink, jobs, lane).await }.instrument(span),
                 )),
                 end,
             ));
@@ -740,7 +792,19 @@ impl RunLauncher {
             .run_plan_request(run_id)
             .await?
             .ok_or(LaunchError::RunNotFound(run_id))?;
-        stored.kind.planning()?;
+        if stored.kind.planning()? == Planning::Samples {
+            let request: SamplesRequest =
+                serde_json::from_value(stored.request).map_err(|e| LaunchError::Corrupt {
+                    run_id,
+                    what: format!("its stored samples request does not parse: {e}"),
+                })?;
+            let plan = Arc::new(
+                self.samples_plan(run_id, request, stored.traceparent)
+                    .await?,
+            );
+            self.remember(Arc::clone(&plan));
+            return Ok(plan);
+        }
         let version = self
             .store
             .version_for_run(&mut conn, stored.version_id)
@@ -770,15 +834,52 @@ impl RunLauncher {
         let definition = tokio::task::spawn_blocking(move || read_definition(config)).await??;
         let plan = Arc::new(RunPlan {
             run_id,
-            definition: Arc::new(definition),
             package_hash: version.package_hash,
-            filter,
-            runner,
-            rescore,
+            source: PlanSource::Definition {
+                definition: Arc::new(definition),
+                filter,
+                runner,
+                rescore,
+            },
             traceparent: stored.traceparent,
         });
         self.remember(Arc::clone(&plan));
         Ok(plan)
+    }
+
+    /// A samples run's plan again: the monitor revision its batch was taken with.
+    async fn samples_plan(
+        &self,
+        run_id: Uuid,
+        request: SamplesRequest,
+        traceparent: Option<String>,
+    ) -> Result<RunPlan, LaunchError> {
+        let (_, monitor) = self
+            .store
+            .monitor_revision_of_skill(
+                request.skill_id,
+                i32::try_from(request.monitor_revision).unwrap_or(i32::MAX),
+            )
+            .await?
+            .ok_or_else(|| LaunchError::Corrupt {
+                run_id,
+                what: format!("monitor revision {} is gone", request.monitor_revision),
+            })?;
+        let monitor: Monitor =
+            serde_json::from_value(monitor).map_err(|e| LaunchError::Corrupt {
+                run_id,
+                what: format!("its monitor revision does not parse: {e}"),
+            })?;
+        Ok(RunPlan {
+            run_id,
+            package_hash: request.package_hash.clone(),
+            source: PlanSource::Samples(SamplesPlan {
+                store: self.store.clone(),
+                monitor: Arc::new(monitor),
+                request,
+            }),
+            traceparent,
+        })
     }
 
     fn remember(&self, plan: Arc<RunPlan>) {
@@ -817,8 +918,8 @@ struct Confirms {
 }
 
 impl Confirms {
-    async fn of(sink: &Arc<dyn JobSink>, jobs: Vec<EncodedJob>) -> Confirms {
-        let outcomes = sink.publish(&jobs).await;
+    async fn of(sink: &Arc<dyn JobSink>, jobs: Vec<EncodedJob>, lane: Lane) -> Confirms {
+        let outcomes = sink.publish(&jobs, lane).await;
         let mut confirmed = 0;
         let mut failed: Option<(usize, PublishError)> = None;
         for outcome in outcomes {
@@ -852,20 +953,61 @@ pub struct PlannedVersion {
     pub definition: Arc<DefinitionText>,
 }
 
-/// A run's plan: the definition, the filter and the runner override its jobs are planned
-/// from, the same every time (so a position in the plan names the same case every time).
+/// A run's plan: what its jobs are planned from, the same every time (so a position in the
+/// plan names the same case every time).
 #[derive(Debug)]
 pub struct RunPlan {
     run_id: Uuid,
-    definition: Arc<DefinitionText>,
     package_hash: String,
-    filter: CaseFilter,
-    runner: Option<RunnerConfig>,
-    /// A rescore's source run and its recorded outputs, carried by each job.
-    rescore: Option<(Uuid, Givens)>,
+    source: PlanSource,
     /// The W3C trace context of the request that created the run: later passes (releases,
     /// the sweeper) publish in its trace.
     traceparent: Option<String>,
+}
+
+/// Where a run's jobs come from, by [`Planning`].
+#[derive(Debug)]
+enum PlanSource {
+    /// The definition, the filter and the runner override.
+    Definition {
+        definition: Arc<DefinitionText>,
+        filter: CaseFilter,
+        runner: Option<RunnerConfig>,
+        /// A rescore's source run and its recorded outputs, carried by each job.
+        rescore: Option<(Uuid, Givens)>,
+    },
+    /// The run's `samples` rows and the monitor revision they were taken with.
+    Samples(SamplesPlan),
+}
+
+/// What a samples run's jobs are built from.
+#[derive(Debug)]
+struct SamplesPlan {
+    store: Store,
+    monitor: Arc<Monitor>,
+    request: SamplesRequest,
+}
+
+/// A samples run's `runs.request`: what planning it again needs.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct SamplesRequest {
+    skill_id: Uuid,
+    monitor_revision: u32,
+    selection: CriteriaSelection,
+    package_hash: String,
+}
+
+/// The samples run of one ingest batch, for [`RunLauncher::prepare_samples`].
+#[derive(Debug)]
+pub struct SamplesRun {
+    pub skill_id: Uuid,
+    pub version_id: Uuid,
+    pub package_hash: String,
+    pub monitor: Arc<Monitor>,
+    pub monitor_revision: u32,
+    pub selection: CriteriaSelection,
+    /// How many items were sampled (the run's plan: positions `0..total`).
+    pub total: usize,
 }
 
 /// Recorded outputs by test case id.
@@ -883,17 +1025,67 @@ impl RunPlan {
         span
     }
 
+    /// The lane its jobs are published on: samples go to the lower-priority one.
+    pub fn lane(&self) -> Lane {
+        match self.source {
+            PlanSource::Definition { .. } => Lane::Ci,
+            PlanSource::Samples(_) => Lane::Samples,
+        }
+    }
+
+    fn runner(&self) -> Option<&RunnerConfig> {
+        match &self.source {
+            PlanSource::Definition { runner, .. } => runner.as_ref(),
+            PlanSource::Samples(_) => None,
+        }
+    }
+
+    /// What `runs.request` records to plan the run again.
+    fn recorded_request(&self) -> serde_json::Value {
+        match &self.source {
+            PlanSource::Definition {
+                filter, rescore, ..
+            } => json!(RecordedFilter {
+                rescore_of: rescore.as_ref().map(|(source, _)| *source),
+                ..RecordedFilter::from(filter)
+            }),
+            PlanSource::Samples(samples) => json!(samples.request),
+        }
+    }
+
     /// The plan's jobs from position `from`, at most `limit` of them, in chunks of at most
-    /// [`PUBLISH_CHUNK`] in case order, planned in a blocking thread (parsing is CPU work) a
-    /// chunk or two ahead of the receiver; dropping the receiver stops the planning.
+    /// [`PUBLISH_CHUNK`] in case order, planned a chunk or two ahead of the receiver (from a
+    /// definition in a blocking thread, parsing is CPU work; from samples rows a page at a
+    /// time); dropping the receiver stops the planning.
     pub fn chunks(&self, from: usize, limit: usize) -> JobChunks {
         let (tx, rx) = tokio::sync::mpsc::channel(2);
-        let definition = Arc::clone(&self.definition);
+        let (definition, filter, runner, givens) = match &self.source {
+            PlanSource::Definition {
+                definition,
+                filter,
+                runner,
+                rescore,
+            } => (
+                Arc::clone(definition),
+                filter.clone(),
+                runner.clone(),
+                rescore.as_ref().map(|(_, g)| Arc::clone(g)),
+            ),
+            PlanSource::Samples(samples) => {
+                tokio::spawn(samples_chunks(
+                    self.run_id,
+                    samples.store.clone(),
+                    Arc::clone(&samples.monitor),
+                    samples.request.clone(),
+                    from,
+                    limit,
+                    tx,
+                ));
+                return rx;
+            }
+        };
         let package_hash = self.package_hash.clone();
-        let filter = self.filter.clone();
-        let runner = self.runner.clone();
         let run_id = self.run_id;
-        let givens = self.rescore.as_ref().map(|(_, g)| Arc::clone(g));
         tokio::task::spawn_blocking(move || {
             let mut position = 0usize;
             let mut left = limit;
@@ -924,14 +1116,14 @@ impl RunPlan {
             );
             if let Err(e) = planned {
                 // The receiver may be gone; then nobody needs the error either.
-                let _ = tx.blocking_send(Err(e));
+                let _ = tx.blocking_send(Err(e.into()));
             }
         });
         rx
     }
 
     /// Every job of the plan at once (tests).
-    pub async fn all(&self) -> Result<Vec<Job>, TextError> {
+    pub async fn all(&self) -> Result<Vec<Job>, LaunchError> {
         let mut chunks = self.chunks(0, usize::MAX);
         let mut jobs = Vec::new();
         while let Some(chunk) = chunks.recv().await {
@@ -1006,7 +1198,59 @@ pub struct PreparedRun {
 }
 
 /// A run's jobs as they are planned, a chunk at a time.
-pub type JobChunks = tokio::sync::mpsc::Receiver<Result<Vec<Job>, TextError>>;
+pub type JobChunks = tokio::sync::mpsc::Receiver<Result<Vec<Job>, LaunchError>>;
+
+/// A samples run's jobs from position `from` (at most `limit`), a page of rows at a time:
+/// each row's sample graded by the run's monitor revision, its position the case index.
+async fn samples_chunks(
+    run_id: Uuid,
+    store: Store,
+    monitor: Arc<Monitor>,
+    request: SamplesRequest,
+    from: usize,
+    limit: usize,
+    tx: tokio::sync::mpsc::Sender<Result<Vec<Job>, LaunchError>>,
+) {
+    let ctx = SampleJobContext {
+        run_id,
+        package_hash: &request.package_hash,
+        monitor_revision: request.monitor_revision,
+        selection: request.selection,
+    };
+    let mut position = from;
+    let end = from.saturating_add(limit);
+    while position < end {
+        let want = (end - position).min(PUBLISH_CHUNK);
+        let start = i32::try_from(position).unwrap_or(i32::MAX);
+        let page = match store.sample_page(run_id, start, want as i64).await {
+            Ok(page) => page,
+            Err(e) => {
+                let _ = tx.send(Err(e.into())).await;
+                return;
+            }
+        };
+        if page.is_empty() {
+            return;
+        }
+        position += page.len();
+        let jobs: Result<Vec<Job>, LaunchError> = page
+            .iter()
+            .map(|(index, body)| {
+                let corrupt = |what: String| LaunchError::Corrupt { run_id, what };
+                let sample: Sample = serde_json::from_str(body)
+                    .map_err(|e| corrupt(format!("sample at {index} does not parse: {e}")))?;
+                let index = u32::try_from(*index).unwrap_or(u32::MAX);
+                sample_job(&monitor, &sample, index, &ctx).ok_or_else(|| {
+                    corrupt(format!("sample `{}` leaves no criterion", sample.sample_id))
+                })
+            })
+            .collect();
+        let failed = jobs.is_err();
+        if tx.send(jobs).await.is_err() || failed {
+            return;
+        }
+    }
+}
 
 /// A version's stored definition, read for planning.
 pub(crate) fn read_definition(stored: StoredDefinition) -> Result<DefinitionText, TextError> {

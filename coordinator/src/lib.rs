@@ -21,6 +21,10 @@
 //! - [`webhook::WebhookOutbox`] sends the webhook outbox's deliveries (any replica, claimed
 //!   with a lease, retried with backoff); [`parked`] drains the parking queue into `errored`
 //!   results and requeues parked jobs for operators.
+//! - Production monitoring: [`routes::monitoring`] serves monitors, sample ingest (each batch's
+//!   sampled items become one `samples` run, published on the samples lane by the same
+//!   launcher), quality reports and alerts; [`alerts::AlertScheduler`] evaluates the alert
+//!   rules on a schedule, one coordinator of the fleet at a time.
 //! - [`views`] are the response bodies; [`metrics`] the Prometheus metrics.
 //!
 //! The SQL lives in `skilleval_infra::store`, as methods of its `Store` (the run types of
@@ -29,6 +33,7 @@
 pub use skilleval_infra::store::runs as db;
 
 pub mod aggregate;
+pub mod alerts;
 pub mod auth;
 pub mod broker;
 pub mod comparing;

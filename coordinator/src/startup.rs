@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::aggregate::RunAggregator;
+use crate::alerts::AlertScheduler;
 use crate::auth::Tokens;
 use crate::broker::{consume, consume_events, BrokerJobSink};
 use crate::jobs::JobSink;
@@ -96,16 +97,25 @@ impl Application {
             metrics.clone(),
             Some(webhooks.clone()),
         );
+        // Half an interval: a round that follows another coordinator's within the same
+        // interval finds every rule just evaluated and leaves it.
+        let alerts = AlertScheduler::new(
+            store.clone(),
+            Some(webhooks.clone()),
+            Duration::from_secs(settings.coordinator.sampling.alert_interval_secs.max(1) / 2),
+        );
         let state = AppState {
             store,
             sink,
             launcher,
             aggregator,
             webhooks,
+            alerts,
             metrics,
             strategies: Arc::new(StrategyRegistry::builtin().build()),
             limits: Arc::new(settings.limits.clone()),
             max_upload_bytes: settings.coordinator.max_upload_bytes,
+            sampling: settings.coordinator.sampling.clone(),
         };
         let listener = TcpListener::bind(&settings.coordinator.bind)
             .await
@@ -214,6 +224,7 @@ fn spawn_background(
     let aggregator = state.aggregator.clone();
     let store = state.store.clone();
     let metrics = state.metrics.clone();
+    let retention_days = settings.coordinator.sampling.retention_days;
     let token = shutdown.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(interval);
@@ -239,6 +250,38 @@ fn spawn_background(
                 }
                 Err(e) => tracing::warn!(error = %e, "deleting expired model answers failed"),
             }
+            sweep_samples(&store, retention_days).await;
         }
     });
+    let alerts = state.alerts.clone();
+    let token = shutdown.clone();
+    let every = Duration::from_secs(settings.coordinator.sampling.alert_interval_secs.max(1));
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match alerts.round(chrono::Utc::now()).await {
+                Ok(round) if !round.transitions.is_empty() => {
+                    tracing::info!(transitions = round.transitions.len(), "alert round");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = ?e, "alert round failed"),
+            }
+        }
+    });
+}
+
+/// The retention sweep: samples older than `retention_days`, with their finished samples
+/// runs and results.
+pub async fn sweep_samples(store: &Store, retention_days: u32) {
+    let cutoff = chrono::Utc::now() - chrono::Duration::days(i64::from(retention_days));
+    match store.delete_old_samples(cutoff).await {
+        Ok((0, 0)) => {}
+        Ok((samples, runs)) => tracing::info!(samples, runs, "retention: old samples deleted"),
+        Err(e) => tracing::warn!(error = %e, "retention sweep of samples failed"),
+    }
 }

@@ -4,9 +4,11 @@ use std::sync::Arc;
 
 use skilleval::package::PackageLimits;
 use skilleval::strategy::StrategyRegistry;
+use skilleval_infra::config::SamplingSettings;
 use skilleval_infra::store::Store;
 
 use crate::aggregate::RunAggregator;
+use crate::alerts::AlertScheduler;
 use crate::jobs::JobSink;
 use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
@@ -21,12 +23,16 @@ pub struct AppState {
     pub aggregator: RunAggregator,
     /// Sends the webhook outbox's deliveries.
     pub webhooks: WebhookOutbox,
+    /// Evaluates monitors' alert rules and announces transitions.
+    pub alerts: AlertScheduler,
     pub metrics: Arc<Metrics>,
     /// Validates uploads (compiles every case's grader).
     pub strategies: Arc<StrategyRegistry>,
     pub limits: Arc<PackageLimits>,
     /// `coordinator.max_upload_bytes`.
     pub max_upload_bytes: u64,
+    /// `coordinator.sampling`: ingest limits, retention, alert schedule.
+    pub sampling: SamplingSettings,
 }
 
 impl std::fmt::Debug for AppState {

@@ -461,6 +461,35 @@ pub struct CoordinatorSettings {
     /// to hold a delivery between the run's finalisation and its sending (to kill the
     /// coordinator in that window).
     pub webhook_hold_ms: u64,
+    /// Production sampling: ingest limits, alert schedule, retention.
+    #[serde(default)]
+    pub sampling: SamplingSettings,
+}
+
+/// Production sampling (`coordinator.sampling.*`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingSettings {
+    /// Most samples in one `POST /v1/skills/{name}/samples` batch (413 beyond).
+    pub max_batch_samples: usize,
+    /// Largest batch body in bytes (413 beyond).
+    pub max_batch_bytes: usize,
+    /// Samples (and their samples runs and results) older than this many days are deleted
+    /// by the sweeper.
+    pub retention_days: u32,
+    /// How often the alert rules are evaluated (by one coordinator of the fleet at a time).
+    pub alert_interval_secs: u64,
+}
+
+impl Default for SamplingSettings {
+    fn default() -> Self {
+        SamplingSettings {
+            max_batch_samples: 1_000,
+            max_batch_bytes: 5 * 1024 * 1024,
+            retention_days: 90,
+            alert_interval_secs: 3_600,
+        }
+    }
 }
 
 impl Default for CoordinatorSettings {
@@ -477,6 +506,7 @@ impl Default for CoordinatorSettings {
             webhook_timeout_secs: 10,
             webhook_poll_interval_ms: 1_000,
             webhook_hold_ms: 0,
+            sampling: SamplingSettings::default(),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
@@ -23,6 +23,7 @@ pub mod admin;
 pub mod comparisons;
 pub mod health;
 pub mod history;
+pub mod monitoring;
 pub mod runs;
 pub mod skills;
 
@@ -47,6 +48,11 @@ routes! {
     get "/v1/skills/{name}/benchmark" => history::benchmark;
     post "/v1/comparisons" => comparisons::create;
     get "/v1/comparisons/{id}" => comparisons::get_comparison;
+    put "/v1/skills/{name}/monitor" => monitoring::put_monitor;
+    get "/v1/skills/{name}/monitor" => monitoring::get_monitor;
+    post "/v1/skills/{name}/samples" => monitoring::ingest;
+    get "/v1/skills/{name}/quality" => monitoring::quality;
+    get "/v1/skills/{name}/alerts" => monitoring::alerts;
     post "/v1/runs" => runs::create;
     get "/v1/runs/{id}" => runs::get_run;
     get "/v1/runs/{id}/results" => runs::results;

@@ -20,6 +20,7 @@ use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits};
 use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
 use skilleval::problem::Problem;
 use skilleval::strategy::StrategyRegistry;
+use skilleval_infra::store::samples::{NewRevision, RevisionSource};
 use skilleval_infra::store::versions::{NewVersion, VersionError};
 
 use crate::error::ApiError;
@@ -104,7 +105,7 @@ pub async fn upload(
     let zip = zip_from_body(&headers, body).await?;
     let started = std::time::Instant::now();
     let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
-    let (mut package, definition, warnings) = match opened {
+    let (mut package, definition, warnings, monitor) = match opened {
         Ok(ok) => ok,
         Err(Opening::Package(e)) => {
             let reason = if matches!(e, PackageError::Refused { .. }) {
@@ -150,6 +151,25 @@ pub async fn upload(
         VersionError::Store(e) => ApiError::internal(e),
     })?;
     drop(new_version);
+    if let Some(m) = &monitor {
+        // The package's `monitoring` section seeds the skill's monitor (revision 1), and a
+        // changed section makes a new revision.
+        let validated = serde_json::to_value(&m.monitor)
+            .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+        state
+            .store
+            .put_monitor(
+                &mut tx,
+                &NewRevision {
+                    skill_id: stored.skill_id,
+                    document: &m.document,
+                    monitor: &validated,
+                    source: RevisionSource::Package,
+                    callback_url: None,
+                },
+            )
+            .await?;
+    }
     let inserted = if query.run {
         let request = RunRequest {
             version_id: stored.version_id,
@@ -342,8 +362,13 @@ async fn open_package(
     zip: Bytes,
     limits: Arc<PackageLimits>,
     strategies: Arc<StrategyRegistry>,
-) -> Result<(Package, DefinitionText, Vec<Problem>), Opening> {
-    type Opened = (Package, Result<DefinitionText, TextError>, Vec<Problem>);
+) -> Result<OpenedPackage, Opening> {
+    type Opened = (
+        Package,
+        Result<DefinitionText, TextError>,
+        Vec<Problem>,
+        Option<PackageMonitor>,
+    );
     let opened = tokio::task::spawn_blocking(move || -> Result<Opened, PackageError> {
         let mut package = Package::from_zip_bytes_streamed(&zip, &limits)?;
         // The cases are checked and written to the stored text a chunk at a time: a large
@@ -356,7 +381,22 @@ async fn open_package(
             return Err(PackageError::Invalid(validation.problems));
         }
         let definition = writer.finish(&package.config);
-        Ok((package, definition, validation.problems))
+        // Validation passed, so a `monitoring` section present is a valid monitor.
+        let monitor = match skilleval::monitor::from_package(&package, &strategies) {
+            Ok(Some((monitor, _))) => package
+                .format
+                .filter(|f| *f == skilleval::package::EvalFormat::V2)
+                .and_then(|_| {
+                    skilleval::monitor::definition::read_section(
+                        &package.root().join(&package.eval_file),
+                    )
+                    .ok()
+                    .flatten()
+                })
+                .map(|document| PackageMonitor { document, monitor }),
+            _ => None,
+        };
+        Ok((package, definition, validation.problems, monitor))
     })
     .await
     .map_err(|e| {
@@ -364,10 +404,25 @@ async fn open_package(
             "package validation task failed: {e}"
         )))
     })?;
-    let (package, definition, warnings) = opened.map_err(Opening::Package)?;
+    let (package, definition, warnings, monitor) = opened.map_err(Opening::Package)?;
     let definition =
         definition.map_err(|e| Opening::Failed(ApiError::internal(anyhow::Error::from(e))))?;
-    Ok((package, definition, warnings))
+    Ok((package, definition, warnings, monitor))
+}
+
+/// What [`open_package`] gives: the package, its definition as text, the warnings, and its
+/// monitor when the definition has a `monitoring` section.
+type OpenedPackage = (
+    Package,
+    DefinitionText,
+    Vec<Problem>,
+    Option<PackageMonitor>,
+);
+
+/// A package's `monitoring` section: as written, and validated.
+struct PackageMonitor {
+    document: serde_json::Value,
+    monitor: skilleval::monitor::Monitor,
 }
 
 /// Why an upload's package could not be opened: the package's fault (counted as refused or

@@ -178,7 +178,7 @@ async fn ending_a_creation_that_ended_is_refused() {
 }
 
 #[tokio::test]
-async fn a_kind_not_implemented_yet_is_refused_at_creation() {
+async fn runs_whose_kind_needs_a_source_are_refused_when_created_from_a_definition() {
     let app = spawn_app().await;
     let upload: Value = app
         .upload_zip(given_package("rescored", &["ok"], json!({})), "?run=false")
@@ -187,16 +187,17 @@ async fn a_kind_not_implemented_yet_is_refused_at_creation() {
         .await
         .unwrap();
     let version_id: Uuid = upload["version_id"].as_str().unwrap().parse().unwrap();
-    let request = RunRequest::all_cases(version_id, RunKind::Samples);
-    assert!(matches!(
-        app.state.launcher.create(&request).await,
-        Err(LaunchError::Kind(_))
-    ));
     // A rescore needs the run whose outputs it grades.
     let request = RunRequest::all_cases(version_id, RunKind::Rescore);
     assert!(matches!(
         app.state.launcher.create(&request).await,
         Err(LaunchError::RescoreWithoutSource)
+    ));
+    // A samples run comes from ingest only, never from a definition.
+    let request = RunRequest::all_cases(version_id, RunKind::Samples);
+    assert!(matches!(
+        app.state.launcher.create(&request).await,
+        Err(LaunchError::IngestOnly)
     ));
     assert_eq!(app.count("runs").await, 0);
     app.cleanup().await;

@@ -21,6 +21,7 @@ mod parked;
 mod publish;
 mod rescore;
 mod runs;
+mod sampling;
 mod submit;
 mod tls;
 mod upload;

@@ -233,6 +233,66 @@ async fn live_responses_validate_against_the_document() {
     let (s, err) = app.get_json("/v1/skills/unknown/versions").await;
     check(&doc, "get", "/v1/skills/{name}/versions", s, &err);
 
+    // Production monitoring.
+    let r = app
+        .upload_zip(
+            crate::sampling::monitored_package("watched", crate::sampling::says_ok(0.5)),
+            "?run=false",
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 201);
+    let (s, monitor) = app.get_json("/v1/skills/watched/monitor").await;
+    check(&doc, "get", "/v1/skills/{name}/monitor", s, &monitor);
+    let (s, err) = app.get_json("/v1/skills/documented/monitor").await;
+    check(&doc, "get", "/v1/skills/{name}/monitor", s, &err);
+    for body in [
+        crate::sampling::says_ok(0.7),
+        json!({"sample_rate": -1, "criteria": []}),
+    ] {
+        let r = app
+            .client
+            .put(url("/v1/skills/watched/monitor"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        check_response(&doc, "put", "/v1/skills/{name}/monitor", r).await;
+    }
+    let batch = json!([
+        crate::sampling::sample("d-1", "ok", None),
+        crate::sampling::sample("d-2", "no", None),
+        {"sample_id": "d-3"}
+    ]);
+    for skill in ["watched", "documented", "unknown"] {
+        let r = app
+            .post_json(&format!("/v1/skills/{skill}/samples"), &batch)
+            .await;
+        check_response(&doc, "post", "/v1/skills/{name}/samples", r).await;
+    }
+    let r = app
+        .post_json("/v1/skills/watched/samples", &json!({"samples": 3}))
+        .await;
+    check(
+        &doc,
+        "post",
+        "/v1/skills/{name}/samples",
+        400,
+        &r.json().await.unwrap(),
+    );
+    for query in [
+        "?bucket=hour",
+        "?from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z",
+    ] {
+        let (s, q) = app
+            .get_json(&format!("/v1/skills/watched/quality{query}"))
+            .await;
+        check(&doc, "get", "/v1/skills/{name}/quality", s, &q);
+    }
+    let (s, alerts) = app.get_json("/v1/skills/watched/alerts").await;
+    check(&doc, "get", "/v1/skills/{name}/alerts", s, &alerts);
+    let (s, err) = app.get_json("/v1/skills/unknown/alerts").await;
+    check(&doc, "get", "/v1/skills/{name}/alerts", s, &err);
+
     let (s, health) = app.get_json("/healthz").await;
     check(&doc, "get", "/healthz", s, &health);
     let (s, ready) = app.get_json("/readyz").await;

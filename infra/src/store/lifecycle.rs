@@ -80,7 +80,8 @@ pub enum RunKind {
     Manual,
     /// Grades a completed run's stored outputs against a version's definition (no generation).
     Rescore,
-    /// Judges a batch of production samples on the lower-priority lane. Not yet created.
+    /// Judges one ingest batch of production samples on the lower-priority lane
+    /// (`POST /v1/skills/{name}/samples`).
     Samples,
 }
 
@@ -92,6 +93,9 @@ pub enum Planning {
     /// One job per case of the version's definition that the source run recorded an output
     /// for, carrying that output (`given` runner: nothing is produced again).
     StoredOutputs,
+    /// One job per sampled item of the run's ingest batch (its `samples` rows, in position
+    /// order), graded by the monitor revision the batch was taken with.
+    Samples,
 }
 
 /// What finalising a run of a kind produces.
@@ -99,6 +103,9 @@ pub enum Planning {
 pub enum Finalising {
     /// A suite summary and a pass/fail verdict, announced by webhook.
     Verdict,
+    /// The same summary, announced to nobody: a samples run is one ingest batch; what its
+    /// results mean is read over time (quality, alerts), not per run.
+    Tally,
 }
 
 impl RunKind {
@@ -116,7 +123,7 @@ impl RunKind {
         match self {
             RunKind::Upload | RunKind::Manual => Ok(Planning::StoredDefinition),
             RunKind::Rescore => Ok(Planning::StoredOutputs),
-            RunKind::Samples => Err(UnsupportedKind(self)),
+            RunKind::Samples => Ok(Planning::Samples),
         }
     }
 
@@ -124,7 +131,7 @@ impl RunKind {
     pub fn finalising(self) -> Result<Finalising, UnsupportedKind> {
         match self {
             RunKind::Upload | RunKind::Manual | RunKind::Rescore => Ok(Finalising::Verdict),
-            RunKind::Samples => Err(UnsupportedKind(self)),
+            RunKind::Samples => Ok(Finalising::Tally),
         }
     }
 }

@@ -5,9 +5,10 @@
 //! one. Every statement is a method of [`Store`] returning [`StoreError`] with context, one
 //! file per concern: [`lifecycle`] (a run's states and every transition), [`versions`]
 //! (skills, versions, definitions), [`runs`] (creating and reading runs and their results),
-//! [`publishing`] (watermarks, the publish lock, the sweeper's lists), [`results`] (the
-//! workers' writes), [`llm`] (the model response cache and fleet-wide provider rate limits), [`outbox`]
-//! (webhook deliveries), [`parked`] (jobs drained from the parking queue).
+//! [`publishing`] (watermarks, the publish lock, the sweeper's lists), [`samples`]
+//! (monitors, production samples, alerts, retention), [`results`] (the workers' writes), [`llm`]
+//! (the model response cache and fleet-wide provider rate limits), [`outbox`] (webhook
+//! deliveries), [`parked`] (jobs drained from the parking queue).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
@@ -32,6 +33,7 @@ pub mod parked;
 pub mod publishing;
 pub mod results;
 pub mod runs;
+pub mod samples;
 pub mod versions;
 
 pub use results::{CaseState, Changed};

@@ -8,6 +8,7 @@ mod faults;
 mod llm;
 mod pipeline;
 mod processes;
+mod sampling;
 mod sandbox;
 mod schema;
 mod tls;
