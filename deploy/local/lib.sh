@@ -1,7 +1,10 @@
 # Shell helpers shared by the set-up scripts (sourced, not run): logging, running as root, and
 # installing Debian packages with one `apt-get update` per script run.
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Bold on a terminal, plain text in a log file or a CI log.
+log() {
+    if [ -t 2 ]; then printf '\033[1m==> %s\033[0m\n' "$*" >&2; else printf '==> %s\n' "$*" >&2; fi
+}
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
