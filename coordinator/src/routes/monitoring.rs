@@ -561,6 +561,24 @@ pub async fn quality(
         .sample_results(skill_id, from, to, params.version.as_deref())
         .await?;
     let monitors = revision_monitors(&state, skill_id).await?;
+    if let Some(criterion) = &params.criterion {
+        let mut known: Vec<&str> = monitors
+            .values()
+            .flat_map(|m| m.criteria.iter().map(|c| c.name.as_str()))
+            .collect();
+        known.sort_unstable();
+        known.dedup();
+        if !known.contains(&criterion.as_str()) {
+            return Err(ApiError::invalid_field(
+                "invalid_query",
+                "criterion",
+                format!(
+                    "`{criterion}` is no criterion of the skill's monitor (any revision); known: {}",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                ),
+            ));
+        }
+    }
     let samples: Vec<GradedSample> = rows.iter().map(|r| graded_of(r, &monitors)).collect();
     let query = QualityQuery {
         from: Some(from),

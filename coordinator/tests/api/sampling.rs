@@ -537,6 +537,18 @@ async fn quality_buckets_carry_hand_computed_wilson_intervals_and_old_samples_ar
         (status, e["error"]["details"]["field"].as_str()),
         (400, Some("from"))
     );
+    // So does a criterion the monitor never had.
+    let (status, e) = app
+        .get_json("/v1/skills/qual/quality?from=2026-10-01T00:00:00Z&to=2026-10-03T00:00:00Z&criterion=nope")
+        .await;
+    assert_eq!(
+        (status, e["error"]["details"]["field"].as_str()),
+        (400, Some("criterion"))
+    );
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("`nope`"),
+        "{e}"
+    );
 
     // Retention: the first batch (received "100 days ago") goes, with its finished run and
     // results; the second stays.
