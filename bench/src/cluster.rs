@@ -295,6 +295,34 @@ impl Vhost {
     }
 }
 
+/// Deletes every queue and exchange of `topology` (what a benchmark's children declared under
+/// its prefix). Each object gets a fresh channel: deleting one never declared (a run that
+/// failed early) fails and closes its channel.
+pub async fn delete_topology(
+    conn: &lapin::Connection,
+    topology: &skilleval_infra::topology::Topology,
+) -> anyhow::Result<()> {
+    for q in topology.queues() {
+        let ch = conn.create_channel().await?;
+        let _ = ch
+            .queue_delete(
+                lapin::types::ShortString::from(q.as_str()),
+                lapin::options::QueueDeleteOptions::default(),
+            )
+            .await;
+    }
+    for x in topology.exchanges() {
+        let ch = conn.create_channel().await?;
+        let _ = ch
+            .exchange_delete(
+                lapin::types::ShortString::from(x.as_str()),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await;
+    }
+    Ok(())
+}
+
 /// Terminates every backend connected to `db_name` (and only that database); returns how
 /// many.
 pub async fn terminate_backends(db_name: &str) -> anyhow::Result<usize> {

@@ -311,21 +311,7 @@ impl Env {
                     QueueDeleteOptions::default(),
                 )
                 .await;
-            let topology = self.topology();
-            // A topology never declared (the run failed before) makes a delete fail and closes
-            // the channel: each object gets a fresh channel.
-            for q in topology.queues() {
-                let ch = conn.create_channel().await?;
-                let _ = ch
-                    .queue_delete(ShortString::from(q.as_str()), QueueDeleteOptions::default())
-                    .await;
-            }
-            for x in topology.exchanges() {
-                let ch = conn.create_channel().await?;
-                let _ = ch
-                    .exchange_delete(ShortString::from(x.as_str()), Default::default())
-                    .await;
-            }
+            cluster::delete_topology(&conn, &self.topology()).await?;
             let _ = conn.close(200, ShortString::from("bench done")).await;
             anyhow::Ok(())
         };

@@ -29,7 +29,6 @@ use std::io::{Cursor, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use lapin::options::QueueDeleteOptions;
 use lapin::types::ShortString;
 use lapin::{Connection, ConnectionProperties};
 use serde_json::{json, Value};
@@ -139,19 +138,7 @@ impl Env {
             let conn = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
             let mut settings = Settings::default();
             settings.amqp.prefix.clone_from(&self.prefix);
-            let topology = Topology::from_settings(&settings);
-            for q in topology.queues() {
-                let ch = conn.create_channel().await?;
-                let _ = ch
-                    .queue_delete(ShortString::from(q.as_str()), QueueDeleteOptions::default())
-                    .await;
-            }
-            for x in topology.exchanges() {
-                let ch = conn.create_channel().await?;
-                let _ = ch
-                    .exchange_delete(ShortString::from(x.as_str()), Default::default())
-                    .await;
-            }
+            cluster::delete_topology(&conn, &Topology::from_settings(&settings)).await?;
             let _ = conn.close(200, ShortString::from("bench done")).await;
             anyhow::Ok(())
         };
