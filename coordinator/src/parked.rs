@@ -26,7 +26,9 @@ use skilleval::grade::Fault;
 use skilleval_infra::messages::{self, CaseFinished, CasesFinished};
 use skilleval_infra::store::parked::{Drained, NewParked, ParkedState, RequeueError, Requeued};
 use skilleval_infra::store::Store;
-use skilleval_infra::topology::{PARKED_FROM_HEADER, PARKED_REASON_HEADER};
+use skilleval_infra::topology::{
+    header_integer, header_text, DELIVERY_COUNT_HEADER, PARKED_FROM_HEADER, PARKED_REASON_HEADER,
+};
 use uuid::Uuid;
 
 use crate::aggregate::RunAggregator;
@@ -152,9 +154,9 @@ impl ParkedBecause {
     fn from_headers(headers: Option<&FieldTable>) -> Self {
         let get = |key: &str| headers.and_then(|h| h.inner().get(key));
         let mut why = ParkedBecause {
-            worker_reason: get(PARKED_REASON_HEADER).and_then(text),
-            queue: get(PARKED_FROM_HEADER).and_then(text),
-            deliveries: get("x-delivery-count").and_then(integer),
+            worker_reason: get(PARKED_REASON_HEADER).and_then(header_text),
+            queue: get(PARKED_FROM_HEADER).and_then(header_text),
+            deliveries: get(DELIVERY_COUNT_HEADER).and_then(header_integer),
             ..ParkedBecause::default()
         };
         // `x-death` lists the dead-letterings, latest first: the first one is the parking (an
@@ -162,9 +164,9 @@ impl ParkedBecause {
         if let Some(AMQPValue::FieldArray(deaths)) = get("x-death") {
             if let Some(AMQPValue::FieldTable(latest)) = deaths.as_slice().first() {
                 let field = |k: &str| latest.inner().get(k);
-                why.dead_letter_reason = field("reason").and_then(text);
+                why.dead_letter_reason = field("reason").and_then(header_text);
                 if why.queue.is_none() {
-                    why.queue = field("queue").and_then(text);
+                    why.queue = field("queue").and_then(header_text);
                 }
             }
         }
@@ -187,27 +189,6 @@ impl ParkedBecause {
             Some(other) => format!("the broker dead-lettered it from `{queue}` ({other})"),
             None => format!("it was parked from `{queue}` for no recorded reason"),
         }
-    }
-}
-
-fn text(v: &AMQPValue) -> Option<String> {
-    match v {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.to_string()),
-        _ => None,
-    }
-}
-
-fn integer(v: &AMQPValue) -> Option<i64> {
-    match v {
-        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongLongInt(n) => Some(*n),
-        _ => None,
     }
 }
 

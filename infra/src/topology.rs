@@ -63,6 +63,8 @@ use crate::messages::{CaseFinished, CasesFinished, EncodedJob, MessageError};
 pub const JOB_ROUTING_KEY: &str = "job";
 /// Routing key of production samples on the jobs exchange.
 pub const SAMPLE_ROUTING_KEY: &str = "sample";
+/// Header in which a quorum queue counts a message's earlier deliveries.
+pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 /// Header carrying why a message was parked.
 pub const PARKED_REASON_HEADER: &str = "x-skilleval-parked-reason";
 /// Header carrying the queue a parked message was taken from.
@@ -1003,6 +1005,30 @@ fn send_span(exchange: &str, routing_key: &str, jobs: &[EncodedJob]) -> tracing:
         [] => {}
     }
     span
+}
+
+/// A text header value (long or short string), as the broker or a publisher set it.
+pub fn header_text(v: &AMQPValue) -> Option<String> {
+    match v {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+/// An integer header value of any width (RabbitMQ's `x-delivery-count` and `x-death` counts
+/// come in different ones depending on the client that set them).
+pub fn header_integer(v: &AMQPValue) -> Option<i64> {
+    match v {
+        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongLongInt(n) => Some(*n),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{FieldTable, ShortString};
 use lapin::{Connection, Consumer};
 use skilleval::executor::{CaseStatus, Executor, JobResult};
 use skilleval::grade::Fault;
@@ -48,9 +48,6 @@ use crate::{retry, PublisherSlot};
 
 /// After cancelling a consumer, how long to wait for deliveries already sent to it.
 const CANCEL_DRAIN: Duration = Duration::from_millis(300);
-
-/// Header quorum queues set on a redelivered message.
-const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -115,30 +112,15 @@ impl DeliveryInfo {
     /// What a delivery's `redelivered` flag and headers say.
     pub fn from_headers(redelivered: bool, headers: Option<&FieldTable>) -> DeliveryInfo {
         let get = |key: &str| headers.and_then(|h| h.inner().get(key));
-        let delivery_count = get(DELIVERY_COUNT_HEADER).and_then(integer).unwrap_or(0);
-        let traceparent = get(TRACEPARENT_HEADER).and_then(|v| match v {
-            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-            AMQPValue::ShortString(s) => Some(s.to_string()),
-            _ => None,
-        });
+        let delivery_count = get(topology::DELIVERY_COUNT_HEADER)
+            .and_then(topology::header_integer)
+            .unwrap_or(0);
+        let traceparent = get(TRACEPARENT_HEADER).and_then(topology::header_text);
         DeliveryInfo {
             redelivered,
             delivery_count: u32::try_from(delivery_count).unwrap_or(u32::MAX),
             traceparent,
         }
-    }
-}
-
-fn integer(v: &AMQPValue) -> Option<i64> {
-    match v {
-        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongLongInt(n) => Some(*n),
-        _ => None,
     }
 }
 
