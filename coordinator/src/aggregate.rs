@@ -168,7 +168,7 @@ impl RunAggregator {
 
     async fn finalise_run(&self, run: RunRow) -> anyhow::Result<bool> {
         let run_id = run.id;
-        let announce = match run.kind.finalising()? {
+        let announce = match run.kind.finalising() {
             Finalising::Verdict => true,
             Finalising::Tally => false,
         };

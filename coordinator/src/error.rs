@@ -168,16 +168,12 @@ impl From<LaunchError> for ApiError {
                 LaunchError::IngestOnly.to_string(),
             )
             .with_details(json!({ "field": "kind", "rule": "samples runs are created by POST /v1/skills/{name}/samples" })),
-            LaunchError::Kind(e) => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "kind_unsupported",
-                e.to_string(),
-            ),
             LaunchError::RescoreWithoutSource => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "kind_unsupported",
                 e.to_string(),
-            ),
+            )
+            .with_details(json!({ "field": "kind", "rule": "rescore runs are created by POST /v1/runs/{id}/rescore" })),
             LaunchError::NothingToRescore { .. } => {
                 let rule = e.to_string();
                 ApiError::new(

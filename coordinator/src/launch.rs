@@ -27,7 +27,7 @@ use skilleval::monitor::{sample_job, CriteriaSelection, Monitor, Sample, SampleJ
 use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
 use skilleval_infra::messages::EncodedJob;
 use skilleval_infra::store::lifecycle::{
-    Planning, RunKind, Transition, TransitionError, UnsupportedKind, WrittenOff,
+    Planning, RunKind, Transition, TransitionError, WrittenOff,
 };
 use skilleval_infra::store::{Store, StoreError};
 use skilleval_infra::topology::Lane;
@@ -99,8 +99,6 @@ pub enum LaunchError {
     /// The request's filter does not fit the definition.
     #[error(transparent)]
     Filter(#[from] PlanError),
-    #[error(transparent)]
-    Kind(#[from] UnsupportedKind),
     /// A samples run is created by ingest only (`POST /v1/skills/{name}/samples`).
     #[error(
         "runs of kind `samples` are created by ingesting samples, not planned from a definition"
@@ -174,7 +172,7 @@ impl RunLauncher {
         conn: &mut PgConnection,
         request: &RunRequest,
     ) -> Result<PreparedRun, LaunchError> {
-        let planning = request.kind.planning()?;
+        let planning = request.kind.planning();
         let givens = match (planning, request.rescore_of) {
             (Planning::StoredOutputs, Some(source)) => Some(self.stored_outputs(source).await?),
             (Planning::StoredOutputs, None) => return Err(LaunchError::RescoreWithoutSource),
@@ -271,7 +269,7 @@ impl RunLauncher {
         version: PlannedVersion,
         request: &RunRequest,
     ) -> Result<PreparedRun, LaunchError> {
-        match request.kind.planning()? {
+        match request.kind.planning() {
             Planning::StoredDefinition => {}
             Planning::StoredOutputs => return Err(LaunchError::RescoreWithoutSource),
             Planning::Samples => return Err(LaunchError::IngestOnly),
@@ -792,7 +790,7 @@ impl RunLauncher {
             .run_plan_request(run_id)
             .await?
             .ok_or(LaunchError::RunNotFound(run_id))?;
-        if stored.kind.planning()? == Planning::Samples {
+        if stored.kind.planning() == Planning::Samples {
             let request: SamplesRequest =
                 serde_json::from_value(stored.request).map_err(|e| LaunchError::Corrupt {
                     run_id,

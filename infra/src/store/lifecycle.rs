@@ -118,28 +118,23 @@ impl RunKind {
         }
     }
 
-    /// How this kind's jobs are planned; `Err` for a kind this service cannot create yet.
-    pub fn planning(self) -> Result<Planning, UnsupportedKind> {
+    /// How this kind's jobs are planned.
+    pub fn planning(self) -> Planning {
         match self {
-            RunKind::Upload | RunKind::Manual => Ok(Planning::StoredDefinition),
-            RunKind::Rescore => Ok(Planning::StoredOutputs),
-            RunKind::Samples => Ok(Planning::Samples),
+            RunKind::Upload | RunKind::Manual => Planning::StoredDefinition,
+            RunKind::Rescore => Planning::StoredOutputs,
+            RunKind::Samples => Planning::Samples,
         }
     }
 
     /// What finalising a run of this kind produces.
-    pub fn finalising(self) -> Result<Finalising, UnsupportedKind> {
+    pub fn finalising(self) -> Finalising {
         match self {
-            RunKind::Upload | RunKind::Manual | RunKind::Rescore => Ok(Finalising::Verdict),
-            RunKind::Samples => Ok(Finalising::Tally),
+            RunKind::Upload | RunKind::Manual | RunKind::Rescore => Finalising::Verdict,
+            RunKind::Samples => Finalising::Tally,
         }
     }
 }
-
-/// A kind of run the lifecycle knows but this service does not create yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("runs of kind `{}` cannot be created yet", .0.as_str())]
-pub struct UnsupportedKind(pub RunKind);
 
 /// Why a run stopped before running every case (`runs.stop_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize)]
