@@ -1,14 +1,21 @@
-//! Bearer-token authentication for the `/v1` API, on only when tokens are configured.
+//! Bearer-token authentication for the `/v1` API (docs/security.md): static tokens of the
+//! implicit publisher (`coordinator.auth_tokens`) and stored publisher tokens with scopes.
+//! Authentication is on when a static token is configured or `coordinator.require_auth` is
+//! set; off, a request without a token acts as the implicit publisher.
 //!
 //! Health, readiness, metrics and the OpenAPI document stay open: probes and scrapers carry no
 //! token, and the document describes how to authenticate.
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use skilleval_infra::store::tenancy::{Holder, Scope, Viewer, DEFAULT_PUBLISHER};
+use skilleval_infra::store::Store;
+use uuid::Uuid;
 
 use crate::error::ApiError;
 
@@ -43,8 +50,17 @@ impl Tokens {
 
     /// Whether `candidate` is one of the tokens, comparing in constant time per token.
     pub fn accepts(&self, candidate: &[u8]) -> bool {
-        self.0.iter().fold(false, |found, token| {
-            found | constant_time_eq(token, candidate)
+        self.position(candidate).is_some()
+    }
+
+    /// Which of the tokens `candidate` is (every token compared, each in constant time).
+    pub fn position(&self, candidate: &[u8]) -> Option<usize> {
+        self.0.iter().enumerate().fold(None, |found, (i, token)| {
+            if constant_time_eq(token, candidate) {
+                Some(i)
+            } else {
+                found
+            }
         })
     }
 }
@@ -57,23 +73,91 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Paths served without a token.
-fn is_open(path: &str) -> bool {
+pub fn is_open(path: &str) -> bool {
     matches!(
         path,
         "/healthz" | "/readyz" | "/metrics" | "/v1/openapi.json"
     ) || !path.starts_with("/v1/")
 }
 
-/// Rejects `/v1` requests without a configured bearer token (when any is configured).
-pub async fn require_bearer(
-    State(tokens): State<Tokens>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if !tokens.enabled() || is_open(request.uri().path()) {
-        return next.run(request).await;
+/// Who is asking: the publisher whose objects the request sees and changes, the token (for
+/// per-token quotas and the audit log) and what it may do.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub publisher_id: Uuid,
+    /// A stored token's id; `None` for static tokens and unauthenticated development use.
+    pub token_id: Option<Uuid>,
+    /// What the audit log and listings show: a stored token's prefix, `static#N` for the
+    /// N-th static token, none without a token.
+    pub token_prefix: Option<String>,
+    pub scopes: Vec<Scope>,
+}
+
+impl Principal {
+    /// The implicit publisher, with every scope: the static tokens and, with authentication
+    /// off, every request (the development default).
+    fn implicit(token_prefix: Option<String>) -> Self {
+        Principal {
+            publisher_id: DEFAULT_PUBLISHER,
+            token_id: None,
+            token_prefix,
+            scopes: Scope::ALL.to_vec(),
+        }
     }
-    let presented = request
+
+    pub fn is_admin(&self) -> bool {
+        self.scopes.contains(&Scope::Admin)
+    }
+
+    /// `admin` implies every other scope.
+    pub fn has(&self, scope: Scope) -> bool {
+        self.is_admin() || self.scopes.contains(&scope)
+    }
+
+    /// Whose objects this principal sees.
+    pub fn viewer(&self) -> Viewer {
+        if self.is_admin() {
+            Viewer::All
+        } else {
+            Viewer::Publisher(self.publisher_id)
+        }
+    }
+
+    pub fn holder(&self) -> Holder {
+        Holder {
+            publisher_id: self.publisher_id,
+            token_id: self.token_id,
+        }
+    }
+
+    /// The key of this token in the per-token request-rate limiter.
+    pub fn token_key(&self) -> String {
+        match (self.token_id, &self.token_prefix) {
+            (Some(id), _) => id.to_string(),
+            (None, Some(prefix)) => prefix.clone(),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// How requests authenticate: the static tokens and whether a token is required at all.
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
+    pub tokens: Tokens,
+    /// `coordinator.require_auth`: a token is required even with no static token configured.
+    pub require: bool,
+}
+
+impl AuthConfig {
+    /// Authentication is on when a static token is configured or it is required.
+    pub fn enabled(&self) -> bool {
+        self.require || self.tokens.enabled()
+    }
+}
+
+/// The bearer token of the request, when it carries one.
+pub fn bearer(request: &Request) -> Option<&str> {
+    request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -81,18 +165,85 @@ pub async fn require_bearer(
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
-        .map(str::trim);
-    match presented {
-        Some(token) if tokens.accepts(token.as_bytes()) => next.run(request).await,
-        _ => {
-            let mut response = ApiError::unauthorized().into_response();
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-            response
-        }
+        .map(str::trim)
+}
+
+/// The principal of a `/v1` request: a static token, a stored token (looked up by hash on
+/// every request, no cache, so a revocation holds at once on every replica), or, with
+/// authentication off and no token presented, the implicit publisher. `Err`: a 401.
+pub async fn identify(
+    config: &AuthConfig,
+    store: &Store,
+    presented: Option<&str>,
+) -> Result<Principal, ApiError> {
+    let Some(presented) = presented else {
+        return if config.enabled() {
+            Err(unauthorized())
+        } else {
+            Ok(Principal::implicit(None))
+        };
+    };
+    if let Some(n) = config.tokens.position(presented.as_bytes()) {
+        return Ok(Principal::implicit(Some(format!("static#{}", n + 1))));
     }
+    match store.token_by_hash(&token_hash(presented)).await? {
+        Some(token) => Ok(Principal {
+            publisher_id: token.publisher_id,
+            token_id: Some(token.id),
+            token_prefix: Some(token.prefix),
+            scopes: token.scopes,
+        }),
+        None => Err(unauthorized()),
+    }
+}
+
+fn unauthorized() -> ApiError {
+    ApiError::unauthorized()
+}
+
+/// Adds `WWW-Authenticate: Bearer` to a 401.
+pub fn challenge(mut response: Response) -> Response {
+    if response.status() == axum::http::StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
+}
+
+/// What stored tokens start with (recognisable in logs and by secret scanners).
+pub const TOKEN_PREFIX: &str = "skev_";
+
+/// A new token: the secret (shown once), its prefix (listed) and its hash (stored).
+pub struct NewSecret {
+    pub secret: String,
+    pub prefix: String,
+    pub hash: Vec<u8>,
+}
+
+/// Generates a token of 256 random bits from the operating system's generator.
+pub fn generate_token() -> NewSecret {
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    let secret = format!("{TOKEN_PREFIX}{}", hex::encode(bytes));
+    // `skev_` and 12 hex digits (48 random bits): unique in practice, useless to an attacker
+    // without the other 208 bits.
+    let prefix = secret[..TOKEN_PREFIX.len() + 12].to_string();
+    let hash = token_hash(&secret);
+    NewSecret {
+        secret,
+        prefix,
+        hash,
+    }
+}
+
+/// SHA-256 of a token. A plain, unsalted, fast hash is enough here, unlike for passwords:
+/// tokens carry 256 random bits, so no dictionary or brute force reaches a preimage, and a
+/// deterministic hash is what lets authentication find the token by an indexed equality
+/// lookup. A slow KDF (argon2, bcrypt) would only add latency to every request.
+pub fn token_hash(secret: &str) -> Vec<u8> {
+    Sha256::digest(secret.as_bytes()).to_vec()
 }
 
 #[cfg(test)]
@@ -108,6 +259,18 @@ mod tests {
         assert!(!t.accepts(b"alph"));
         assert!(!t.accepts(b""));
         assert!(!Tokens::new(Vec::<String>::new()).enabled());
+        assert_eq!(t.position(b"beta"), Some(1));
+    }
+
+    #[test]
+    fn generated_tokens_are_distinct_and_hashed() {
+        let a = generate_token();
+        let b = generate_token();
+        assert_ne!(a.secret, b.secret);
+        assert!(a.secret.starts_with(&a.prefix));
+        assert_eq!(a.secret.len(), TOKEN_PREFIX.len() + 64);
+        assert_eq!(a.hash, token_hash(&a.secret));
+        assert_ne!(a.hash, token_hash(&b.secret));
     }
 
     #[test]

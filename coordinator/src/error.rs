@@ -110,6 +110,28 @@ impl ApiError {
         .with_details(json!({ "limit": limit_key, "limit_bytes": limit_bytes }))
     }
 
+    /// 429 naming the limit (its configuration key) that was reached; the response carries
+    /// `Retry-After` (whole seconds, at least 1) from `details.retry_after_secs`.
+    pub fn too_many_requests(
+        limit: &str,
+        message: impl Into<String>,
+        retry_after_secs: u64,
+    ) -> Self {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+            .with_details(json!({ "limit": limit, "retry_after_secs": retry_after_secs.max(1) }))
+    }
+
+    /// 403: the token lacks the scope the route needs (a property of the route, not of any
+    /// object, so it discloses nothing).
+    pub fn forbidden_scope(scope: &str) -> Self {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "insufficient_scope",
+            format!("this request needs a token with the `{scope}` scope"),
+        )
+        .with_details(json!({ "scope": scope }))
+    }
+
     /// 500 with a generic body; `cause` is logged once by [`log_server_errors`].
     pub fn internal(cause: impl Into<anyhow::Error>) -> Self {
         ApiError::new(
@@ -231,8 +253,17 @@ impl IntoResponse for ApiError {
             details,
             cause,
         } = *self.0;
+        let retry_after = (status == StatusCode::TOO_MANY_REQUESTS)
+            .then(|| details.get("retry_after_secs").and_then(Value::as_u64))
+            .flatten();
         let body = json!({ "error": { "code": code, "message": message, "details": details } });
         let mut response = (status, axum::Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
         if let Some(cause) = cause {
             response
                 .extensions_mut()

@@ -32,6 +32,7 @@
 
 pub use skilleval_infra::store::runs as db;
 
+pub mod access;
 pub mod aggregate;
 pub mod alerts;
 pub mod auth;

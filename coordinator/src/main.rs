@@ -37,6 +37,31 @@ enum Command {
         #[command(subcommand)]
         command: AdminCommand,
     },
+    /// Publisher API tokens (the same as `/v1/admin/tokens`): stored as a hash only.
+    Tokens {
+        #[command(subcommand)]
+        command: TokensCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokensCommand {
+    /// Create a token; its secret is printed once, here, and never again.
+    Create {
+        /// The publisher it acts for (created on first use).
+        #[arg(long)]
+        publisher: String,
+        /// Comma-separated: skills:write, runs:write, read, samples:write, admin.
+        #[arg(long, value_delimiter = ',', required = true)]
+        scopes: Vec<String>,
+    },
+    /// List tokens as JSON: prefix, publisher, scopes, last use, revocation.
+    List,
+    /// Revoke a token by prefix or id; refused from the next request on, on every replica.
+    Revoke {
+        /// The token's prefix (`skev_...`, from `list`) or id.
+        token: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -105,6 +130,7 @@ async fn main() -> ExitCode {
         Command::Admin {
             command: AdminCommand::Parked { command },
         } => admin_parked(&settings, command).await,
+        Command::Tokens { command } => tokens(&settings, command).await,
     };
     // After a SIGTERM too: the spans of the last requests are exported before the exit.
     telemetry.shutdown();
@@ -122,6 +148,39 @@ async fn admin_parked(settings: &Settings, command: ParkedCommand) -> anyhow::Re
     let answer = match command {
         ParkedCommand::List { state, limit } => parked::admin_list(settings, state, limit).await?,
         ParkedCommand::Requeue { id } => parked::admin_requeue(settings, id).await?,
+    };
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(())
+}
+
+async fn tokens(settings: &Settings, command: TokensCommand) -> anyhow::Result<()> {
+    use skilleval_coordinator::routes::tenancy::{check_publisher, parse_scopes};
+    use skilleval_infra::store::tenancy::NewToken;
+    let store = skilleval_infra::store::Store::connect(&settings.database).await?;
+    let answer = match command {
+        TokensCommand::Create { publisher, scopes } => {
+            check_publisher("--publisher", &publisher)
+                .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            let scopes =
+                parse_scopes("--scopes", &scopes).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            let secret = skilleval_coordinator::auth::generate_token();
+            let row = store
+                .create_token(&NewToken {
+                    publisher: &publisher,
+                    prefix: &secret.prefix,
+                    hash: &secret.hash,
+                    scopes: &scopes,
+                })
+                .await?;
+            let mut doc = serde_json::json!(row);
+            doc["token"] = serde_json::json!(secret.secret);
+            doc
+        }
+        TokensCommand::List => serde_json::json!({ "tokens": store.list_tokens(None).await? }),
+        TokensCommand::Revoke { token } => match store.revoke_token(&token).await? {
+            Some(row) => serde_json::json!(row),
+            None => anyhow::bail!("no token with the prefix or id `{token}`"),
+        },
     };
     println!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(())

@@ -32,6 +32,12 @@ pub struct StatusLabels {
     pub status: String,
 }
 
+/// A quota or rate limit, by its configuration key.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabels {
     pub queue: String,
@@ -68,6 +74,8 @@ pub struct Metrics {
     pub queue_consumers: Family<QueueLabels, Gauge>,
     /// 1 when the last scrape could read the queues from the broker, 0 when not.
     pub queue_scrape_ok: Gauge,
+    /// Requests refused with a 429, by the limit reached (its configuration key).
+    pub quota_refused: Family<LimitLabels, Counter>,
 }
 
 impl Metrics {
@@ -94,6 +102,12 @@ impl Metrics {
         let queue_ready = Family::<QueueLabels, Gauge>::default();
         let queue_consumers = Family::<QueueLabels, Gauge>::default();
         let queue_scrape_ok = Gauge::default();
+        let quota_refused = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "quota_refused",
+            "Requests refused with 429, by the quota or rate limit reached",
+            quota_refused.clone(),
+        );
         registry.register(
             "http_requests",
             "HTTP requests answered, by route and status",
@@ -227,6 +241,7 @@ impl Metrics {
             queue_ready,
             queue_consumers,
             queue_scrape_ok,
+            quota_refused,
         })
     }
 

@@ -10,15 +10,17 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use skilleval::strategy::StrategyRegistry;
-use skilleval_infra::config::Settings;
+use skilleval_infra::config::{RetentionSettings, Settings};
+use skilleval_infra::store::tenancy::Swept;
 use skilleval_infra::store::Store;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::access::Access;
 use crate::aggregate::RunAggregator;
 use crate::alerts::AlertScheduler;
-use crate::auth::Tokens;
+use crate::auth::{AuthConfig, Tokens};
 use crate::broker::{consume, consume_events, BrokerJobSink};
 use crate::jobs::JobSink;
 use crate::launch::RunLauncher;
@@ -37,7 +39,6 @@ pub struct Application {
     listener: TcpListener,
     port: u16,
     state: AppState,
-    tokens: Tokens,
     settings: Settings,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -116,6 +117,15 @@ impl Application {
             limits: Arc::new(settings.limits.clone()),
             max_upload_bytes: settings.coordinator.max_upload_bytes,
             sampling: settings.coordinator.sampling.clone(),
+            access: Arc::new(Access::new(
+                AuthConfig {
+                    tokens: Tokens::new(
+                        settings.coordinator.auth_tokens.iter().map(|t| t.expose()),
+                    ),
+                    require: settings.coordinator.require_auth,
+                },
+                settings.coordinator.quotas.clone(),
+            )),
         };
         let listener = TcpListener::bind(&settings.coordinator.bind)
             .await
@@ -124,12 +134,10 @@ impl Application {
             .local_addr()
             .context("reading the bound address")?
             .port();
-        let tokens = Tokens::new(settings.coordinator.auth_tokens.iter().map(|t| t.expose()));
         Ok(Application {
             listener,
             port,
             state,
-            tokens,
             settings,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -157,7 +165,6 @@ impl Application {
             listener,
             port,
             state,
-            tokens,
             settings,
             shutdown,
             tasks,
@@ -167,7 +174,7 @@ impl Application {
             spawn_background(&tasks, &settings, &state, &shutdown);
         }
         tasks.close();
-        let app = router(state, tokens).into_make_service_with_connect_info::<SocketAddr>();
+        let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
         tracing::info!(port, "coordinator listening");
         let stop = shutdown.clone();
         axum::serve(listener, app)
@@ -225,6 +232,7 @@ fn spawn_background(
     let store = state.store.clone();
     let metrics = state.metrics.clone();
     let retention_days = settings.coordinator.sampling.retention_days;
+    let retention = settings.coordinator.retention.clone();
     let token = shutdown.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(interval);
@@ -251,6 +259,7 @@ fn spawn_background(
                 Err(e) => tracing::warn!(error = %e, "deleting expired model answers failed"),
             }
             sweep_samples(&store, retention_days).await;
+            sweep_retention(&store, &retention).await;
         }
     });
     let alerts = state.alerts.clone();
@@ -273,6 +282,33 @@ fn spawn_background(
             }
         }
     });
+}
+
+/// The retention sweep of `coordinator.retention`: finished runs, outputs, old versions'
+/// packages and audit entries past their settings (docs/security.md).
+pub async fn sweep_retention(store: &Store, retention: &RetentionSettings) {
+    let cutoff =
+        |days: Option<u32>| days.map(|d| chrono::Utc::now() - chrono::Duration::days(i64::from(d)));
+    match store
+        .sweep_retention(
+            cutoff(retention.results_days),
+            cutoff(retention.outputs_days),
+            cutoff(retention.packages_days),
+            cutoff(retention.audit_days),
+        )
+        .await
+    {
+        Ok(swept) if swept == Swept::default() => {}
+        Ok(swept) => tracing::info!(
+            runs = swept.runs,
+            outputs = swept.outputs,
+            versions = swept.versions,
+            audit = swept.audit,
+            quota_events = swept.quota_events,
+            "retention sweep"
+        ),
+        Err(e) => tracing::warn!(error = %e, "retention sweep failed"),
+    }
 }
 
 /// The retention sweep: samples older than `retention_days`, with their finished samples

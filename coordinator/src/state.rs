@@ -7,6 +7,7 @@ use skilleval::strategy::StrategyRegistry;
 use skilleval_infra::config::SamplingSettings;
 use skilleval_infra::store::Store;
 
+use crate::access::Access;
 use crate::aggregate::RunAggregator;
 use crate::alerts::AlertScheduler;
 use crate::jobs::JobSink;
@@ -33,6 +34,8 @@ pub struct AppState {
     pub max_upload_bytes: u64,
     /// `coordinator.sampling`: ingest limits, retention, alert schedule.
     pub sampling: SamplingSettings,
+    /// Authentication, scopes, quotas and rate limits (`crate::access`).
+    pub access: Arc<Access>,
 }
 
 impl std::fmt::Debug for AppState {

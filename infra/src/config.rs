@@ -464,6 +464,55 @@ pub struct CoordinatorSettings {
     /// Production sampling: ingest limits, alert schedule, retention.
     #[serde(default)]
     pub sampling: SamplingSettings,
+    /// Require a bearer token on `/v1` even when `auth_tokens` is empty (publisher tokens
+    /// only). Authentication is on when this is set or `auth_tokens` is not empty.
+    #[serde(default)]
+    pub require_auth: bool,
+    /// Quotas and rate limits per publisher and per token (docs/security.md).
+    #[serde(default)]
+    pub quotas: QuotaSettings,
+    /// How long run results, outputs, packages and the audit log are kept.
+    #[serde(default)]
+    pub retention: RetentionSettings,
+}
+
+/// `coordinator.quotas`: the same limits applied to each publisher and to each token.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaSettings {
+    pub publisher: QuotaLimits,
+    pub token: QuotaLimits,
+}
+
+/// Limits of one publisher or one token; none: unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaLimits {
+    /// API requests per second (burst: the same number), counted per coordinator replica.
+    pub requests_per_second: Option<u32>,
+    /// Skill uploads in any sliding hour.
+    pub uploads_per_hour: Option<u32>,
+    /// Runs not yet finished at once.
+    pub concurrent_runs: Option<u32>,
+    /// Test cases of runs created in any sliding 24 hours.
+    pub cases_per_day: Option<u64>,
+    /// Model spend (USD) of runs created in the last 24 hours.
+    pub spend_usd_per_day: Option<f64>,
+}
+
+/// `coordinator.retention` (days; none: kept forever), enforced by the periodic sweep.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Finished runs (with their results) older than this are deleted.
+    pub results_days: Option<u32>,
+    /// Outputs of results finished longer ago than this are cleared (the results stay).
+    pub outputs_days: Option<u32>,
+    /// Versions older than this, other than each skill's newest, are deleted with their
+    /// package and runs.
+    pub packages_days: Option<u32>,
+    /// Audit log entries older than this are deleted.
+    pub audit_days: Option<u32>,
 }
 
 /// Production sampling (`coordinator.sampling.*`).
@@ -507,6 +556,9 @@ impl Default for CoordinatorSettings {
             webhook_poll_interval_ms: 1_000,
             webhook_hold_ms: 0,
             sampling: SamplingSettings::default(),
+            require_auth: false,
+            quotas: QuotaSettings::default(),
+            retention: RetentionSettings::default(),
         }
     }
 }

@@ -4,11 +4,12 @@
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::json;
 use skilleval::compare::{self, CompareError, Comparison, GateConfig};
 
+use crate::auth::Principal;
 use crate::comparing::{compare_and_store, resolve, ComparingError};
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
@@ -29,8 +30,18 @@ pub struct CreateComparisonBody {
 #[tracing::instrument(skip_all, fields(base = %body.base, head = %body.head))]
 pub async fn create(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<CreateComparisonBody>,
 ) -> Result<Response, ApiError> {
+    // A run or version of another publisher is unknown here, as it is everywhere.
+    for (field, id) in [("/base", body.base), ("/head", body.head)] {
+        let viewer = principal.viewer();
+        if !state.store.visible_run(viewer, id).await?
+            && !state.store.visible_version(viewer, id).await?
+        {
+            return Err(comparing_error(ComparingError::Unknown(id), field));
+        }
+    }
     let base = resolve(&state.store, body.base)
         .await
         .map_err(|e| comparing_error(e, "/base"))?;

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::auth::{require_bearer, Tokens};
+use crate::access::guard;
 use crate::error::{log_server_errors, ApiError};
 use crate::metrics::HttpLabels;
 use crate::state::AppState;
@@ -26,6 +26,7 @@ pub mod history;
 pub mod monitoring;
 pub mod runs;
 pub mod skills;
+pub mod tenancy;
 
 /// Longest a request may take (uploads included) before it gets a 408.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -65,13 +66,20 @@ routes! {
     get "/healthz" => health::healthz;
     get "/readyz" => health::readyz;
     get "/metrics" => health::metrics;
+    delete "/v1/runs/{id}" => tenancy::delete_run;
+    delete "/v1/skills/{name}" => tenancy::delete_skill;
+    delete "/v1/skills/{name}/versions/{version}" => tenancy::delete_version;
+    post "/v1/admin/tokens" => tenancy::create_token;
+    get "/v1/admin/tokens" => tenancy::list_tokens;
+    delete "/v1/admin/tokens/{id}" => tenancy::revoke_token;
+    get "/v1/admin/audit" => tenancy::audit;
 }
 
-/// The whole application: routes, auth, error logging, metrics, tracing, timeouts.
-pub fn router(state: AppState, tokens: Tokens) -> Router {
+/// The whole application: routes, access (auth, scopes, limits, visibility, audit), error logging, metrics, tracing, timeouts.
+pub fn router(state: AppState) -> Router {
     api_routes()
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(tokens, require_bearer))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             record_metrics,

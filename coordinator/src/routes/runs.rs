@@ -4,7 +4,7 @@ use crate::db::{ResultRow, RunInsert};
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::json;
 use skilleval::compare::GateSpec;
@@ -16,6 +16,7 @@ use skilleval::report::{render, ReportContext, ReportFormat};
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
 
 use crate::aggregate::{load_results, stored_summary};
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
 use crate::launch::RunRequest;
@@ -67,6 +68,7 @@ pub struct CreateRunQuery {
 #[tracing::instrument(skip_all, fields(version_id = %body.version_id))]
 pub async fn create(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiQuery(query): ApiQuery<CreateRunQuery>,
     ApiJson(body): ApiJson<CreateRunBody>,
 ) -> Result<Response, ApiError> {
@@ -92,6 +94,14 @@ pub async fn create(
         }
     }
     check_budget(body.max_cost_usd, body.max_tokens)?;
+    // Another publisher's version is not found (filtered on the publisher in SQL).
+    if !state
+        .store
+        .visible_version(principal.viewer(), body.version_id)
+        .await?
+    {
+        return Err(ApiError::not_found("version", body.version_id));
+    }
     let request = RunRequest {
         version_id: body.version_id,
         runner: body.runner,
@@ -111,7 +121,15 @@ pub async fn create(
     if query.dry_run {
         return Ok(Json(dry_run(&state, &request).await?).into_response());
     }
+    let cases = state.store.version_cases(request.version_id).await?;
+    crate::access::reserve_run(&state, &principal, cases).await?;
     let inserted = state.launcher.create(&request).await?;
+    if let Some(token_id) = principal.token_id {
+        state
+            .store
+            .set_run_token(inserted.run_id(), token_id)
+            .await?;
+    }
     Ok((
         StatusCode::ACCEPTED,
         Json(CreateRunResponse {
@@ -430,6 +448,7 @@ pub struct RescoreBody {
 #[tracing::instrument(skip_all, fields(run_id = %id))]
 pub async fn rescore(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<RescoreBody>,
 ) -> Result<Response, ApiError> {
@@ -451,6 +470,13 @@ pub async fn rescore(
         .with_details(json!({ "field": "id", "rule": "only a completed run's outputs can be rescored", "status": source.status })));
     }
     let version_id = body.version_id.unwrap_or(source.version_id);
+    if !state
+        .store
+        .visible_version(principal.viewer(), version_id)
+        .await?
+    {
+        return Err(ApiError::not_found("version", version_id));
+    }
     let target = {
         let mut conn = state.store.pool().acquire().await?;
         state.store.version_for_run(&mut conn, version_id).await?
@@ -512,7 +538,15 @@ pub async fn rescore(
         }))
         .into_response());
     }
+    let cases = state.store.version_cases(version_id).await?;
+    crate::access::reserve_run(&state, &principal, cases).await?;
     let inserted = state.launcher.create(&request).await?;
+    if let Some(token_id) = principal.token_id {
+        state
+            .store
+            .set_run_token(inserted.run_id(), token_id)
+            .await?;
+    }
     Ok((
         StatusCode::ACCEPTED,
         Json(CreateRunResponse {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::Json;
+use axum::{Extension, Json};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
@@ -23,6 +23,7 @@ use skilleval::strategy::StrategyRegistry;
 use skilleval_infra::store::samples::{NewRevision, RevisionSource};
 use skilleval_infra::store::versions::{NewVersion, VersionError};
 
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
 use crate::launch::{PlannedVersion, RunRequest};
@@ -87,6 +88,7 @@ fn yes() -> bool {
 #[tracing::instrument(skip_all)]
 pub async fn upload(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiQuery(query): ApiQuery<UploadQuery>,
     request: Request,
 ) -> Result<(StatusCode, Json<UploadResponse>), ApiError> {
@@ -119,6 +121,8 @@ pub async fn upload(
         Err(Opening::Failed(e)) => return Err(e),
     };
     let validated = started.elapsed();
+    // Counted once the package is valid: a refused package costs no upload.
+    crate::access::reserve_upload(&state, &principal).await?;
     let manifest = &package.manifest;
     let version_label = manifest.metadata.get("version").and_then(|v| match v {
         serde_json::Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
@@ -142,12 +146,26 @@ pub async fn upload(
         settings: serde_json::to_value(&package.config.settings)
             .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
         test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),
+        publisher_id: principal.publisher_id,
+        any_owner: principal.is_admin(),
     };
+    if query.run {
+        crate::access::reserve_run(
+            &state,
+            &principal,
+            i64::try_from(test_cases).unwrap_or(i64::MAX),
+        )
+        .await?;
+    }
 
     let mut tx = state.store.pool().begin().await?;
     let stored = state.store.upsert_version(&mut tx, &new_version).await.map_err(|e| match e {
         VersionError::LabelTaken { .. } => ApiError::conflict("version_conflict", e.to_string())
             .with_details(json!({ "field": "SKILL.md#/metadata/version", "rule": "a version label names one package content" })),
+        // Skill names are one marketplace-wide namespace: the name's existence is what an
+        // upload of the same name must learn (documented); nothing else of the skill is.
+        VersionError::NameTaken { .. } => ApiError::conflict("skill_name_taken", e.to_string())
+            .with_details(json!({ "field": "SKILL.md#/name", "rule": "a skill name belongs to the publisher that first uploaded it" })),
         VersionError::Store(e) => ApiError::internal(e),
     })?;
     drop(new_version);
@@ -204,6 +222,9 @@ pub async fn upload(
     package.case_pointers = Vec::new();
     package.files = Vec::new();
     let run_id = inserted.as_ref().map(|(_, inserted)| inserted.run_id());
+    if let (Some(run_id), Some(token_id)) = (run_id, principal.token_id) {
+        state.store.set_run_token(run_id, token_id).await?;
+    }
     if let Some((prepared, inserted)) = inserted {
         // Published in the background: the upload answers now.
         drop(state.launcher.start(prepared, inserted));

@@ -87,9 +87,18 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(options: AppOptions) -> TestApp {
+    spawn_app_configured(options, |_| {}).await
+}
+
+/// [`spawn_app_with`], with `configure` changing the settings before the coordinator starts.
+pub async fn spawn_app_configured(
+    options: AppOptions,
+    configure: impl FnOnce(&mut Settings),
+) -> TestApp {
     init_logs();
     let mut scratch = Scratch::create().await;
-    let settings = test_settings(&scratch.db_name, &scratch.prefix, &options);
+    let mut settings = test_settings(&scratch.db_name, &scratch.prefix, &options);
+    configure(&mut settings);
     scratch.owns(Topology::from_settings(&settings));
     let app = Application::build_with(settings.clone(), options.background)
         .await

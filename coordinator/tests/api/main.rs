@@ -23,6 +23,7 @@ mod rescore;
 mod runs;
 mod sampling;
 mod submit;
+mod tenancy;
 mod tls;
 mod upload;
 mod versions;

@@ -8,7 +8,8 @@
 //! [`publishing`] (watermarks, the publish lock, the sweeper's lists), [`samples`]
 //! (monitors, production samples, alerts, retention), [`results`] (the workers' writes), [`llm`]
 //! (the model response cache and fleet-wide provider rate limits), [`outbox`] (webhook
-//! deliveries), [`parked`] (jobs drained from the parking queue).
+//! deliveries), [`parked`] (jobs drained from the parking queue), [`tenancy`] (publishers,
+//! tokens, visibility, quotas, deletion, retention, the audit log).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
@@ -34,6 +35,7 @@ pub mod publishing;
 pub mod results;
 pub mod runs;
 pub mod samples;
+pub mod tenancy;
 pub mod versions;
 
 pub use results::{CaseState, Changed};

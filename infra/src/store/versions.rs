@@ -30,6 +30,10 @@ pub struct NewVersion<'a> {
     /// run, so stored apart from the whole definition.
     pub settings: Value,
     pub test_cases: i32,
+    /// The uploading publisher: owns the skill when it is new; must own it otherwise.
+    pub publisher_id: Uuid,
+    /// An `admin` upload may add a version to any publisher's skill (the owner stays).
+    pub any_owner: bool,
 }
 
 /// A stored version.
@@ -46,6 +50,9 @@ pub struct StoredVersion {
 pub enum VersionError {
     #[error("version `{version}` of skill `{skill}` already exists with different content")]
     LabelTaken { skill: String, version: String },
+    /// The name belongs to another publisher's skill.
+    #[error("skill `{skill}` belongs to another publisher")]
+    NameTaken { skill: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -57,16 +64,25 @@ async fn upsert_version(
     conn: &mut PgConnection,
     v: &NewVersion<'_>,
 ) -> Result<StoredVersion, VersionError> {
-    let skill_id: Uuid = sqlx::query_scalar(
-        "INSERT INTO skills (id, name) VALUES ($1, $2)
+    // The conditional update returns no row when the name is another publisher's skill.
+    let skill_id: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO skills (id, name, publisher_id) VALUES ($1, $2, $3)
          ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
+         WHERE skills.publisher_id = EXCLUDED.publisher_id OR $4
          RETURNING id",
     )
     .bind(Uuid::now_v7())
     .bind(v.skill_name)
-    .fetch_one(&mut *conn)
+    .bind(v.publisher_id)
+    .bind(v.any_owner)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(StoreError::query("storing a version"))?;
+    let Some(skill_id) = skill_id else {
+        return Err(VersionError::NameTaken {
+            skill: v.skill_name.to_string(),
+        });
+    };
     // Serialises version numbering per skill (the upsert above already row-locked it).
     let existing = sqlx::query(
         "SELECT id, version FROM skill_versions WHERE skill_id = $1 AND package_hash = $2",

@@ -1,0 +1,457 @@
+//! Who may do what, and how much (docs/security.md): one middleware authenticates each `/v1`
+//! request, checks the route's scope, the per-second rate limits and that every object the
+//! path names is visible to the caller's publisher (in SQL: another publisher's object is not
+//! found, 404), then audits every state-changing request with its outcome. The durable quotas
+//! (uploads per hour, concurrent runs, cases and spend per day) are counted in PostgreSQL by
+//! the handlers that create uploads and runs, so they hold across replicas.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::{HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use skilleval_infra::config::{QuotaLimits, QuotaSettings};
+use skilleval_infra::store::tenancy::{QuotaKind, Scope, Usage, Viewer};
+
+use crate::auth::{bearer, challenge, identify, is_open, AuthConfig, Principal};
+use crate::error::ApiError;
+use crate::metrics::LimitLabels;
+use crate::state::AppState;
+
+/// The request id header: taken from the caller when it sends a sane one, else generated;
+/// echoed on the response and recorded in the audit log.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// What a concurrent-runs refusal suggests waiting: runs have no fixed end.
+const CONCURRENT_RETRY_SECS: u64 = 30;
+
+/// Authentication settings, limits and the per-second limiters (process-local: each replica
+/// allows the configured rate, documented).
+pub struct Access {
+    pub auth: AuthConfig,
+    pub quotas: QuotaSettings,
+    publisher_rate: Option<DefaultKeyedRateLimiter<String>>,
+    token_rate: Option<DefaultKeyedRateLimiter<String>>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("auth", &self.auth)
+            .field("quotas", &self.quotas)
+            .finish_non_exhaustive()
+    }
+}
+
+fn limiter(limits: &QuotaLimits) -> Option<DefaultKeyedRateLimiter<String>> {
+    let per_second = NonZeroU32::new(limits.requests_per_second?)?;
+    Some(RateLimiter::keyed(Quota::per_second(per_second)))
+}
+
+impl Access {
+    pub fn new(auth: AuthConfig, quotas: QuotaSettings) -> Self {
+        Access {
+            publisher_rate: limiter(&quotas.publisher),
+            token_rate: limiter(&quotas.token),
+            auth,
+            quotas,
+        }
+    }
+}
+
+/// The scope a route needs (`None`: no route matched; the fallback answers 404).
+fn required_scope(method: &Method, route: &str) -> Option<Scope> {
+    if route == "unmatched" {
+        return None;
+    }
+    Some(if route.starts_with("/v1/admin/") {
+        Scope::Admin
+    } else if matches!(*method, Method::GET | Method::HEAD) {
+        Scope::Read
+    } else if route == "/v1/skills/{name}/samples" {
+        Scope::SamplesWrite
+    } else if route.starts_with("/v1/skills") {
+        Scope::SkillsWrite
+    } else if route.starts_with("/v1/runs") || route.starts_with("/v1/comparisons") {
+        Scope::RunsWrite
+    } else {
+        // A state-changing route nobody classified yet: only `admin` until someone does.
+        Scope::Admin
+    })
+}
+
+/// 404 unless every object the path names belongs to the viewer's publisher (each lookup
+/// filters on the publisher in SQL). A parameter of a route not known here answers 404 to
+/// every non-admin caller: a new route is closed until it is classified.
+async fn check_visible(
+    state: &AppState,
+    viewer: Viewer,
+    route: &str,
+    params: &[(String, String)],
+) -> Result<(), ApiError> {
+    if viewer == Viewer::All || route.starts_with("/v1/admin/") {
+        return Ok(());
+    }
+    for (key, value) in params {
+        let visible = match (key.as_str(), route) {
+            ("name", r) if r.starts_with("/v1/skills/{name}") => {
+                state.store.visible_skill(viewer, value).await?.is_some()
+            }
+            // The version label is resolved within the (visible) skill by its handler.
+            ("version", r) if r.starts_with("/v1/skills/{name}/versions/{version}") => true,
+            ("id", r) if r.starts_with("/v1/runs/{id}") => match uuid::Uuid::parse_str(value) {
+                Ok(id) => state.store.visible_run(viewer, id).await?,
+                // Not an id: the handler names the field and the rule (400).
+                Err(_) => true,
+            },
+            ("id", "/v1/comparisons/{id}") => match uuid::Uuid::parse_str(value) {
+                Ok(id) => state.store.visible_comparison(viewer, id).await?,
+                Err(_) => true,
+            },
+            _ => false,
+        };
+        if !visible {
+            let what = match key.as_str() {
+                "name" => "skill",
+                _ if route.starts_with("/v1/runs") => "run",
+                _ if route.starts_with("/v1/comparisons") => "comparison",
+                _ => "object",
+            };
+            return Err(ApiError::not_found(what, value));
+        }
+    }
+    Ok(())
+}
+
+fn retry_secs(wait: Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+}
+
+/// The per-second limits of the principal's publisher and token.
+fn check_rate(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
+    let access = &state.access;
+    let clock = DefaultClock::default();
+    let checks = [
+        (
+            &access.publisher_rate,
+            principal.publisher_id.to_string(),
+            "coordinator.quotas.publisher.requests_per_second",
+        ),
+        (
+            &access.token_rate,
+            principal.token_key(),
+            "coordinator.quotas.token.requests_per_second",
+        ),
+    ];
+    for (limiter, key, name) in checks {
+        let Some(limiter) = limiter else { continue };
+        if let Err(not_until) = limiter.check_key(&key) {
+            let wait = not_until.wait_time_from(clock.now());
+            return Err(refuse(
+                state,
+                name,
+                "too many requests per second".to_string(),
+                retry_secs(wait),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A 429 naming the limit, counted in `skilleval_coordinator_quota_refused{limit}`.
+fn refuse(state: &AppState, limit: &str, message: String, retry_after_secs: u64) -> ApiError {
+    state
+        .metrics
+        .quota_refused
+        .get_or_create(&LimitLabels {
+            limit: limit.to_string(),
+        })
+        .inc();
+    ApiError::too_many_requests(
+        limit,
+        format!("{message} (limit {limit})"),
+        retry_after_secs,
+    )
+}
+
+/// Seconds until the oldest counted moment leaves a window of `window` seconds.
+fn until_window_frees(oldest: Option<DateTime<Utc>>, window: i64) -> u64 {
+    oldest.map_or(1, |at| {
+        let frees = at + chrono::Duration::seconds(window);
+        u64::try_from((frees - Utc::now()).num_seconds()).unwrap_or(0) + 1
+    })
+}
+
+fn cap<T: TryFrom<u64>>(limit: Option<impl Into<u64>>) -> Option<T> {
+    limit.and_then(|l| T::try_from(l.into()).ok())
+}
+
+/// Counts an upload against `uploads_per_hour` (publisher and token), or refuses it.
+pub async fn reserve_upload(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
+    let q = &state.access.quotas;
+    let (publisher, token) = (
+        cap::<i64>(q.publisher.uploads_per_hour),
+        cap::<i64>(q.token.uploads_per_hour),
+    );
+    if publisher.is_none() && token.is_none() {
+        return Ok(());
+    }
+    let reserved = state
+        .store
+        .reserve_quota(
+            principal.holder(),
+            QuotaKind::Upload,
+            1,
+            3_600,
+            publisher,
+            token,
+        )
+        .await?;
+    match reserved {
+        Ok(()) => Ok(()),
+        Err(usage) => Err(window_refusal(
+            state,
+            &usage,
+            publisher,
+            1,
+            "uploads_per_hour",
+            3_600,
+        )),
+    }
+}
+
+/// Which side (publisher or token) of a windowed quota was reached, as a 429.
+fn window_refusal(
+    state: &AppState,
+    usage: &Usage<i64>,
+    publisher_limit: Option<i64>,
+    amount: i64,
+    key: &str,
+    window: i64,
+) -> ApiError {
+    let publisher_over = publisher_limit.is_some_and(|l| usage.publisher + amount > l);
+    let (side, used, oldest) = if publisher_over {
+        ("publisher", usage.publisher, usage.publisher_oldest)
+    } else {
+        ("token", usage.token, usage.token_oldest)
+    };
+    refuse(
+        state,
+        &format!("coordinator.quotas.{side}.{key}"),
+        format!("{used} already counted, {amount} more asked"),
+        until_window_frees(oldest, window),
+    )
+}
+
+/// Checks the run quotas before a run of `cases` cases is created: concurrent runs and
+/// spend per day, then counts the cases against `cases_per_day`.
+pub async fn reserve_run(
+    state: &AppState,
+    principal: &Principal,
+    cases: i64,
+) -> Result<(), ApiError> {
+    let q = &state.access.quotas;
+    let holder = principal.holder();
+    let (pub_runs, tok_runs) = (
+        cap::<i64>(q.publisher.concurrent_runs),
+        cap::<i64>(q.token.concurrent_runs),
+    );
+    if pub_runs.is_some() || tok_runs.is_some() {
+        let (p, t) = state.store.unfinished_runs(holder).await?;
+        for (side, used, limit) in [("publisher", p, pub_runs), ("token", t, tok_runs)] {
+            if limit.is_some_and(|l| used >= l) {
+                return Err(refuse(
+                    state,
+                    &format!("coordinator.quotas.{side}.concurrent_runs"),
+                    format!("{used} runs are not finished yet"),
+                    CONCURRENT_RETRY_SECS,
+                ));
+            }
+        }
+    }
+    let (pub_spend, tok_spend) = (q.publisher.spend_usd_per_day, q.token.spend_usd_per_day);
+    if pub_spend.is_some() || tok_spend.is_some() {
+        let spend = state.store.spend_today(holder).await?;
+        let sides = [
+            (
+                "publisher",
+                spend.publisher,
+                spend.publisher_oldest,
+                pub_spend,
+            ),
+            ("token", spend.token, spend.token_oldest, tok_spend),
+        ];
+        for (side, used, oldest, limit) in sides {
+            if limit.is_some_and(|l| used >= l) {
+                return Err(refuse(
+                    state,
+                    &format!("coordinator.quotas.{side}.spend_usd_per_day"),
+                    format!("{used:.4} USD spent by runs of the last 24 hours"),
+                    until_window_frees(oldest, 86_400),
+                ));
+            }
+        }
+    }
+    let (pub_cases, tok_cases) = (
+        cap::<i64>(q.publisher.cases_per_day),
+        cap::<i64>(q.token.cases_per_day),
+    );
+    if pub_cases.is_none() && tok_cases.is_none() {
+        return Ok(());
+    }
+    match state
+        .store
+        .reserve_quota(
+            holder,
+            QuotaKind::Cases,
+            cases,
+            86_400,
+            pub_cases,
+            tok_cases,
+        )
+        .await?
+    {
+        Ok(()) => Ok(()),
+        Err(usage) => Err(window_refusal(
+            state,
+            &usage,
+            pub_cases,
+            cases,
+            "cases_per_day",
+            86_400,
+        )),
+    }
+}
+
+/// A request id worth keeping: short, visible ASCII.
+fn sane_request_id(value: &HeaderValue) -> Option<String> {
+    let s = value.to_str().ok()?;
+    (!s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| s.to_string())
+}
+
+/// The middleware: request id, authentication, scope, rate limits, visibility, audit.
+pub async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    if is_open(&path) {
+        return next.run(request).await;
+    }
+    let request_id = request
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(sane_request_id)
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let method = request.method().clone();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let (principal, response) = match admit(&state, request, &method, &route).await {
+        Ok((principal, mut request)) => {
+            request.extensions_mut().insert(principal.clone());
+            (Some(principal), next.run(request).await)
+        }
+        Err((principal, e)) => (principal, challenge(e.into_response())),
+    };
+    let mut response = response;
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    if !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        let entry = skilleval_infra::store::tenancy::NewAudit {
+            publisher_id: principal.as_ref().map(|p| p.publisher_id),
+            token_prefix: principal.as_ref().and_then(|p| p.token_prefix.as_deref()),
+            request_id: &request_id,
+            method: method.as_str(),
+            route: &route,
+            path: &path,
+            status: response.status().as_u16(),
+        };
+        if let Err(e) = state.store.record_audit(&entry).await {
+            tracing::error!(error = %e, %request_id, "recording the audit entry failed");
+        }
+    }
+    response
+}
+
+type Refusal = (Option<Principal>, ApiError);
+
+async fn admit(
+    state: &AppState,
+    request: Request,
+    method: &Method,
+    route: &str,
+) -> Result<(Principal, Request), Refusal> {
+    let presented = bearer(&request).map(str::to_string);
+    let principal = identify(&state.access.auth, &state.store, presented.as_deref())
+        .await
+        .map_err(|e| (None, e))?;
+    let refused = |e: ApiError| (Some(principal.clone()), e);
+    if let Some(scope) = required_scope(method, route) {
+        if !principal.has(scope) {
+            return Err(refused(ApiError::forbidden_scope(scope.as_str())));
+        }
+    }
+    check_rate(state, &principal).map_err(refused)?;
+    let (mut parts, body) = request.into_parts();
+    let params: Vec<(String, String)> =
+        match RawPathParams::from_request_parts(&mut parts, &()).await {
+            Ok(raw) => raw
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+    check_visible(state, principal.viewer(), route, &params)
+        .await
+        .map_err(refused)?;
+    Ok((principal.clone(), Request::from_parts(parts, body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_follow_the_route() {
+        assert_eq!(
+            required_scope(&Method::GET, "/v1/runs/{id}"),
+            Some(Scope::Read)
+        );
+        assert_eq!(
+            required_scope(&Method::POST, "/v1/skills"),
+            Some(Scope::SkillsWrite)
+        );
+        assert_eq!(
+            required_scope(&Method::POST, "/v1/skills/{name}/samples"),
+            Some(Scope::SamplesWrite)
+        );
+        assert_eq!(
+            required_scope(&Method::DELETE, "/v1/runs/{id}"),
+            Some(Scope::RunsWrite)
+        );
+        assert_eq!(
+            required_scope(&Method::GET, "/v1/admin/audit"),
+            Some(Scope::Admin)
+        );
+        assert_eq!(
+            required_scope(&Method::POST, "/v1/elsewhere"),
+            Some(Scope::Admin)
+        );
+        assert_eq!(required_scope(&Method::GET, "unmatched"), None);
+    }
+
+    #[test]
+    fn retry_after_rounds_up() {
+        assert_eq!(retry_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_secs(Duration::from_secs(2)), 2);
+        assert_eq!(until_window_frees(None, 60), 1);
+        let oldest = Utc::now() - chrono::Duration::seconds(10);
+        assert!((50..=51).contains(&until_window_frees(Some(oldest), 60)));
+    }
+}
