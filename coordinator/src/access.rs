@@ -155,7 +155,7 @@ fn check_rate(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
             return Err(refuse(
                 state,
                 name,
-                "too many requests per second".to_string(),
+                "too many requests per second",
                 retry_secs(wait),
             ));
         }
@@ -164,7 +164,7 @@ fn check_rate(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
 }
 
 /// A 429 naming the limit, counted in `skilleval_coordinator_quota_refused{limit}`.
-fn refuse(state: &AppState, limit: &str, message: String, retry_after_secs: u64) -> ApiError {
+fn refuse(state: &AppState, limit: &str, message: &str, retry_after_secs: u64) -> ApiError {
     state
         .metrics
         .quota_refused
@@ -243,7 +243,7 @@ fn window_refusal(
     refuse(
         state,
         &format!("coordinator.quotas.{side}.{key}"),
-        format!("{used} already counted, {amount} more asked"),
+        &format!("{used} already counted, {amount} more asked"),
         until_window_frees(oldest, window),
     )
 }
@@ -268,7 +268,7 @@ pub async fn reserve_run(
                 return Err(refuse(
                     state,
                     &format!("coordinator.quotas.{side}.concurrent_runs"),
-                    format!("{used} runs are not finished yet"),
+                    &format!("{used} runs are not finished yet"),
                     CONCURRENT_RETRY_SECS,
                 ));
             }
@@ -291,7 +291,7 @@ pub async fn reserve_run(
                 return Err(refuse(
                     state,
                     &format!("coordinator.quotas.{side}.spend_usd_per_day"),
-                    format!("{used:.4} USD spent by runs of the last 24 hours"),
+                    &format!("{used:.4} USD spent by runs of the last 24 hours"),
                     until_window_frees(oldest, 86_400),
                 ));
             }
