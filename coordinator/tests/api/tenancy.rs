@@ -1033,3 +1033,94 @@ async fn without_tokens_configured_every_request_is_the_implicit_publisher() {
     assert_eq!(owner, skilleval_infra::store::tenancy::DEFAULT_PUBLISHER);
     app.cleanup().await;
 }
+
+/// `skilleval-coordinator tokens <args>` against the app's database: exit status and output.
+fn tokens_cli(app: &TestApp, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_skilleval-coordinator"))
+        .arg("tokens")
+        .args(args)
+        .env("SKILLEVAL_CONFIG_DIR", "/nonexistent-skilleval-config")
+        .env("DATABASE_URL", app.settings.database.url.expose())
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_tokens_command_creates_lists_and_revokes_and_stores_only_a_hash() {
+    let app = app_with(|_| {}).await;
+    let (ok, out, err) = tokens_cli(
+        &app,
+        &[
+            "create",
+            "--publisher",
+            "ops",
+            "--scopes",
+            "read,runs:write",
+        ],
+    );
+    assert!(ok, "{err}");
+    let created: Value = serde_json::from_str(&out).unwrap();
+    let secret = created["token"].as_str().unwrap().to_string();
+    let prefix = created["prefix"].as_str().unwrap().to_string();
+    assert!(secret.starts_with(&prefix) && secret.len() > prefix.len() + 40);
+    assert_eq!(created["scopes"], json!(["read", "runs:write"]));
+    // The secret is nowhere in the database; its SHA-256 is.
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM api_tokens t WHERE t::text LIKE '%' || $1 || '%'")
+            .bind(&secret)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, 0);
+    let by_hash: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM api_tokens WHERE token_hash = sha256($1::bytea)")
+            .bind(secret.as_bytes())
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(by_hash, 1);
+    // It works, and a listing never shows it again.
+    let a = send(
+        &app,
+        Method::GET,
+        "/v1/skills/x/versions",
+        &secret,
+        Body::None,
+    )
+    .await;
+    assert_eq!(a.status, 404);
+    let (ok, out, err) = tokens_cli(&app, &["list"]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&prefix) && !out.contains(&secret), "{out}");
+    // Bad input names the flag and the rule.
+    let (ok, _, err) = tokens_cli(
+        &app,
+        &["create", "--publisher", "ops", "--scopes", "write-all"],
+    );
+    assert!(
+        !ok && err.contains("--scopes") && err.contains("unknown scope `write-all`"),
+        "{err}"
+    );
+    let (ok, _, err) = tokens_cli(&app, &["revoke", "skev_nonexistent"]);
+    assert!(!ok && err.contains("skev_nonexistent"), "{err}");
+    let (ok, out, err) = tokens_cli(&app, &["revoke", &prefix]);
+    assert!(ok, "{err}");
+    assert!(out.contains("revoked_at"));
+    let a = send(
+        &app,
+        Method::GET,
+        "/v1/skills/x/versions",
+        &secret,
+        Body::None,
+    )
+    .await;
+    assert_eq!(a.status, 401);
+    assert_eq!(a.headers["www-authenticate"], "Bearer");
+    app.cleanup().await;
+}
