@@ -27,6 +27,10 @@ use crate::state::AppState;
 /// echoed on the response and recorded in the audit log.
 pub const REQUEST_ID: &str = "x-request-id";
 
+/// How long a run creation waits for the publisher's other creations under the
+/// concurrent-runs quota before it is refused (429, `Retry-After: 1`).
+const CREATION_WAIT: Duration = Duration::from_secs(5);
+
 /// What a concurrent-runs refusal suggests waiting: runs have no fixed end.
 const CONCURRENT_RETRY_SECS: u64 = 30;
 
@@ -248,20 +252,40 @@ fn window_refusal(
     )
 }
 
+/// Held while a run is created under the concurrent-runs quota: the publisher's run creations
+/// take turns on every replica until it is dropped (after the run is committed).
+#[must_use = "drop it only once the run is created"]
+pub struct RunSlot(#[allow(dead_code)] Option<sqlx::Transaction<'static, sqlx::Postgres>>);
+
 /// Checks the run quotas before a run of `cases` cases is created: concurrent runs and
-/// spend per day, then counts the cases against `cases_per_day`.
+/// spend per day, then counts the cases against `cases_per_day`. Keep the answer until the
+/// run is created.
 pub async fn reserve_run(
     state: &AppState,
     principal: &Principal,
     cases: i64,
-) -> Result<(), ApiError> {
+) -> Result<RunSlot, ApiError> {
     let q = &state.access.quotas;
     let holder = principal.holder();
     let (pub_runs, tok_runs) = (
         cap::<i64>(q.publisher.concurrent_runs),
         cap::<i64>(q.token.concurrent_runs),
     );
+    let mut slot = RunSlot(None);
     if pub_runs.is_some() || tok_runs.is_some() {
+        let Some(lock) = state
+            .store
+            .lock_run_creation(principal.publisher_id, CREATION_WAIT)
+            .await?
+        else {
+            return Err(refuse(
+                state,
+                "coordinator.quotas.publisher.concurrent_runs",
+                "other runs of this publisher are being created",
+                1,
+            ));
+        };
+        slot = RunSlot(Some(lock));
         let (p, t) = state.store.unfinished_runs(holder).await?;
         for (side, used, limit) in [("publisher", p, pub_runs), ("token", t, tok_runs)] {
             if limit.is_some_and(|l| used >= l) {
@@ -302,7 +326,7 @@ pub async fn reserve_run(
         cap::<i64>(q.token.cases_per_day),
     );
     if pub_cases.is_none() && tok_cases.is_none() {
-        return Ok(());
+        return Ok(slot);
     }
     match state
         .store
@@ -316,7 +340,7 @@ pub async fn reserve_run(
         )
         .await?
     {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(slot),
         Err(usage) => Err(window_refusal(
             state,
             &usage,

@@ -122,8 +122,9 @@ pub async fn create(
         return Ok(Json(dry_run(&state, &request).await?).into_response());
     }
     let cases = state.store.version_cases(request.version_id).await?;
-    crate::access::reserve_run(&state, &principal, cases).await?;
+    let slot = crate::access::reserve_run(&state, &principal, cases).await?;
     let inserted = state.launcher.create(&request).await?;
+    drop(slot);
     if let Some(token_id) = principal.token_id {
         state
             .store
@@ -539,8 +540,9 @@ pub async fn rescore(
         .into_response());
     }
     let cases = state.store.version_cases(version_id).await?;
-    crate::access::reserve_run(&state, &principal, cases).await?;
+    let slot = crate::access::reserve_run(&state, &principal, cases).await?;
     let inserted = state.launcher.create(&request).await?;
+    drop(slot);
     if let Some(token_id) = principal.token_id {
         state
             .store

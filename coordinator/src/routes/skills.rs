@@ -149,14 +149,19 @@ pub async fn upload(
         publisher_id: principal.publisher_id,
         any_owner: principal.is_admin(),
     };
-    if query.run {
-        crate::access::reserve_run(
-            &state,
-            &principal,
-            i64::try_from(test_cases).unwrap_or(i64::MAX),
+    // Held until the upload's run is committed.
+    let run_slot = if query.run {
+        Some(
+            crate::access::reserve_run(
+                &state,
+                &principal,
+                i64::try_from(test_cases).unwrap_or(i64::MAX),
+            )
+            .await?,
         )
-        .await?;
-    }
+    } else {
+        None
+    };
 
     let mut tx = state.store.pool().begin().await?;
     let stored = state.store.upsert_version(&mut tx, &new_version).await.map_err(|e| match e {
@@ -215,6 +220,7 @@ pub async fn upload(
         None
     };
     tx.commit().await?;
+    drop(run_slot);
     let committed = started.elapsed();
     // Stored and planned: what remains to do needs only the definition's text. A large
     // upload's ZIP is freed before the rows are created.

@@ -456,6 +456,39 @@ impl Store {
         Ok(Ok(()))
     }
 
+    /// Serialises the publisher's run creations across every replica while the concurrent-runs
+    /// quota is checked and the run created: a transaction holding an advisory lock, released
+    /// when it ends (dropping it rolls back: nothing is written in it). `None` when another
+    /// creation held it for all of `wait`. A waiter holds no connection between its tries
+    /// (`pg_try_advisory_xact_lock` every 25 ms): waiters parked on connections would starve
+    /// the pool the holder needs to create its run.
+    pub async fn lock_run_creation(
+        &self,
+        publisher_id: Uuid,
+        wait: std::time::Duration,
+    ) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>, StoreError> {
+        let ctx = "locking a publisher's run creation";
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let mut tx = self.pool().begin().await.map_err(StoreError::query(ctx))?;
+            let locked: bool = sqlx::query_scalar(
+                "SELECT pg_try_advisory_xact_lock(hashtextextended('runs:' || $1::text, 0))",
+            )
+            .bind(publisher_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(StoreError::query(ctx))?;
+            if locked {
+                return Ok(Some(tx));
+            }
+            drop(tx);
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+    }
+
     /// Runs of the holder's (publisher's skills; token's creations) not finished yet.
     pub async fn unfinished_runs(&self, holder: Holder) -> Result<(i64, i64), StoreError> {
         let row = sqlx::query(
