@@ -233,6 +233,7 @@ fn spawn_background(
     let metrics = state.metrics.clone();
     let retention_days = settings.coordinator.sampling.retention_days;
     let retention = settings.coordinator.retention.clone();
+    let access = state.access.clone();
     let token = shutdown.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(interval);
@@ -260,6 +261,7 @@ fn spawn_background(
             }
             sweep_samples(&store, retention_days).await;
             sweep_retention(&store, &retention).await;
+            access.forget_idle();
         }
     });
     let alerts = state.alerts.clone();
