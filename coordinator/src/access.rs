@@ -72,7 +72,10 @@ impl Access {
     /// Forgets the per-second state of publishers and tokens idle long enough to be back at
     /// a full burst (the keyed limiters would otherwise keep one entry per key ever seen).
     pub fn forget_idle(&self) {
-        for limiter in [&self.publisher_rate, &self.token_rate].into_iter().flatten() {
+        for limiter in [&self.publisher_rate, &self.token_rate]
+            .into_iter()
+            .flatten()
+        {
             limiter.retain_recent();
             limiter.shrink_to_fit();
         }

@@ -893,6 +893,44 @@ mod tests {
     }
 
     #[test]
+    fn quotas_and_retention_load_from_files_and_variables() {
+        let dir = tempfile_dir();
+        std::fs::write(
+            dir.join("default.toml"),
+            "[coordinator.quotas.publisher]\nuploads_per_hour = 5\nspend_usd_per_day = 2.5\n\
+             [coordinator.retention]\naudit_days = 30\n",
+        )
+        .unwrap();
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap()),
+            (
+                "SKILLEVAL__COORDINATOR__QUOTAS__TOKEN__CONCURRENT_RUNS",
+                "2",
+            ),
+            ("SKILLEVAL__COORDINATOR__REQUIRE_AUTH", "true"),
+        ]))
+        .unwrap();
+        let q = &s.coordinator.quotas;
+        assert_eq!(q.publisher.uploads_per_hour, Some(5));
+        assert_eq!(q.publisher.spend_usd_per_day, Some(2.5));
+        assert_eq!(q.publisher.requests_per_second, None);
+        assert_eq!(q.token.concurrent_runs, Some(2));
+        assert_eq!(s.coordinator.retention.audit_days, Some(30));
+        assert_eq!(s.coordinator.retention.results_days, None);
+        assert!(s.coordinator.require_auth);
+        // A misspelt limit is named, not ignored.
+        std::fs::write(
+            dir.join("default.toml"),
+            "[coordinator.quotas.publisher]\nuploads_per_day = 5\n",
+        )
+        .unwrap();
+        let e = Settings::load_from(&env(&[("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap())]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("uploads_per_day"), "{e}");
+    }
+
+    #[test]
     fn the_shipped_production_toml_loads_over_the_defaults() {
         let dir = repo_config();
         let s = Settings::load_from(&env(&[
