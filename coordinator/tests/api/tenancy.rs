@@ -269,7 +269,7 @@ async fn another_publishers_objects_answer_as_missing_through_every_route() {
     let (alice, alice_prefix) = token(&app, "alice", WRITER).await;
     let (bob, _) = token(&app, "bob", WRITER).await;
     let objects = publish_objects(&app, &alice, "alpha").await;
-    let before = app.all_counts().await;
+    let untouched = app.all_counts().await;
 
     let theirs = operations(Some(&objects), &alice_prefix);
     let nowhere = operations(None, &alice_prefix);
@@ -289,6 +289,11 @@ async fn another_publishers_objects_answer_as_missing_through_every_route() {
             "{method} {path} with another publisher's token: {}",
             got.body
         );
+        assert_eq!(
+            app.all_counts().await,
+            untouched,
+            "{method} {path} changed something"
+        );
         if want == 404 {
             // Indistinguishable from an object that exists nowhere: same status, same code.
             let missing = send(&app, method.clone(), &missing_path, &bob, missing_body).await;
@@ -300,8 +305,27 @@ async fn another_publishers_objects_answer_as_missing_through_every_route() {
         }
     }
 
-    // Nothing of alice's changed, and she still sees all of it.
-    assert_eq!(app.all_counts().await, before);
+    // Bob's own run rescored against alice's version: her version is not found either.
+    let own = upload(&app, &bob, given_package("bobs", &["ok"], json!({})), "").await;
+    assert_eq!(own.status, 201, "{}", own.body);
+    let own_run = id(&own.body, "run_id");
+    finish_run(&app, own_run, 1, &[]).await;
+    let r = send(
+        &app,
+        Method::POST,
+        &format!("/v1/runs/{own_run}/rescore"),
+        &bob,
+        Body::Json(json!({ "version_id": objects.version_id })),
+    )
+    .await;
+    assert_eq!(
+        (r.status, &r.body["error"]["code"]),
+        (404, &json!("not_found")),
+        "{}",
+        r.body
+    );
+
+    // Alice still sees all of it.
     for path in [
         format!("/v1/runs/{}", objects.run),
         format!("/v1/skills/{}/versions", objects.skill),
@@ -1124,6 +1148,16 @@ async fn the_tokens_command_creates_lists_and_revokes_and_stores_only_a_hash() {
         !ok && err.contains("--scopes") && err.contains("unknown scope `write-all`"),
         "{err}"
     );
+    let bad = send(
+        &app,
+        Method::POST,
+        "/v1/admin/tokens",
+        ROOT,
+        Body::Json(json!({ "publisher": "ops", "scopes": ["read", "root"] })),
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.body["error"]["details"]["field"], "/scopes");
     let (ok, _, err) = tokens_cli(&app, &["revoke", "skev_nonexistent"]);
     assert!(!ok && err.contains("skev_nonexistent"), "{err}");
     let (ok, out, err) = tokens_cli(&app, &["revoke", &prefix]);
