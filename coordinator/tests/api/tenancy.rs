@@ -652,7 +652,7 @@ async fn model_spend_per_day_answers_429_at_the_limit() {
 const KEPT_ON_PURPOSE: &[&str] = &["audit_log", "_sqlx_migrations"];
 
 /// Rows, in every table of the schema (found through information_schema, so a table added
-/// later is walked too), whose text contains `needle`.
+/// later is walked too), whose text (bytea columns included) contains `needle`.
 async fn rows_naming(app: &TestApp, needle: &str) -> BTreeMap<String, i64> {
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables
@@ -667,7 +667,12 @@ async fn rows_naming(app: &TestApp, needle: &str) -> BTreeMap<String, i64> {
         if KEPT_ON_PURPOSE.contains(&table.as_str()) {
             continue;
         }
-        let sql = format!("SELECT count(*) FROM \"{table}\" t WHERE t::text LIKE '%' || $1 || '%'");
+        // A row's text shows bytea columns (packages, webhook and parked bodies) in hex:
+        // look for the needle's hex too.
+        let sql = format!(
+            "SELECT count(*) FROM \"{table}\" t WHERE t::text LIKE '%' || $1 || '%'
+               OR t::text LIKE '%' || encode(convert_to($1, 'UTF8'), 'hex') || '%'"
+        );
         let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(needle)
             .fetch_one(&app.pool)
@@ -774,6 +779,29 @@ async fn deleting_leaves_no_row_behind_in_any_table() {
         "{}",
         versions.body
     );
+
+    // An alert of alpha's monitor and its notification, as the alert round records them.
+    let alert = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO alerts (id, skill_id, monitor_id, rule, from_state, to_state, evaluation)
+         SELECT $1, m.skill_id, m.id, 'pass-rate', 'ok', 'firing', '{}'::jsonb
+         FROM monitors m JOIN skills s ON s.id = m.skill_id WHERE s.name = 'alpha'",
+    )
+    .bind(alert)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (id, event, url, body)
+         VALUES ($1, 'alert.firing', 'http://127.0.0.1:9/hook', convert_to($2, 'UTF8'))",
+    )
+    .bind(Uuid::now_v7())
+    .bind(json!({ "event": "alert.firing", "alert_id": alert, "skill": "alpha" }).to_string())
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows_naming(&app, &alert.to_string()).await.len(), 2);
+    let alpha_ids = [alpha_ids, vec![alert.to_string()]].concat();
 
     // The whole of alpha.
     assert_eq!(

@@ -608,6 +608,17 @@ impl Store {
         )
         .await
         .map_err(StoreError::query(ctx))?;
+        // Alert notifications name the alert by id in their body only (no key to cascade).
+        sqlx::query(
+            "DELETE FROM webhook_deliveries WHERE run_id IS NULL
+               AND convert_from(body, 'UTF8') LIKE '{%'
+               AND (convert_from(body, 'UTF8')::jsonb ->> 'alert_id') IN
+                   (SELECT id::text FROM alerts WHERE skill_id = $1)",
+        )
+        .bind(skill_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::query(ctx))?;
         let n = sqlx::query("DELETE FROM skills WHERE id = $1")
             .bind(skill_id)
             .execute(&mut *tx)
