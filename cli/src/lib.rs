@@ -99,7 +99,8 @@ pub struct RunArgs {
     /// Run only the cases of this suite.
     #[arg(long)]
     pub suite: Option<String>,
-    /// Print the full report in this format on stdout (`md` or `json`).
+    /// Print the full report in this format on stdout (`md` or `json`), or write it as one
+    /// self-contained `report.html` in the output folder (`html`: `eval/report.html`).
     #[arg(long, short = 'f')]
     pub format: Option<skilleval::report::ReportFormat>,
     /// Where run files go (`runs/<run-id>/…`, `benchmark.json`); default: the skill's `eval/`

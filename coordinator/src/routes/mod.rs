@@ -24,6 +24,7 @@ pub mod comparisons;
 pub mod health;
 pub mod history;
 pub mod monitoring;
+pub mod reviews;
 pub mod runs;
 pub mod skills;
 
@@ -65,11 +66,17 @@ routes! {
     get "/healthz" => health::healthz;
     get "/readyz" => health::readyz;
     get "/metrics" => health::metrics;
+    post "/v1/skills/validate" => skills::validate;
+    post "/v1/runs/{id}/reviews" => reviews::create;
+    get "/v1/runs/{id}/reviews" => reviews::list;
+    get "/v1/runs/{id}/feedback" => reviews::feedback;
+    get "/v1/skills/{name}/agreement" => reviews::agreement;
 }
 
 /// The whole application: routes, auth, error logging, metrics, tracing, timeouts.
 pub fn router(state: AppState, tokens: Tokens) -> Router {
     api_routes()
+        .merge(crate::ui::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(tokens, require_bearer))
         .layer(middleware::from_fn_with_state(

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod aggregate;
+mod browser;
 mod budget;
 mod cache_sweep;
 mod deploy;
@@ -24,6 +25,7 @@ mod runs;
 mod sampling;
 mod submit;
 mod tls;
+mod ui;
 mod upload;
 mod versions;
 mod webhooks;

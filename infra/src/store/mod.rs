@@ -8,7 +8,8 @@
 //! [`publishing`] (watermarks, the publish lock, the sweeper's lists), [`samples`]
 //! (monitors, production samples, alerts, retention), [`results`] (the workers' writes), [`llm`]
 //! (the model response cache and fleet-wide provider rate limits), [`outbox`] (webhook
-//! deliveries), [`parked`] (jobs drained from the parking queue).
+//! deliveries), [`parked`] (jobs drained from the parking queue), [`reviews`] (human reviews of
+//! grades), [`pages`] (what the web interface's pages read).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
@@ -29,9 +30,11 @@ pub mod comparisons;
 pub mod lifecycle;
 pub mod llm;
 pub mod outbox;
+pub mod pages;
 pub mod parked;
 pub mod publishing;
 pub mod results;
+pub mod reviews;
 pub mod runs;
 pub mod samples;
 pub mod versions;
