@@ -442,6 +442,7 @@ pub async fn case(
             .collect(),
         _ => Vec::new(),
     };
+    let input = case_input(&state, run_id, index, &result.test_case_id).await;
     let reviewable = matches!(result.status, CaseStatus::Passed | CaseStatus::Failed);
     let saved = params.contains_key("saved");
     Ok(layout(
@@ -449,7 +450,7 @@ pub async fn case(
         html! {
             p.meta { a href=(format!("/ui/runs/{run_id}")) { "← run of " (run.skill) " " (run.version) }
                 " · " (result.name) }
-            (case_detail(&result, None))
+            (case_detail(&result, input.as_deref()))
             h3 { "Human review" }
             @if saved { p #review-saved { "Review saved." } }
             @if !reviews.is_empty() {
@@ -484,6 +485,17 @@ pub async fn case(
             }
         },
     ))
+}
+
+/// The case's input as planned (prompt templated, variables, files), from the run's plan:
+/// results do not store it. `None` when the plan cannot say (a filtered run whose positions
+/// differ from the eval file's, a plan that no longer reads).
+async fn case_input(state: &AppState, run_id: Uuid, index: i32, id: &str) -> Option<String> {
+    let plan = state.launcher.plan_of(run_id).await.ok()?;
+    let mut chunks = plan.chunks(usize::try_from(index).ok()?, 1);
+    let jobs = chunks.recv().await?.ok()?;
+    let job = jobs.into_iter().next().filter(|j| j.case.id == id)?;
+    serde_json::to_string_pretty(&job.case.input).ok()
 }
 
 /// `POST /ui/runs/{id}/cases/{index}/review` (the form): stored through the API's checks.

@@ -418,6 +418,10 @@ async fn browser_filters_failures_reviews_compares_and_never_runs_an_output() {
         .await
         .unwrap();
     assert_eq!(text_of(&c, "#case-output").await, HOSTILE);
+    assert!(
+        text_of(&c, "#case-input").await.contains("Say ok (1)"),
+        "the case's input"
+    );
     assert_eq!(
         c.execute("return typeof window.__xss;", vec![])
             .await
@@ -492,7 +496,8 @@ async fn browser_filters_failures_reviews_compares_and_never_runs_an_output() {
     screenshot(&c, "skill-agreement").await;
     assert_no_console_errors(&c, "skill page").await;
 
-    // Compare version 2 with version 1 from the skill page.
+    // Compare version 2 with version 1 from the skill page: the changed cases (their
+    // recorded outputs are part of the definition) are not comparable, the two others are.
     c.find(Locator::Css("button.compare"))
         .await
         .unwrap()
@@ -509,11 +514,63 @@ async fn browser_filters_failures_reviews_compares_and_never_runs_an_output() {
         .unwrap()
         .path()
         .starts_with("/ui/comparisons/"));
+    assert_eq!(
+        c.find_all(Locator::Css("#moved-cases tr"))
+            .await
+            .unwrap()
+            .len(),
+        3,
+        "header and two paired cases"
+    );
+    assert_no_console_errors(&c, "comparison from the skill page").await;
+    // Forced, all four are paired: the two that moved come first, outputs side by side.
+    let forced: Value = app
+        .client
+        .post(format!("{}/v1/comparisons", app.address))
+        .bearer_auth(TOKEN)
+        .json(&json!({"base": run1, "head": run2, "force": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = forced["comparison_id"].as_str().unwrap();
+    c.goto(&format!("{}/ui/comparisons/{id}", app.address))
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#comparison-outcome"))
+        .await
+        .unwrap();
     let moved = c.find_all(Locator::Css("#moved-cases tr")).await.unwrap();
     assert_eq!(moved.len(), 5, "header and four paired cases");
-    // The moved cases come first, with their outputs side by side (escaped here too).
-    let first = c.find_all(Locator::Css(".output-a")).await.unwrap();
-    assert_eq!(first.len(), 2, "two cases moved");
+    let first_two: Vec<String> = {
+        let mut v = Vec::new();
+        for row in moved.iter().skip(1).take(2) {
+            v.push(
+                row.find(Locator::Css("td"))
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap(),
+            );
+        }
+        v.sort();
+        v
+    };
+    assert_eq!(first_two, ["case-001", "case-003"], "the moved cases first");
+    let outputs = c.find_all(Locator::Css(".output-a")).await.unwrap();
+    assert_eq!(outputs.len(), 2, "two cases moved");
+    let mut base_outputs = Vec::new();
+    for o in &outputs {
+        base_outputs.push(o.text().await.unwrap());
+    }
+    assert!(
+        base_outputs.contains(&HOSTILE.to_string()),
+        "{base_outputs:?}"
+    );
     assert_eq!(
         c.execute("return typeof window.__xss;", vec![])
             .await
@@ -598,6 +655,58 @@ async fn browser_opens_the_offline_html_report_with_histogram_and_table() {
     );
     screenshot(&c, "offline-report").await;
     assert_no_console_errors(&c, "offline report").await;
+
+    // `skilleval view`: the same page over the local runs, served on 127.0.0.1.
+    let runs = skilleval_cli::view::runs_dir(&root);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, skilleval_cli::view::router(runs))
+            .await
+            .unwrap();
+    });
+    c.goto(&format!("http://{addr}/")).await.unwrap();
+    c.find(Locator::Css("#runs a"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#histogram"))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.find_all(Locator::Css("#cases tbody tr"))
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    c.find(Locator::Css("#filter-status"))
+        .await
+        .unwrap()
+        .select_by_value("passed")
+        .await
+        .unwrap();
+    let visible = c
+        .execute("return Array.from(document.querySelectorAll('#cases tbody tr')).filter(r => !r.hidden).length;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(
+        visible,
+        json!(2),
+        "the linked script runs under the strict policy"
+    );
+    assert_eq!(
+        c.execute("return typeof window.__xss;", vec![])
+            .await
+            .unwrap(),
+        json!("undefined")
+    );
+    screenshot(&c, "skilleval-view").await;
+    assert_no_console_errors(&c, "skilleval view").await;
+    server.abort();
     c.close().await.unwrap();
 }
 

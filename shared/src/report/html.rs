@@ -17,8 +17,8 @@ use super::ReportContext;
 /// The stylesheet every page uses (served as a static file by the coordinator, inlined in a
 /// report file).
 pub const STYLE: &str = include_str!("html/style.css");
-/// The report file's script: table filtering without a server.
-const REPORT_SCRIPT: &str = include_str!("html/report.js");
+/// The report page's script: table filtering without a server.
+pub const REPORT_SCRIPT: &str = include_str!("html/report.js");
 
 /// Score histogram buckets: [0, 0.1), [0.1, 0.2), ... [0.9, 1.0].
 pub const HISTOGRAM_BINS: usize = 10;
@@ -233,9 +233,25 @@ pub fn case_detail(r: &JobResult, input: Option<&str>) -> Markup {
     }
 }
 
+/// Where the report page's stylesheet and script come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assets<'a> {
+    /// In the page (a file has no server to load them from).
+    Inline,
+    /// `{prefix}style.css` and `{prefix}report.js`, served beside the page (so a strict
+    /// Content-Security-Policy can forbid inline script).
+    Linked { prefix: &'a str },
+}
+
 /// The whole run page as one self-contained file: inline CSS and script, every case in the
 /// table (filtered by the script), each case's detail in a collapsed block.
 pub fn standalone_report(ctx: &ReportContext<'_>) -> String {
+    report_page(ctx, Assets::Inline, None)
+}
+
+/// The run page with every case, its assets inline or linked, and an optional link back
+/// (`skilleval view`'s list of runs).
+pub fn report_page(ctx: &ReportContext<'_>, assets: Assets<'_>, back: Option<&str>) -> String {
     let rows: Vec<CaseRow> = ctx.results.iter().map(CaseRow::from).collect();
     let bins = histogram(ctx.results.iter().filter_map(|r| r.score));
     let anchor = |r: &CaseRow| format!("#case-{}", r.case_index);
@@ -245,10 +261,19 @@ pub fn standalone_report(ctx: &ReportContext<'_>) -> String {
             head {
                 meta charset="utf-8";
                 title { "skilleval: " (ctx.skill_name) }
-                style { (PreEscaped(STYLE)) }
+                @match assets {
+                    Assets::Inline => style { (PreEscaped(STYLE)) },
+                    Assets::Linked { prefix } => {
+                        link rel="icon" href="data:,";
+                        link rel="stylesheet" href=(format!("{prefix}style.css"));
+                    }
+                }
             }
             body {
-                header { h1 { "skilleval · " (ctx.skill_name) @if let Some(v) = ctx.version { " " (v) } } }
+                header {
+                    h1 { "skilleval · " (ctx.skill_name) @if let Some(v) = ctx.version { " " (v) } }
+                    @if let Some(back) = back { nav { a href=(back) { "All runs" } } }
+                }
                 main {
                     p.meta { "Run " (ctx.run_id) " · profile " (ctx.profile) " · " (ctx.created_at.to_rfc3339()) }
                     (summary_section(ctx.summary, &bins))
@@ -269,7 +294,10 @@ pub fn standalone_report(ctx: &ReportContext<'_>) -> String {
                         }
                     }
                 }
-                script { (PreEscaped(REPORT_SCRIPT)) }
+                @match assets {
+                    Assets::Inline => script { (PreEscaped(REPORT_SCRIPT)) },
+                    Assets::Linked { prefix } => script src=(format!("{prefix}report.js")) {},
+                }
             }
         }
     };
