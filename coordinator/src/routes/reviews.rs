@@ -69,6 +69,18 @@ pub fn criterion_score(r: &JobResult, criterion: &str) -> Option<f64> {
         .and_then(Value::as_f64)
 }
 
+/// A review that is well-formed JSON but names what the run does not have, or breaks a limit:
+/// 422 naming the field (a JSON pointer) and the rule.
+fn invalid_review(field: &str, rule: impl Into<String>) -> ApiError {
+    let rule = rule.into();
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_review",
+        format!("`{field}`: {rule}"),
+    )
+    .with_details(json!({ "field": field, "rule": rule }))
+}
+
 /// Checks each review against the run's stored results and stores them all, or none.
 pub async fn store_reviews(
     state: &AppState,
@@ -76,25 +88,16 @@ pub async fn store_reviews(
     body: ReviewsBody,
 ) -> Result<usize, ApiError> {
     if body.reviews.is_empty() {
-        return Err(ApiError::invalid_field(
-            "invalid_body",
-            "/reviews",
-            "must list at least one review",
-        ));
+        return Err(invalid_review("/reviews", "must list at least one review"));
     }
     if body.reviews.len() > MAX_REVIEWS {
-        return Err(ApiError::invalid_field(
-            "invalid_body",
+        return Err(invalid_review(
             "/reviews",
             format!("at most {MAX_REVIEWS} reviews per request"),
         ));
     }
     if body.reviewer.chars().count() > 200 {
-        return Err(ApiError::invalid_field(
-            "invalid_body",
-            "/reviewer",
-            "at most 200 characters",
-        ));
+        return Err(invalid_review("/reviewer", "at most 200 characters"));
     }
     if state.store.get_run(run_id).await?.is_none() {
         return Err(ApiError::not_found("run", run_id));
@@ -120,8 +123,7 @@ pub async fn store_reviews(
     let mut reviews = Vec::with_capacity(body.reviews.len());
     for (i, item) in body.reviews.into_iter().enumerate() {
         let Some(result) = results.get(&item.test_case_id) else {
-            return Err(ApiError::invalid_field(
-                "invalid_body",
+            return Err(invalid_review(
                 &format!("/reviews/{i}/test_case_id"),
                 format!(
                     "`{}` is no recorded case of run {run_id}",
@@ -133,8 +135,7 @@ pub async fn store_reviews(
             result.status,
             CaseStatus::Errored | CaseStatus::Skipped | CaseStatus::Queued
         ) {
-            return Err(ApiError::invalid_field(
-                "invalid_body",
+            return Err(invalid_review(
                 &format!("/reviews/{i}/test_case_id"),
                 format!(
                     "case `{}` was {}: it has no grade to review",
@@ -144,8 +145,7 @@ pub async fn store_reviews(
             ));
         }
         if item.note.chars().count() > MAX_NOTE_CHARS {
-            return Err(ApiError::invalid_field(
-                "invalid_body",
+            return Err(invalid_review(
                 &format!("/reviews/{i}/note"),
                 format!("at most {MAX_NOTE_CHARS} characters"),
             ));
@@ -154,8 +154,7 @@ pub async fn store_reviews(
             None => result.status == CaseStatus::Passed,
             Some(c) => {
                 let Some(score) = criterion_score(result, c) else {
-                    return Err(ApiError::invalid_field(
-                        "invalid_body",
+                    return Err(invalid_review(
                         &format!("/reviews/{i}/criterion"),
                         format!(
                             "`{c}` is no graded rubric criterion of case `{}`",

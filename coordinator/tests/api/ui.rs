@@ -113,7 +113,9 @@ async fn reviews_are_checked_stored_exported_and_summarised_as_judge_agreement()
             &json!({"reviews": [{"test_case_id": "case-000", "verdict": "maybe"}]}),
         )
         .await;
-    assert_eq!(r.status().as_u16(), 422);
+    assert_eq!(r.status().as_u16(), 400, "a shape error");
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["details"]["field"], "/reviews/0/verdict", "{e}");
     assert_eq!(app.count("case_reviews").await, 0);
 
     // The judge passed case-000 and case-002, failed case-001 and case-003. The reviewer agrees
