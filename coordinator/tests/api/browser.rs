@@ -619,6 +619,22 @@ async fn browser_opens_the_offline_html_report_with_histogram_and_table() {
     c.goto(&format!("file://{}", report.display()))
         .await
         .unwrap();
+    // The console check can fail: an error logged by the page is in the log it reads.
+    c.execute("console.error('probe: the log reader sees this');", vec![])
+        .await
+        .unwrap();
+    let log = c.issue_cmd(BrowserLog).await.unwrap();
+    assert!(
+        log.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["level"] == "SEVERE"
+                && e["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("probe: the log reader")),
+        "{log}"
+    );
     c.wait()
         .for_element(Locator::Css("#histogram"))
         .await
