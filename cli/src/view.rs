@@ -132,7 +132,7 @@ async fn list(State(runs): State<Arc<PathBuf>>) -> Html<String> {
                 .collect()
         })
         .unwrap_or_default();
-    rows.sort_by(|a, b| b.1.created_at.cmp(&a.1.created_at));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1.created_at));
     // Escaped by hand: a list of links is all this page is (the run page uses the shared
     // renderer, which escapes through maud).
     let mut body = String::from(

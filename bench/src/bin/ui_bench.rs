@@ -97,11 +97,13 @@ fn package(name: &str, cases: usize) -> anyhow::Result<Vec<u8>> {
         .map(|i| {
             // Case i mentions (i % 11) of the ten keywords: scores 0.0, 0.1, ... 1.0.
             let output = words[..(i % 11).min(10)].join(" ");
+            let tag = ["math", "text", "edge"][i % 3];
+            let suite = ["smoke", "full"][i % 2];
             json!({
                 "id": format!("case-{i:06}"),
                 "name": format!("Case {i}"),
-                "tags": [["math", "text", "edge"][i % 3]],
-                "suites": [["smoke", "full"][i % 2]],
+                "tags": [tag],
+                "suites": [suite],
                 "input": {"prompt": "list the keywords"},
                 "given": {"output": output},
                 "evaluation": {"strategy": "keyword_coverage",

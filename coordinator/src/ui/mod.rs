@@ -17,7 +17,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use maud::{html, Markup, DOCTYPE};
+use maud::{html, Markup, PreEscaped, DOCTYPE};
 use serde::Deserialize;
 
 use crate::auth::{Tokens, SESSION_COOKIE};
@@ -122,7 +122,7 @@ pub fn layout_with_scripts(title: &str, body: Markup, scripts: &[&str]) -> Html<
                         nav { a href="/ui/" { "Skills" } a href="/ui/upload" { "Upload" } }
                         form method="post" action="/ui/logout" { button type="submit" { "Sign out" } }
                     }
-                    main { h2 { (title) } (body) }
+                    main { h2 { (title) } (PreEscaped(body.into_string())) }
                     @for s in scripts { script src=(format!("/ui/static/{s}")) {} }
                 }
             }
