@@ -9,7 +9,7 @@
 //! own, removed at the end. A coordinator and a worker run as child processes (this program
 //! re-run as `coordinator` / `worker`, as the pipeline benchmark does). For each size N a
 //! `given` package of N cases (a third failing, scores spread over [0, 1] by a keyword
-//! coverage grader, three tags, two suites) is uploaded and run to completion; then each page
+//! coverage grader, three tags, two suites of half the cases each) is uploaded and run to completion; then each page
 //! is requested `--samples` times over one keep-alive connection and the wall time from request
 //! to the last byte of the body is printed as median and p95, with the body size. Pages: the
 //! run page (first page of 100 rows, histogram, summary), filtered to failures, sorted by
@@ -98,12 +98,10 @@ fn package(name: &str, cases: usize) -> anyhow::Result<Vec<u8>> {
             // Case i mentions (i % 11) of the ten keywords: scores 0.0, 0.1, ... 1.0.
             let output = words[..(i % 11).min(10)].join(" ");
             let tag = ["math", "text", "edge"][i % 3];
-            let suite = ["smoke", "full"][i % 2];
             json!({
                 "id": format!("case-{i:06}"),
                 "name": format!("Case {i}"),
                 "tags": [tag],
-                "suites": [suite],
                 "input": {"prompt": "list the keywords"},
                 "given": {"output": output},
                 "evaluation": {"strategy": "keyword_coverage",
@@ -111,7 +109,15 @@ fn package(name: &str, cases: usize) -> anyhow::Result<Vec<u8>> {
             })
         })
         .collect();
-    let tests = json!({"version": "2.0", "settings": {"runner": "given"}, "testCases": tests});
+    // Two suites: the even cases and the odd ones.
+    let ids = |parity: usize| -> Vec<String> {
+        (0..cases)
+            .filter(|i| i % 2 == parity)
+            .map(|i| format!("case-{i:06}"))
+            .collect()
+    };
+    let tests = json!({"version": "2.0", "settings": {"runner": "given"}, "testCases": tests,
+                       "suites": [{"name": "smoke", "testIds": ids(0)}, {"name": "full", "testIds": ids(1)}]});
     let skill = format!("---\nname: {name}\ndescription: Keyword lists, for the page-load benchmark.\n---\n\nList them.\n");
     let mut w = ZipWriter::new(Cursor::new(Vec::new()));
     let options = SimpleFileOptions::default().compression_method(CompressionMethod::Deflated);
