@@ -24,6 +24,7 @@ pub mod comparisons;
 pub mod health;
 pub mod history;
 pub mod monitoring;
+pub mod preview;
 pub mod reviews;
 pub mod runs;
 pub mod skills;
@@ -71,6 +72,7 @@ routes! {
     get "/v1/runs/{id}/reviews" => reviews::list;
     get "/v1/runs/{id}/feedback" => reviews::feedback;
     get "/v1/skills/{name}/agreement" => reviews::agreement;
+    post "/v1/skills/{name}/preview" => preview::preview;
 }
 
 /// The whole application: routes, auth, error logging, metrics, tracing, timeouts.

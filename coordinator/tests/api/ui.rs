@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::e2e::{start_worker_with, wait_for_verdict};
 use crate::helpers::{spawn_app, spawn_app_with, AppOptions, TestApp};
+use crate::openapi::{check, doc};
 use crate::packages::{given_package, invalid_tests_package};
 
 #[tokio::test]
@@ -23,6 +24,7 @@ async fn validate_only_lists_every_problem_and_stores_nothing() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let body: Value = r.json().await.unwrap();
+    check(&doc(), "post", "/v1/skills/validate", 200, &body);
     assert_eq!(body["valid"], false, "{body}");
     assert_eq!(body["code"], "package_invalid");
     let pointers: Vec<&str> = body["problems"]
@@ -133,6 +135,16 @@ async fn reviews_are_checked_stored_exported_and_summarised_as_judge_agreement()
     assert_eq!(r.status().as_u16(), 201);
     let (status, agreement) = app.get_json("/v1/skills/judged/agreement").await;
     assert_eq!(status, 200);
+    check(
+        &doc(),
+        "get",
+        "/v1/skills/{name}/agreement",
+        200,
+        &agreement,
+    );
+    let (_, listed) = app.get_json(&format!("/v1/runs/{run_id}/reviews")).await;
+    check(&doc(), "get", "/v1/runs/{id}/reviews", 200, &listed);
+    assert_eq!(listed["reviews"].as_array().unwrap().len(), 4);
     let row = &agreement["agreement"][0];
     assert_eq!(row["criterion"], Value::Null, "{agreement}");
     assert_eq!(row["judge"], "exact_match");
@@ -165,6 +177,7 @@ async fn reviews_are_checked_stored_exported_and_summarised_as_judge_agreement()
     // skill-creator's feedback.json shape.
     let (status, feedback) = app.get_json(&format!("/v1/runs/{run_id}/feedback")).await;
     assert_eq!(status, 200);
+    check(&doc(), "get", "/v1/runs/{id}/feedback", 200, &feedback);
     assert_eq!(feedback["status"], "complete");
     let reviews = feedback["reviews"].as_array().unwrap();
     assert_eq!(reviews.len(), 4);
@@ -323,5 +336,60 @@ async fn the_run_table_filters_sorts_and_pages_in_sql() {
     assert!(bad.text().await.unwrap().contains("status"));
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn preview_grades_one_case_against_a_pasted_output_and_stores_nothing() {
+    let app = spawn_app().await;
+    let r = app
+        .upload_zip(
+            given_package("previewed", &["ok", "no"], json!({})),
+            "?run=false",
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 201);
+    let preview = |body: Value| {
+        let app = &app;
+        async move {
+            let r = app.post_json("/v1/skills/previewed/preview", &body).await;
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, passed) = preview(json!({"test_case_id": "case-001", "output": "ok"})).await;
+    assert_eq!(status, 200, "{passed}");
+    check(&doc(), "post", "/v1/skills/{name}/preview", 200, &passed);
+    assert_eq!(passed["status"], "passed", "{passed}");
+    assert_eq!(passed["score"], 1.0);
+    assert_eq!(
+        passed["output"], "ok",
+        "the pasted output, not the recorded one"
+    );
+    let (_, failed) = preview(json!({"test_case_id": "case-001", "output": "<b>nope</b>"})).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["details"]["expected"], "ok");
+    for (body, field) in [
+        (
+            json!({"test_case_id": "case-999", "output": "ok"}),
+            "/test_case_id",
+        ),
+        (
+            json!({"test_case_id": "case-001", "output": "ok", "version": "7"}),
+            "/version",
+        ),
+    ] {
+        let (status, e) = preview(body).await;
+        assert_eq!(status, 422, "{e}");
+        assert_eq!(e["error"]["details"]["field"], field, "{e}");
+    }
+    let r = app
+        .post_json(
+            "/v1/skills/nope/preview",
+            &json!({"test_case_id": "a", "output": ""}),
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(app.count("runs").await, 0, "a preview creates no run");
     app.cleanup().await;
 }
