@@ -43,6 +43,7 @@ pub fn routes() -> Router<AppState> {
         .route("/ui/static/{file}", get(asset))
         .route("/ui/upload", get(pages::upload))
         .route("/ui/skills/{name}", get(pages::skill))
+        .route("/ui/skills/{name}/preview", get(pages::preview))
         .route("/ui/runs/{id}", get(pages::run))
         .route("/ui/runs/{id}/cases/{index}", get(pages::case))
         .route("/ui/runs/{id}/cases/{index}/review", post(pages::review))
@@ -84,6 +85,10 @@ async fn asset(Path(file): Path<String>) -> Response {
         ),
         "skill.js" => (
             include_str!("assets/skill.js"),
+            "text/javascript; charset=utf-8",
+        ),
+        "preview.js" => (
+            include_str!("assets/preview.js"),
             "text/javascript; charset=utf-8",
         ),
         _ => return StatusCode::NOT_FOUND.into_response(),

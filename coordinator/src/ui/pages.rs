@@ -163,6 +163,7 @@ pub async fn skill(State(state): State<AppState>, Path(name): Path<String>) -> P
     Ok(layout_with_scripts(
         &format!("Skill {name}"),
         html! {
+            p { a #preview-link href=(format!("/ui/skills/{skill_path}/preview")) { "Preview a grade against a pasted output" } }
             h3 { "Pass rate by version" }
             @if points.is_empty() { p.muted { "No completed run yet." } }
             @else { (line_chart("version-chart", "pass rate by version", &points)) }
@@ -730,4 +731,67 @@ pub async fn upload() -> Html<String> {
         },
         &["upload.js"],
     )
+}
+
+/// Case ids listed on the preview page at most.
+const PREVIEW_CASES: usize = 2_000;
+
+/// `GET /ui/skills/{name}/preview`: pick a case of the newest version, paste an output, see
+/// how it would be graded (`POST /v1/skills/{name}/preview`), nothing stored.
+pub async fn preview(State(state): State<AppState>, Path(name): Path<String>) -> Page {
+    let (_, versions) = state
+        .store
+        .versions_of(&name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("skill", &name))?;
+    let Some(newest) = versions.first() else {
+        return Err(ApiError::not_found("version of skill", &name).into());
+    };
+    let version = {
+        let mut conn = state.store.pool().acquire().await?;
+        state
+            .store
+            .version_for_run(&mut conn, newest.version_id)
+            .await?
+    }
+    .ok_or_else(|| ApiError::not_found("version", newest.version_id))?;
+    let hash = version.package_hash.clone();
+    let ids = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
+        let definition = crate::launch::read_definition(version.config)?;
+        let mut ids = Vec::new();
+        definition.plan_chunks(
+            &hash,
+            Uuid::nil(),
+            &skilleval::plan::CaseFilter::default(),
+            None,
+            500,
+            |jobs| {
+                ids.extend(jobs.into_iter().map(|j| j.case.id));
+                ids.len() < PREVIEW_CASES
+            },
+        )?;
+        ids.truncate(PREVIEW_CASES);
+        Ok(ids)
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("listing cases failed: {e}")))??;
+    Ok(layout_with_scripts(
+        &format!("Preview a grade · {name} {}", newest.version),
+        html! {
+            p { "Paste an output for one case of version " (newest.version)
+                " and see how it is graded, by the same strategies as a run. Nothing is stored." }
+            form #preview-form data-skill=(path_segment(&name)) data-version=(newest.version) {
+                p { label { "case " select #preview-case {
+                    @for id in &ids { option value=(id) { (id) } }
+                } } }
+                p { label { "output" br; textarea #preview-output rows="6" cols="80" {} } }
+                button type="submit" #preview-submit { "Grade" }
+            }
+            section #preview-result hidden {
+                p { "Status: " span #preview-status {} " · score " span #preview-score {} }
+                pre.text #preview-details {}
+            }
+        },
+        &["preview.js"],
+    ))
 }

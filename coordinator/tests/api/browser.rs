@@ -149,7 +149,8 @@ async fn wait_text(c: &Client, css: &str, secs: u64, ok: impl Fn(&str) -> bool) 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("`{css}` never satisfied the condition; last text: {last:?}");
+    let log = c.issue_cmd(BrowserLog).await.unwrap_or_default();
+    panic!("`{css}` never satisfied the condition; last text: {last:?}; browser log: {log}");
 }
 
 async fn sign_in(c: &Client, app: &TestApp) {
@@ -495,6 +496,74 @@ async fn browser_filters_failures_reviews_compares_and_never_runs_an_output() {
     assert_eq!(text_of(&c, "#agreement .agreement-pct").await, "50.0 %");
     screenshot(&c, "skill-agreement").await;
     assert_no_console_errors(&c, "skill page").await;
+
+    // Preview a grade against a pasted output, from the skill page (nothing stored).
+    c.find(Locator::Css("#preview-link"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#preview-form"))
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-case"))
+        .await
+        .unwrap()
+        .select_by_value("case-003")
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-output"))
+        .await
+        .unwrap()
+        .send_keys("ok")
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        wait_text(&c, "#preview-status", 10, |t| !t.is_empty()).await,
+        "passed"
+    );
+    assert_eq!(text_of(&c, "#preview-score").await, "1.000");
+    c.find(Locator::Css("#preview-output"))
+        .await
+        .unwrap()
+        .clear()
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-output"))
+        .await
+        .unwrap()
+        .send_keys(HOSTILE)
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        wait_text(&c, "#preview-status", 10, |t| t != "passed").await,
+        "failed"
+    );
+    assert_eq!(
+        c.execute("return typeof window.__xss;", vec![])
+            .await
+            .unwrap(),
+        json!("undefined")
+    );
+    screenshot(&c, "preview").await;
+    assert_no_console_errors(&c, "preview").await;
+    c.goto(&format!("{}/ui/skills/reviewed", app.address))
+        .await
+        .unwrap();
 
     // Compare version 2 with version 1 from the skill page: the changed cases (their
     // recorded outputs are part of the definition) are not comparable, the two others are.
