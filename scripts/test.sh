@@ -22,6 +22,9 @@ command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 # promtool checks and unit-tests the alert rules in deploy/monitoring (Debian's `prometheus`).
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# The web interface's browser tests drive Debian's headless Chromium through chromedriver.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ "${#need[@]}" -gt 0 ]; then
     log "installing ${need[*]}"
     apt_install "${need[@]}"

@@ -25,6 +25,7 @@ pub mod submit;
 pub mod table;
 pub mod validate;
 pub mod variants;
+pub mod view;
 
 /// The verdict is `pass` (or `validate` found no error).
 pub const EXIT_PASS: u8 = 0;
@@ -67,6 +68,8 @@ pub enum Command {
     Rescore(RescoreArgs),
     /// Production samples on a server: `samples push FILE.jsonl --server URL --skill NAME`.
     Samples(samples::SamplesArgs),
+    /// Serve the run pages of a skill's local runs (eval/runs/) on 127.0.0.1, no services.
+    View(view::ViewArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -99,7 +102,8 @@ pub struct RunArgs {
     /// Run only the cases of this suite.
     #[arg(long)]
     pub suite: Option<String>,
-    /// Print the full report in this format on stdout (`md` or `json`).
+    /// Print the full report in this format on stdout (`md` or `json`), or write it as one
+    /// self-contained `report.html` in the output folder (`html`: `eval/report.html`).
     #[arg(long, short = 'f')]
     pub format: Option<skilleval::report::ReportFormat>,
     /// Where run files go (`runs/<run-id>/…`, `benchmark.json`); default: the skill's `eval/`
@@ -176,6 +180,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
             run::run(&run_args).await
         }
         Command::Samples(args) => samples::samples(&args).await,
+        Command::View(args) => view::view(&args).await,
     }
 }
 

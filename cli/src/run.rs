@@ -162,8 +162,21 @@ async fn run_steps(args: &RunArgs) -> Result<Verdict, RunError> {
         )?;
         eprintln!("run files: {}", run_dir.display());
     }
-    if let Some(format) = args.format {
-        println!("{}", render_with(&ctx, format, &extras));
+    match args.format {
+        // One self-contained page (inline CSS and script), opened offline or attached to a
+        // CI run: written beside the run files, its path said on stderr.
+        Some(ReportFormat::Html) => {
+            let path = out_dir.join("report.html");
+            std::fs::create_dir_all(&out_dir)
+                .and_then(|()| std::fs::write(&path, render(&ctx, ReportFormat::Html)))
+                .map_err(|source| artifacts::ArtifactError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+            eprintln!("html report: {}", path.display());
+        }
+        Some(format) => println!("{}", render_with(&ctx, format, &extras)),
+        None => {}
     }
     Ok(executed.summary.verdict)
 }
@@ -641,7 +654,7 @@ fn render_with(ctx: &ReportContext<'_>, format: ReportFormat, extras: &ReportExt
             }
             serde_json::to_string_pretty(&doc).unwrap_or(base)
         }
-        ReportFormat::Json => base,
+        ReportFormat::Json | ReportFormat::Html => base,
     }
 }
 

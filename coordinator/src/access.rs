@@ -11,14 +11,17 @@ use std::time::Duration;
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, Utc};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use skilleval_infra::config::{QuotaLimits, QuotaSettings};
 use skilleval_infra::store::tenancy::{QuotaKind, Scope, Usage, Viewer};
 
-use crate::auth::{bearer, challenge, identify, is_open, AuthConfig, Principal};
+use crate::auth::{
+    bearer, challenge, cookie_token, cross_site_refusal, identify, is_open, same_origin, AuthConfig,
+    Principal,
+};
 use crate::error::ApiError;
 use crate::metrics::LimitLabels;
 use crate::state::AppState;
@@ -95,8 +98,16 @@ fn required_scope(method: &Method, route: &str) -> Option<Scope> {
         Scope::SamplesWrite
     } else if route.starts_with("/v1/skills") {
         Scope::SkillsWrite
-    } else if route.starts_with("/v1/runs") || route.starts_with("/v1/comparisons") {
+    } else if route.starts_with("/v1/runs")
+        || route.starts_with("/v1/comparisons")
+        || route.starts_with("/ui/runs/")
+        || route == "/ui/compare"
+    {
+        // Reviews (`/ui/runs/{id}/cases/{index}/review`) are a run's state, like its cancel.
         Scope::RunsWrite
+    } else if route == "/ui/logout" {
+        // Signing out only clears the browser's cookie.
+        Scope::Read
     } else {
         // A state-changing route nobody classified yet: only `admin` until someone does.
         Scope::Admin
@@ -117,17 +128,19 @@ async fn check_visible(
     }
     for (key, value) in params {
         let visible = match (key.as_str(), route) {
-            ("name", r) if r.starts_with("/v1/skills/{name}") => {
+            ("name", r) if r.starts_with("/v1/skills/{name}") || r.starts_with("/ui/skills/{name}") => {
                 state.store.visible_skill(viewer, value).await?.is_some()
             }
             // The version label is resolved within the (visible) skill by its handler.
             ("version", r) if r.starts_with("/v1/skills/{name}/versions/{version}") => true,
-            ("id", r) if r.starts_with("/v1/runs/{id}") => match uuid::Uuid::parse_str(value) {
+            // A case of a (visible) run is resolved within the run by its page.
+            ("index", r) if r.starts_with("/ui/runs/{id}/cases/{index}") => true,
+            ("id", r) if r.starts_with("/v1/runs/{id}") || r.starts_with("/ui/runs/{id}") => match uuid::Uuid::parse_str(value) {
                 Ok(id) => state.store.visible_run(viewer, id).await?,
                 // Not an id: the handler names the field and the rule (400).
                 Err(_) => true,
             },
-            ("id", "/v1/comparisons/{id}") => match uuid::Uuid::parse_str(value) {
+            ("id", "/v1/comparisons/{id}" | "/ui/comparisons/{id}") => match uuid::Uuid::parse_str(value) {
                 Ok(id) => state.store.visible_comparison(viewer, id).await?,
                 Err(_) => true,
             },
@@ -136,8 +149,8 @@ async fn check_visible(
         if !visible {
             let what = match key.as_str() {
                 "name" => "skill",
-                _ if route.starts_with("/v1/runs") => "run",
-                _ if route.starts_with("/v1/comparisons") => "comparison",
+                _ if route.starts_with("/v1/runs") || route.starts_with("/ui/runs") => "run",
+                _ if route.contains("/comparisons") => "comparison",
                 _ => "object",
             };
             return Err(ApiError::not_found(what, value));
@@ -376,6 +389,14 @@ fn sane_request_id(value: &HeaderValue) -> Option<String> {
 /// The middleware: request id, authentication, scope, rate limits, visibility, audit.
 pub async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let path = request.uri().path().to_string();
+    let changes_state = !matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    // A browser's request from another site never changes state here, signed in or not.
+    if changes_state && same_origin(&request) == Some(false) {
+        return cross_site_refusal().into_response();
+    }
     if is_open(&path) {
         return next.run(request).await;
     }
@@ -393,6 +414,12 @@ pub async fn guard(State(state): State<AppState>, request: Request, next: Next) 
         Ok((principal, mut request)) => {
             request.extensions_mut().insert(principal.clone());
             (Some(principal), next.run(request).await)
+        }
+        Err((None, e))
+            if path.starts_with("/ui") && e.status == axum::http::StatusCode::UNAUTHORIZED =>
+        {
+            // A page asked for without a session: the sign-in form, not a JSON 401.
+            (None, Redirect::to("/ui/login").into_response())
         }
         Err((principal, e)) => (principal, challenge(e.into_response())),
     };
@@ -425,7 +452,22 @@ async fn admit(
     method: &Method,
     route: &str,
 ) -> Result<(Principal, Request), Refusal> {
-    let presented = bearer(&request).map(str::to_string);
+    // The bearer header first; a signed-in browser's session cookie otherwise. A cookie is sent
+    // by the browser on its own, so a state change it authenticates must prove that this
+    // server's page asked for it.
+    let (presented, by_cookie) = match bearer(&request) {
+        Some(token) => (Some(token.to_string()), false),
+        None => match cookie_token(&request) {
+            Some(token) => (Some(token), true),
+            None => (None, false),
+        },
+    };
+    if by_cookie
+        && !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+        && same_origin(&request) != Some(true)
+    {
+        return Err((None, cross_site_refusal()));
+    }
     let principal = identify(&state.access.auth, &state.store, presented.as_deref())
         .await
         .map_err(|e| (None, e))?;

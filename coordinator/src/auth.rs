@@ -4,7 +4,11 @@
 //! set; off, a request without a token acts as the implicit publisher.
 //!
 //! Health, readiness, metrics and the OpenAPI document stay open: probes and scrapers carry no
-//! token, and the document describes how to authenticate.
+//! token, and the document describes how to authenticate. The `/ui/` pages take the same
+//! tokens: a browser signs in once on `/ui/login`, which keeps the token in an `HttpOnly`,
+//! `SameSite=Strict` cookie accepted like the bearer header. Requests that change state are
+//! refused when they come from another site: an `Origin` (or `Sec-Fetch-Site`) that is not this
+//! server's, or a cookie-authenticated one that carries neither.
 
 use std::sync::Arc;
 
@@ -76,8 +80,56 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 pub fn is_open(path: &str) -> bool {
     matches!(
         path,
-        "/healthz" | "/readyz" | "/metrics" | "/v1/openapi.json"
-    ) || !path.starts_with("/v1/")
+        "/healthz" | "/readyz" | "/metrics" | "/v1/openapi.json" | "/ui/login"
+    ) || path.starts_with("/ui/static/")
+        || !(path.starts_with("/v1/") || path.starts_with("/ui"))
+}
+
+/// The cookie a signed-in browser carries: the token, hex-encoded (a token may hold any
+/// character; a cookie value may not).
+pub const SESSION_COOKIE: &str = "skilleval_session";
+
+/// The token in the session cookie, when there is one.
+pub fn cookie_token(request: &Request) -> Option<String> {
+    request
+        .headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .and_then(|(_, value)| hex::decode(value).ok())
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+}
+
+/// Whether a request comes from this server's own pages: its `Origin` names the host it was
+/// sent to, or the browser says `Sec-Fetch-Site: same-origin`. `None` when the request carries
+/// neither (not a browser's request).
+pub fn same_origin(request: &Request) -> Option<bool> {
+    let headers = request.headers();
+    if let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+        let origin_host = origin
+            .split_once("://")
+            .map_or(origin, |(_, rest)| rest)
+            .trim_end_matches('/');
+        return Some(host.is_some_and(|h| h.eq_ignore_ascii_case(origin_host)));
+    }
+    headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .map(|site| matches!(site, "same-origin" | "none"))
+}
+
+/// The 403 of a state-changing request that did not come from this server's pages.
+pub fn cross_site_refusal() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::FORBIDDEN,
+        "cross_site_request",
+        "a request that changes state must come from this server's own pages",
+    )
+    .with_details(serde_json::json!({ "field": "Origin", "rule": "must be this server's origin" }))
 }
 
 /// Who is asking: the publisher whose objects the request sees and changes, the token (for
@@ -278,5 +330,9 @@ mod tests {
         assert!(is_open("/healthz"));
         assert!(is_open("/v1/openapi.json"));
         assert!(!is_open("/v1/runs"));
+        assert!(!is_open("/ui/"));
+        assert!(!is_open("/ui/runs/x"));
+        assert!(is_open("/ui/login"));
+        assert!(is_open("/ui/static/style.css"));
     }
 }

@@ -25,6 +25,8 @@
 //!   sampled items become one `samples` run, published on the samples lane by the same
 //!   launcher), quality reports and alerts; [`alerts::AlertScheduler`] evaluates the alert
 //!   rules on a schedule, one coordinator of the fleet at a time.
+//! - [`ui`] is the web interface under `/ui/`: server-rendered pages sharing the run page's
+//!   rendering with the CLI's `report.html`, behind the same authentication.
 //! - [`views`] are the response bodies; [`metrics`] the Prometheus metrics.
 //!
 //! The SQL lives in `skilleval_infra::store`, as methods of its `Store` (the run types of
@@ -48,5 +50,6 @@ pub mod parked;
 pub mod routes;
 pub mod startup;
 pub mod state;
+pub mod ui;
 pub mod views;
 pub mod webhook;

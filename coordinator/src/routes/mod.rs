@@ -24,6 +24,8 @@ pub mod comparisons;
 pub mod health;
 pub mod history;
 pub mod monitoring;
+pub mod preview;
+pub mod reviews;
 pub mod runs;
 pub mod skills;
 pub mod tenancy;
@@ -73,11 +75,18 @@ routes! {
     get "/v1/admin/tokens" => tenancy::list_tokens;
     delete "/v1/admin/tokens/{id}" => tenancy::revoke_token;
     get "/v1/admin/audit" => tenancy::audit;
+    post "/v1/skills/validate" => skills::validate;
+    post "/v1/runs/{id}/reviews" => reviews::create;
+    get "/v1/runs/{id}/reviews" => reviews::list;
+    get "/v1/runs/{id}/feedback" => reviews::feedback;
+    get "/v1/skills/{name}/agreement" => reviews::agreement;
+    post "/v1/skills/{name}/preview" => preview::preview;
 }
 
 /// The whole application: routes, access (auth, scopes, limits, visibility, audit), error logging, metrics, tracing, timeouts.
 pub fn router(state: AppState) -> Router {
     api_routes()
+        .merge(crate::ui::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(middleware::from_fn_with_state(

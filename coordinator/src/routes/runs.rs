@@ -337,7 +337,7 @@ pub struct ReportQuery {
     pub format: Option<String>,
 }
 
-/// `GET /v1/runs/{id}/report?format=markdown|json`.
+/// `GET /v1/runs/{id}/report?format=markdown|json|html`.
 #[tracing::instrument(skip_all, fields(run_id = %id))]
 pub async fn report(
     State(state): State<AppState>,
@@ -386,6 +386,7 @@ pub async fn report(
     let content_type = match format {
         ReportFormat::Markdown => "text/markdown; charset=utf-8",
         ReportFormat::Json => "application/json",
+        ReportFormat::Html => "text/html; charset=utf-8",
     };
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
 }

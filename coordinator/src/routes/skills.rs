@@ -492,3 +492,39 @@ fn package_error(e: PackageError) -> ApiError {
         PackageError::Io { .. } => ApiError::internal(anyhow::Error::from(e)),
     }
 }
+
+/// `POST /v1/skills/validate`: the upload's reading, hardening and validation, storing
+/// nothing. **200** `{valid, name?, test_cases?, profile?, code?, message?, problems}`: an
+/// invalid or refused package is a successful validation that lists every problem (file and
+/// JSON pointer); 413 and 415 are as for the upload.
+#[tracing::instrument(skip_all)]
+pub async fn validate(
+    State(state): State<AppState>,
+    request: Request,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let headers = request.headers().clone();
+    let body = read_limited(request.into_body(), &headers, state.max_upload_bytes).await?;
+    let zip = zip_from_body(&headers, body).await?;
+    match open_package(zip, state.limits.clone(), state.strategies.clone()).await {
+        Ok((package, definition, warnings, _)) => Ok(Json(json!({
+            "valid": true,
+            "name": package.manifest.name,
+            "test_cases": definition.cases(),
+            "profile": package.config.profile.as_str(),
+            "problems": warnings,
+        }))),
+        Err(Opening::Package(e)) => {
+            let error = package_error(e);
+            if error.status != StatusCode::UNPROCESSABLE_ENTITY {
+                return Err(error);
+            }
+            Ok(Json(json!({
+                "valid": false,
+                "code": error.code,
+                "message": error.message,
+                "problems": error.details.get("problems").cloned().unwrap_or_else(|| json!([])),
+            })))
+        }
+        Err(Opening::Failed(e)) => Err(e),
+    }
+}

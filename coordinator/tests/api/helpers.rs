@@ -154,6 +154,21 @@ impl TestApp {
             .expect("upload request")
     }
 
+    /// Uploads with a bearer token; the upload's JSON answer.
+    pub async fn upload_zip_as(&self, zip: Vec<u8>, token: &str) -> Value {
+        self.client
+            .post(format!("{}/v1/skills", self.address))
+            .header("Content-Type", "application/zip")
+            .bearer_auth(token)
+            .body(zip)
+            .send()
+            .await
+            .expect("upload request")
+            .json()
+            .await
+            .expect("upload answer")
+    }
+
     pub async fn get(&self, path: &str) -> reqwest::Response {
         self.client
             .get(format!("{}{path}", self.address))

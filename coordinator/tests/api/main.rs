@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod aggregate;
+mod browser;
 mod budget;
 mod cache_sweep;
 mod deploy;
@@ -25,6 +26,7 @@ mod sampling;
 mod submit;
 mod tenancy;
 mod tls;
+mod ui;
 mod upload;
 mod versions;
 mod webhooks;

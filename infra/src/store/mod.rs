@@ -9,7 +9,8 @@
 //! (monitors, production samples, alerts, retention), [`results`] (the workers' writes), [`llm`]
 //! (the model response cache and fleet-wide provider rate limits), [`outbox`] (webhook
 //! deliveries), [`parked`] (jobs drained from the parking queue), [`tenancy`] (publishers,
-//! tokens, visibility, quotas, deletion, retention, the audit log).
+//! tokens, visibility, quotas, deletion, retention, the audit log), [`reviews`] (human reviews
+//! of grades), [`pages`] (what the web interface's pages read).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
@@ -30,9 +31,11 @@ pub mod comparisons;
 pub mod lifecycle;
 pub mod llm;
 pub mod outbox;
+pub mod pages;
 pub mod parked;
 pub mod publishing;
 pub mod results;
+pub mod reviews;
 pub mod runs;
 pub mod samples;
 pub mod tenancy;

@@ -65,7 +65,7 @@ pub enum Viewer {
 
 impl Viewer {
     /// The publisher to filter on (`None`: no filter), as the SQL binds it.
-    fn filter(self) -> Option<Uuid> {
+    pub(crate) fn filter(self) -> Option<Uuid> {
         match self {
             Viewer::All => None,
             Viewer::Publisher(id) => Some(id),

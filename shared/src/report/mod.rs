@@ -1,4 +1,5 @@
-//! Reports of a finished run, in Markdown for people and JSON for machines.
+//! Reports of a finished run, in Markdown for people and JSON for machines, and the run page
+//! in HTML ([`html`]: the web interface's and the self-contained `report.html`).
 //!
 //! The JSON shape is the report spec seed's `EvaluationReport` with its `ReportSummary`, plus
 //! the full [`RunSummary`], the verdict and the per-case results. The Markdown report has the
@@ -11,6 +12,7 @@ use uuid::Uuid;
 use crate::executor::JobResult;
 use crate::summary::RunSummary;
 
+pub mod html;
 mod json;
 mod markdown;
 
@@ -23,6 +25,8 @@ pub use markdown::render_markdown;
 pub enum ReportFormat {
     Markdown,
     Json,
+    /// The run page as one self-contained HTML file ([`html::standalone_report`]).
+    Html,
 }
 
 impl std::str::FromStr for ReportFormat {
@@ -32,8 +36,9 @@ impl std::str::FromStr for ReportFormat {
         match s {
             "md" | "markdown" => Ok(ReportFormat::Markdown),
             "json" => Ok(ReportFormat::Json),
+            "html" => Ok(ReportFormat::Html),
             other => Err(format!(
-                "unknown report format `{other}`: use `markdown` (or `md`) or `json`"
+                "unknown report format `{other}`: use `markdown` (or `md`), `json` or `html`"
             )),
         }
     }
@@ -58,6 +63,7 @@ pub struct ReportContext<'a> {
 pub fn render(ctx: &ReportContext<'_>, format: ReportFormat) -> String {
     match format {
         ReportFormat::Markdown => render_markdown(ctx),
+        ReportFormat::Html => html::standalone_report(ctx),
         ReportFormat::Json => serde_json::to_string_pretty(&evaluation_report(ctx))
             .unwrap_or_else(|e| format!("{{\"error\":\"report serialisation failed: {e}\"}}")),
     }

@@ -15,11 +15,13 @@
 //! - [`power`]: minimum detectable effects on a pass rate and the advice that goes with them.
 //! - [`proportion`]: Wilson intervals, the one-sided two-proportion z-test, pass@k and pass^k.
 //! - [`percentile`]: percentiles (p10/p50/p90 of quality buckets).
+//! - [`agreement`]: percent agreement and Cohen's kappa between a judge and human reviewers.
 //!
 //! Distributions come from `statrs`; the random numbers from `rand_chacha`'s ChaCha8, a fixed
 //! algorithm whose output stream that crate keeps stable across releases, so a seed reproduces
 //! the same interval on any version and platform.
 
+pub mod agreement;
 pub mod bootstrap;
 pub mod holm;
 pub mod mcnemar;
@@ -28,6 +30,7 @@ pub mod percentile;
 pub mod power;
 pub mod proportion;
 
+pub use agreement::{cohen_kappa, Agreement, AgreementTable};
 pub use bootstrap::{paired_bootstrap, BootstrapInterval, DEFAULT_RESAMPLES};
 pub use holm::holm_adjust;
 pub use mcnemar::{mcnemar_exact, McNemar};

@@ -1,0 +1,132 @@
+//! `POST /v1/skills/{name}/preview`: one case of a stored version graded against a pasted
+//! output, by the same executor and strategies as a worker (the `given` runner carries the
+//! output), storing nothing. What a test-case editor shows before a definition is changed.
+//!
+//! The coordinator has no model providers: a case whose strategy needs a model comes back
+//! `errored` with the provider error, as it would on a worker without providers.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use skilleval::executor::ExecutorBuilder;
+use skilleval::model::{Given, RunnerConfig};
+use skilleval::package::Package;
+use skilleval::plan::CaseFilter;
+
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::launch::read_definition;
+use crate::state::AppState;
+
+/// Longest output accepted.
+const MAX_OUTPUT_BYTES: usize = 512 * 1024;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewBody {
+    /// The version label (default: the newest version).
+    #[serde(default)]
+    pub version: Option<String>,
+    pub test_case_id: String,
+    pub output: String,
+    /// Tool calls the output made (for `tool_usage`), as a run records them.
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
+}
+
+fn unprocessable(field: &str, rule: impl Into<String>) -> ApiError {
+    let rule = rule.into();
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_preview",
+        format!("`{field}`: {rule}"),
+    )
+    .with_details(json!({ "field": field, "rule": rule }))
+}
+
+/// `POST /v1/skills/{name}/preview` → **200** the case's result (`JobResult`), nothing stored.
+#[tracing::instrument(skip_all, fields(skill = %name))]
+pub async fn preview(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<PreviewBody>,
+) -> Result<Json<Value>, ApiError> {
+    if body.output.len() > MAX_OUTPUT_BYTES {
+        return Err(unprocessable(
+            "/output",
+            format!("at most {MAX_OUTPUT_BYTES} bytes"),
+        ));
+    }
+    let (_, versions) = state
+        .store
+        .versions_of(&name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("skill", &name))?;
+    // Newest first.
+    let row = match &body.version {
+        None => versions.first(),
+        Some(label) => versions.iter().find(|v| &v.version == label),
+    }
+    .ok_or_else(|| unprocessable("/version", format!("`{name}` has no such version")))?;
+    let version = {
+        let mut conn = state.store.pool().acquire().await?;
+        state
+            .store
+            .version_for_run(&mut conn, row.version_id)
+            .await?
+    }
+    .ok_or_else(|| ApiError::not_found("version", row.version_id))?;
+    let package_bytes = state
+        .store
+        .package_bytes(&version.package_hash)
+        .await?
+        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("the version's package is gone")))?;
+    let limits = state.limits.clone();
+    let case_id = body.test_case_id.clone();
+    let hash = version.package_hash.clone();
+    // Parsing the definition and extracting the package are blocking work.
+    let planned = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let definition = read_definition(version.config)?;
+        let mut found = None;
+        definition.plan_chunks(
+            &hash,
+            uuid::Uuid::nil(),
+            &CaseFilter {
+                case_ids: vec![case_id],
+                ..CaseFilter::default()
+            },
+            None,
+            1,
+            |jobs| {
+                found = jobs.into_iter().next();
+                false
+            },
+        )?;
+        let package = Package::from_zip_bytes(&package_bytes, &limits, None)?;
+        Ok((found, package))
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("preview task failed: {e}")))??;
+    let (Some(mut job), package) = planned else {
+        return Err(unprocessable(
+            "/test_case_id",
+            format!("`{}` is no case of this version", body.test_case_id),
+        ));
+    };
+    job.runner = RunnerConfig {
+        kind: "given".into(),
+        script: None,
+        provider: None,
+        extra: Default::default(),
+    };
+    job.given = Some(Given {
+        output: body.output,
+        tool_calls: body.tool_calls,
+    });
+    job.retry_count = 0;
+    let executor = ExecutorBuilder::new().build();
+    let result = executor.execute(&job, package.root()).await;
+    Ok(Json(json!(result)))
+}

@@ -1,0 +1,816 @@
+//! The web interface in a real headless Chromium (Debian's `chromium` and `chromium-driver`),
+//! driven over WebDriver with `fantoccini`, against a coordinator on port 0 with its own
+//! database and queues and an in-process worker. Every page visited is checked for console
+//! errors (the browser's log: script errors, CSP violations, failed loads), and every test
+//! writes screenshots under `$CARGO_TARGET_TMPDIR/ui-screenshots/`.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fantoccini::wd::WebDriverCompatibleCommand;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+use crate::e2e::start_worker_with;
+use crate::helpers::{spawn_app_with, AppOptions, TestApp};
+use crate::packages::{given_tests, skill_md, zip_of};
+
+const TOKEN: &str = "browser-test-token";
+
+/// chromedriver on a free port, killed on drop.
+struct Driver {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start_driver() -> Driver {
+    let port = free_port();
+    let child = Command::new("chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromedriver is not installed: run scripts/test.sh, which installs Debian's chromium and chromium-driver");
+    let driver = Driver { child, port };
+    let client = reqwest::Client::new();
+    for _ in 0..100 {
+        if client
+            .get(format!("http://127.0.0.1:{port}/status"))
+            .send()
+            .await
+            .is_ok()
+        {
+            return driver;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("chromedriver did not start on port {port}");
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let caps: serde_json::Map<String, Value> = serde_json::from_value(json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,1000", "--no-first-run", "--disable-extensions"]
+        },
+        "goog:loggingPrefs": { "browser": "ALL" }
+    }))
+    .unwrap();
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("a Chromium session")
+}
+
+/// chromedriver's browser log (`POST /session/{id}/se/log`), which holds console messages,
+/// uncaught errors, CSP violations and failed resource loads. Reading it empties it.
+#[derive(Debug)]
+struct BrowserLog;
+
+impl WebDriverCompatibleCommand for BrowserLog {
+    fn endpoint(
+        &self,
+        base_url: &url::Url,
+        session_id: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
+        base_url.join(&format!(
+            "session/{}/se/log",
+            session_id.unwrap_or_default()
+        ))
+    }
+
+    fn method_and_body(&self, _request_url: &url::Url) -> (axum::http::Method, Option<String>) {
+        (
+            axum::http::Method::POST,
+            Some(r#"{"type":"browser"}"#.to_string()),
+        )
+    }
+}
+
+/// Fails the test when the page logged an error (SEVERE) since the last check.
+async fn assert_no_console_errors(c: &Client, page: &str) {
+    let log = c.issue_cmd(BrowserLog).await.expect("read the browser log");
+    let severe: Vec<&Value> = log
+        .as_array()
+        .map(|entries| entries.iter().filter(|e| e["level"] == "SEVERE").collect())
+        .unwrap_or_default();
+    assert!(severe.is_empty(), "console errors on {page}: {severe:?}");
+}
+
+fn screenshot_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn screenshot(c: &Client, name: &str) {
+    let png = c.screenshot().await.expect("a screenshot");
+    std::fs::write(screenshot_dir().join(format!("{name}.png")), png).unwrap();
+}
+
+async fn text_of(c: &Client, css: &str) -> String {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Waits (at most `secs`) until the element's text satisfies `ok`.
+async fn wait_text(c: &Client, css: &str, secs: u64, ok: impl Fn(&str) -> bool) -> String {
+    let mut last = String::new();
+    for _ in 0..secs * 10 {
+        if let Ok(el) = c.find(Locator::Css(css)).await {
+            last = el.text().await.unwrap_or_default();
+            if ok(&last) {
+                return last;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = c.issue_cmd(BrowserLog).await.unwrap_or_default();
+    panic!("`{css}` never satisfied the condition; last text: {last:?}; browser log: {log}");
+}
+
+async fn sign_in(c: &Client, app: &TestApp) {
+    c.goto(&format!("{}/ui/", app.address)).await.unwrap();
+    // Not signed in: the pages send the browser to the sign-in form.
+    assert!(c.current_url().await.unwrap().path().ends_with("/ui/login"));
+    c.find(Locator::Css("input[name=token]"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    c.find(Locator::Css("#login button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("header nav"))
+        .await
+        .unwrap();
+    assert_eq!(c.current_url().await.unwrap().path(), "/ui/");
+    assert_no_console_errors(c, "sign-in").await;
+}
+
+async fn app_with_worker() -> (
+    TestApp,
+    tempfile::TempDir,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let app = spawn_app_with(AppOptions {
+        background: true,
+        sweep_interval_secs: 1,
+        auth_tokens: vec![TOKEN.to_string()],
+        ..AppOptions::default()
+    })
+    .await;
+    let cache = tempfile::tempdir().unwrap();
+    let (stop, worker) = start_worker_with(app.settings.clone(), cache.path()).await;
+    (app, cache, stop, worker)
+}
+
+fn write_temp(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// A package with exactly two problems: a duplicate case id and a bad regular expression.
+fn two_problem_package() -> Vec<u8> {
+    let tests = json!({
+        "version": "2.0",
+        "profile": "deterministic",
+        "testCases": [
+            { "id": "a", "name": "A", "input": {"prompt": "x"}, "expected": {"output": "y"},
+              "evaluation": {"strategy": "exact_match"} },
+            { "id": "a", "name": "A again", "input": {"prompt": "x"}, "expected": {"output": "y"},
+              "evaluation": {"strategy": "exact_match"} },
+            { "id": "b", "name": "B", "input": {"prompt": "x"},
+              "expected": {"patterns": ["([unclosed"]}, "evaluation": {"strategy": "regex_match"} }
+        ]
+    });
+    zip_of(&[
+        ("SKILL.md", skill_md("two-problems").as_bytes()),
+        (
+            "eval/tests.json",
+            &serde_json::to_vec_pretty(&tests).unwrap(),
+        ),
+    ])
+}
+
+#[tokio::test]
+async fn browser_upload_lists_problems_then_follows_the_calculator_live_to_its_verdict() {
+    let (app, _cache, stop, worker) = app_with_worker().await;
+    let driver = start_driver().await;
+    let c = browser(&driver).await;
+    let files = tempfile::tempdir().unwrap();
+    sign_in(&c, &app).await;
+
+    // Two problems, both listed with their file and pointer; nothing stored.
+    let broken = write_temp(files.path(), "broken.zip", &two_problem_package());
+    c.goto(&format!("{}/ui/upload", app.address)).await.unwrap();
+    c.find(Locator::Css("#package-file"))
+        .await
+        .unwrap()
+        .send_keys(broken.to_str().unwrap())
+        .await
+        .unwrap();
+    wait_text(&c, "#validation-status", 20, |t| t.contains("problem")).await;
+    let problems = c
+        .find_all(Locator::Css("#problems li.error"))
+        .await
+        .unwrap();
+    let mut texts = Vec::new();
+    for p in &problems {
+        texts.push(p.text().await.unwrap());
+    }
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("eval/tests.json#/testCases/1")),
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("eval/tests.json#/testCases/2/expected/patterns/0")),
+        "{texts:?}"
+    );
+    assert_eq!(
+        c.find(Locator::Css("#start-run"))
+            .await
+            .unwrap()
+            .prop("disabled")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("true")
+    );
+    assert_eq!(app.count("skills").await, 0, "validation stores nothing");
+    screenshot(&c, "upload-two-problems").await;
+    assert_no_console_errors(&c, "upload (invalid)").await;
+
+    // The calculator: valid, stored, run, followed live without a reload.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/skills/calculator");
+    let zip = skilleval_cli::submit::zip_folder(&example).unwrap();
+    let calculator = write_temp(files.path(), "calculator.zip", &zip);
+    c.goto(&format!("{}/ui/upload", app.address)).await.unwrap();
+    c.find(Locator::Css("#package-file"))
+        .await
+        .unwrap()
+        .send_keys(calculator.to_str().unwrap())
+        .await
+        .unwrap();
+    wait_text(&c, "#validation-status", 20, |t| t.starts_with("Valid")).await;
+    c.execute("window.__samePage = true;", vec![])
+        .await
+        .unwrap();
+    c.find(Locator::Css("#start-run"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let verdict = wait_text(&c, "#live-verdict", 60, |t| t.starts_with("Verdict:")).await;
+    assert!(
+        verdict == "Verdict: pass" || verdict == "Verdict: fail",
+        "{verdict}"
+    );
+    // Followed in place: the page was never reloaded.
+    assert_eq!(
+        c.execute("return window.__samePage === true;", vec![])
+            .await
+            .unwrap(),
+        json!(true)
+    );
+    let done = text_of(&c, "#run-completed").await;
+    assert_eq!(done, text_of(&c, "#run-total").await);
+    screenshot(&c, "upload-calculator-live-verdict").await;
+    assert_no_console_errors(&c, "upload (calculator)").await;
+
+    // Its run page.
+    c.find(Locator::Css("#run-link"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#verdict"))
+        .await
+        .unwrap();
+    assert!(c.find(Locator::Css("#histogram")).await.is_ok());
+    screenshot(&c, "calculator-run").await;
+    assert_no_console_errors(&c, "calculator run page").await;
+
+    c.close().await.unwrap();
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+    app.cleanup().await;
+}
+
+/// A `given` package whose outputs are `outputs` (every case expects "ok").
+fn given_zip(name: &str, outputs: &[&str]) -> Vec<u8> {
+    let tests = given_tests(outputs, json!({}));
+    zip_of(&[
+        ("SKILL.md", skill_md(name).as_bytes()),
+        (
+            "eval/tests.json",
+            &serde_json::to_vec_pretty(&tests).unwrap(),
+        ),
+    ])
+}
+
+const HOSTILE: &str = "<script>window.__xss = 1</script><img src=x onerror=\"window.__xss = 2\">";
+
+#[tokio::test]
+async fn browser_filters_failures_reviews_compares_and_never_runs_an_output() {
+    let (app, _cache, stop, worker) = app_with_worker().await;
+    // Version 1: two failures, one of them the hostile output. Version 2: all pass.
+    let v1 = app
+        .upload_zip_as(given_zip("reviewed", &["ok", HOSTILE, "ok", "nope"]), TOKEN)
+        .await;
+    let run1 = v1["run_id"].as_str().unwrap().to_string();
+    wait_for_verdict_as(&app, &run1).await;
+    let v2 = app
+        .upload_zip_as(given_zip("reviewed", &["ok", "ok", "ok", "ok"]), TOKEN)
+        .await;
+    let run2 = v2["run_id"].as_str().unwrap().to_string();
+    wait_for_verdict_as(&app, &run2).await;
+
+    let driver = start_driver().await;
+    let c = browser(&driver).await;
+    sign_in(&c, &app).await;
+
+    // The skills list, then the run table filtered to failures.
+    assert!(text_of(&c, "#skills").await.contains("reviewed"));
+    screenshot(&c, "skills").await;
+    c.goto(&format!("{}/ui/runs/{run1}", app.address))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.find_all(Locator::Css("#cases tbody tr"))
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+    c.find(Locator::Css("#filter-status"))
+        .await
+        .unwrap()
+        .select_by_value("failed")
+        .await
+        .unwrap();
+    c.find(Locator::Css("#apply-filters"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "#case-count", 10, |t| t.starts_with("2 matching")).await;
+    let rows = c.find_all(Locator::Css("#cases tbody tr")).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(
+            r.attr("data-status").await.unwrap().as_deref(),
+            Some("failed")
+        );
+    }
+    screenshot(&c, "run-failures").await;
+    assert_no_console_errors(&c, "run page filtered").await;
+
+    // The hostile case: its output is text, nothing in it ran.
+    rows[0]
+        .find(Locator::Css("a"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#case-output"))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&c, "#case-output").await, HOSTILE);
+    assert!(
+        text_of(&c, "#case-input").await.contains("Say ok (1)"),
+        "the case's input"
+    );
+    assert_eq!(
+        c.execute("return typeof window.__xss;", vec![])
+            .await
+            .unwrap(),
+        json!("undefined")
+    );
+    assert!(c
+        .find_all(Locator::Css("main img"))
+        .await
+        .unwrap()
+        .is_empty());
+    screenshot(&c, "case-hostile-output").await;
+    assert_no_console_errors(&c, "hostile case").await;
+
+    // No review yet; disagree with this failure's grade -> 0 % agreement.
+    c.goto(&format!("{}/ui/skills/reviewed", app.address))
+        .await
+        .unwrap();
+    assert!(c.find(Locator::Css("#agreement-none")).await.is_ok());
+    c.back().await.unwrap();
+    c.find(Locator::Css("#review-case-disagree"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Css("#review-note"))
+        .await
+        .unwrap()
+        .send_keys("the output is fine")
+        .await
+        .unwrap();
+    c.find(Locator::Css("#review-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#review-saved"))
+        .await
+        .unwrap();
+    assert!(text_of(&c, "#reviews").await.contains("disagree"));
+    c.goto(&format!("{}/ui/skills/reviewed", app.address))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&c, "#agreement .agreement-pct").await, "0.0 %");
+    // Agree with a passing case's grade -> 50 %.
+    c.goto(&format!("{}/ui/runs/{run1}/cases/0", app.address))
+        .await
+        .unwrap();
+    c.find(Locator::Css("#review-case-agree"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Css("#review-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#review-saved"))
+        .await
+        .unwrap();
+    c.goto(&format!("{}/ui/skills/reviewed", app.address))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&c, "#agreement .agreement-pct").await, "50.0 %");
+    screenshot(&c, "skill-agreement").await;
+    assert_no_console_errors(&c, "skill page").await;
+
+    // Preview a grade against a pasted output, from the skill page (nothing stored).
+    c.find(Locator::Css("#preview-link"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#preview-form"))
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-case"))
+        .await
+        .unwrap()
+        .select_by_value("case-003")
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-output"))
+        .await
+        .unwrap()
+        .send_keys("ok")
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        wait_text(&c, "#preview-status", 10, |t| !t.is_empty()).await,
+        "passed"
+    );
+    assert_eq!(text_of(&c, "#preview-score").await, "1.000");
+    c.find(Locator::Css("#preview-output"))
+        .await
+        .unwrap()
+        .clear()
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-output"))
+        .await
+        .unwrap()
+        .send_keys(HOSTILE)
+        .await
+        .unwrap();
+    c.find(Locator::Css("#preview-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        wait_text(&c, "#preview-status", 10, |t| t != "passed").await,
+        "failed"
+    );
+    assert_eq!(
+        c.execute("return typeof window.__xss;", vec![])
+            .await
+            .unwrap(),
+        json!("undefined")
+    );
+    screenshot(&c, "preview").await;
+    assert_no_console_errors(&c, "preview").await;
+    c.goto(&format!("{}/ui/skills/reviewed", app.address))
+        .await
+        .unwrap();
+
+    // Compare version 2 with version 1 from the skill page: the changed cases (their
+    // recorded outputs are part of the definition) are not comparable, the two others are.
+    c.find(Locator::Css("button.compare"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#comparison-outcome"))
+        .await
+        .unwrap();
+    assert!(c
+        .current_url()
+        .await
+        .unwrap()
+        .path()
+        .starts_with("/ui/comparisons/"));
+    assert_eq!(
+        c.find_all(Locator::Css("#moved-cases tr"))
+            .await
+            .unwrap()
+            .len(),
+        3,
+        "header and two paired cases"
+    );
+    assert_no_console_errors(&c, "comparison from the skill page").await;
+    // Forced, all four are paired: the two that moved come first, outputs side by side.
+    let forced: Value = app
+        .client
+        .post(format!("{}/v1/comparisons", app.address))
+        .bearer_auth(TOKEN)
+        .json(&json!({"base": run1, "head": run2, "force": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = forced["comparison_id"].as_str().unwrap();
+    c.goto(&format!("{}/ui/comparisons/{id}", app.address))
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#comparison-outcome"))
+        .await
+        .unwrap();
+    let moved = c.find_all(Locator::Css("#moved-cases tr")).await.unwrap();
+    assert_eq!(moved.len(), 5, "header and four paired cases");
+    let first_two: Vec<String> = {
+        let mut v = Vec::new();
+        for row in moved.iter().skip(1).take(2) {
+            v.push(
+                row.find(Locator::Css("td"))
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap(),
+            );
+        }
+        v.sort();
+        v
+    };
+    assert_eq!(first_two, ["case-001", "case-003"], "the moved cases first");
+    let outputs = c.find_all(Locator::Css(".output-a")).await.unwrap();
+    assert_eq!(outputs.len(), 2, "two cases moved");
+    let mut base_outputs = Vec::new();
+    for o in &outputs {
+        base_outputs.push(o.text().await.unwrap());
+    }
+    assert!(
+        base_outputs.contains(&HOSTILE.to_string()),
+        "{base_outputs:?}"
+    );
+    assert_eq!(
+        c.execute("return typeof window.__xss;", vec![])
+            .await
+            .unwrap(),
+        json!("undefined")
+    );
+    screenshot(&c, "comparison").await;
+    assert_no_console_errors(&c, "comparison").await;
+
+    c.close().await.unwrap();
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn browser_opens_the_offline_html_report_with_histogram_and_table() {
+    use clap::Parser as _;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("offline");
+    std::fs::create_dir_all(root.join("eval")).unwrap();
+    std::fs::write(root.join("SKILL.md"), skill_md("offline")).unwrap();
+    std::fs::write(
+        root.join("eval/tests.json"),
+        serde_json::to_vec_pretty(&given_tests(&["ok", HOSTILE, "ok"], json!({}))).unwrap(),
+    )
+    .unwrap();
+    let cli = skilleval_cli::Cli::try_parse_from([
+        "skilleval",
+        "run",
+        "--quiet",
+        "--format",
+        "html",
+        root.to_str().unwrap(),
+    ])
+    .unwrap();
+    let skilleval_cli::Command::Run(args) = cli.command else {
+        panic!("not a run command");
+    };
+    skilleval_cli::run::run(&args).await;
+    let report = root.join("eval/report.html");
+    assert!(report.is_file(), "report.html written");
+
+    let driver = start_driver().await;
+    let c = browser(&driver).await;
+    c.goto(&format!("file://{}", report.display()))
+        .await
+        .unwrap();
+    // The console check can fail: an error logged by the page is in the log it reads.
+    c.execute("console.error('probe: the log reader sees this');", vec![])
+        .await
+        .unwrap();
+    let log = c.issue_cmd(BrowserLog).await.unwrap();
+    assert!(
+        log.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["level"] == "SEVERE"
+                && e["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("probe: the log reader")),
+        "{log}"
+    );
+    c.wait()
+        .for_element(Locator::Css("#histogram"))
+        .await
+        .unwrap();
+    let bars = c
+        .find_all(Locator::Css("#histogram rect.bar"))
+        .await
+        .unwrap();
+    assert_eq!(bars.len(), 10);
+    assert_eq!(
+        c.find_all(Locator::Css("#cases tbody tr"))
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    // The file's own filter works offline.
+    c.find(Locator::Css("#filter-status"))
+        .await
+        .unwrap()
+        .select_by_value("failed")
+        .await
+        .unwrap();
+    let visible = c
+        .execute("return Array.from(document.querySelectorAll('#cases tbody tr')).filter(r => !r.hidden).length;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(visible, json!(1));
+    assert_eq!(
+        c.execute("return typeof window.__xss;", vec![])
+            .await
+            .unwrap(),
+        json!("undefined")
+    );
+    screenshot(&c, "offline-report").await;
+    assert_no_console_errors(&c, "offline report").await;
+
+    // `skilleval view`: the same page over the local runs, served on 127.0.0.1.
+    let runs = skilleval_cli::view::runs_dir(&root);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, skilleval_cli::view::router(runs))
+            .await
+            .unwrap();
+    });
+    c.goto(&format!("http://{addr}/")).await.unwrap();
+    c.find(Locator::Css("#runs a"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#histogram"))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.find_all(Locator::Css("#cases tbody tr"))
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    c.find(Locator::Css("#filter-status"))
+        .await
+        .unwrap()
+        .select_by_value("passed")
+        .await
+        .unwrap();
+    let visible = c
+        .execute("return Array.from(document.querySelectorAll('#cases tbody tr')).filter(r => !r.hidden).length;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(
+        visible,
+        json!(2),
+        "the linked script runs under the strict policy"
+    );
+    assert_eq!(
+        c.execute("return typeof window.__xss;", vec![])
+            .await
+            .unwrap(),
+        json!("undefined")
+    );
+    screenshot(&c, "skilleval-view").await;
+    assert_no_console_errors(&c, "skilleval view").await;
+    server.abort();
+    c.close().await.unwrap();
+}
+
+async fn wait_for_verdict_as(app: &TestApp, run_id: &str) -> Value {
+    for _ in 0..600 {
+        let run: Value = app
+            .client
+            .get(format!("{}/v1/runs/{run_id}", app.address))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if run["verdict"].is_string() {
+            return run;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("run {run_id} did not finish within 60 s");
+}
