@@ -116,6 +116,7 @@ impl Application {
             limits: Arc::new(settings.limits.clone()),
             max_upload_bytes: settings.coordinator.max_upload_bytes,
             sampling: settings.coordinator.sampling.clone(),
+            risk_policy: settings.coordinator.risk,
         };
         let listener = TcpListener::bind(&settings.coordinator.bind)
             .await

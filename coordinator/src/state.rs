@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use skilleval::package::risk::RiskPolicy;
 use skilleval::package::PackageLimits;
 use skilleval::strategy::StrategyRegistry;
 use skilleval_infra::config::SamplingSettings;
@@ -33,6 +34,8 @@ pub struct AppState {
     pub max_upload_bytes: u64,
     /// `coordinator.sampling`: ingest limits, retention, alert schedule.
     pub sampling: SamplingSettings,
+    /// `coordinator.risk`: which package risk findings refuse an upload.
+    pub risk_policy: RiskPolicy,
 }
 
 impl std::fmt::Debug for AppState {

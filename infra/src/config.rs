@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use skilleval::llm::Providers;
+use skilleval::package::risk::RiskPolicy;
 use skilleval::package::PackageLimits;
 use skilleval::sandbox::SandboxPolicy;
 
@@ -464,6 +465,10 @@ pub struct CoordinatorSettings {
     /// Production sampling: ingest limits, alert schedule, retention.
     #[serde(default)]
     pub sampling: SamplingSettings,
+    /// The package risk report's policy at upload (`coordinator.risk.refuse_at`): off by
+    /// default, every finding is reported and the upload accepted.
+    #[serde(default)]
+    pub risk: RiskPolicy,
 }
 
 /// Production sampling (`coordinator.sampling.*`).
@@ -507,6 +512,7 @@ impl Default for CoordinatorSettings {
             webhook_poll_interval_ms: 1_000,
             webhook_hold_ms: 0,
             sampling: SamplingSettings::default(),
+            risk: RiskPolicy::default(),
         }
     }
 }

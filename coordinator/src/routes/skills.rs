@@ -16,7 +16,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 use skilleval::compare::{GateRule, GateSpec};
-use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits};
+use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
 use skilleval::problem::Problem;
 use skilleval::strategy::StrategyRegistry;
@@ -105,7 +105,7 @@ pub async fn upload(
     let zip = zip_from_body(&headers, body).await?;
     let started = std::time::Instant::now();
     let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
-    let (mut package, definition, warnings, monitor) = match opened {
+    let (mut package, definition, warnings, monitor, risk) = match opened {
         Ok(ok) => ok,
         Err(Opening::Package(e)) => {
             let reason = if matches!(e, PackageError::Refused { .. }) {
@@ -119,6 +119,7 @@ pub async fn upload(
         Err(Opening::Failed(e)) => return Err(e),
     };
     let validated = started.elapsed();
+    refuse_by_policy(&state, &risk)?;
     let manifest = &package.manifest;
     let version_label = manifest.metadata.get("version").and_then(|v| match v {
         serde_json::Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
@@ -142,6 +143,8 @@ pub async fn upload(
         settings: serde_json::to_value(&package.config.settings)
             .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
         test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),
+        risk_report: serde_json::to_value(&risk)
+            .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
     };
 
     let mut tx = state.store.pool().begin().await?;
@@ -229,8 +232,34 @@ pub async fn upload(
             test_cases,
             run_id,
             warnings,
+            risk,
         }),
     ))
+}
+
+/// 422 `package_risk` when `coordinator.risk` refuses the package's findings, naming each.
+fn refuse_by_policy(state: &AppState, risk: &RiskReport) -> Result<(), ApiError> {
+    let refused = state.risk_policy.refusals(risk);
+    let Some(threshold) = state.risk_policy.refuse_at.filter(|_| !refused.is_empty()) else {
+        return Ok(());
+    };
+    crate::metrics::Metrics::count(&state.metrics.uploads_refused, "risk");
+    let named: Vec<String> = refused.iter().map(ToString::to_string).collect();
+    Err(ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "package_risk",
+        format!(
+            "the package has {} risk finding(s) at or above `{threshold}`, which \
+             coordinator.risk.refuse_at refuses: {}",
+            refused.len(),
+            named.join("; ")
+        ),
+    )
+    .with_details(json!({
+        "policy": "coordinator.risk.refuse_at",
+        "refuse_at": threshold,
+        "findings": refused,
+    })))
 }
 
 /// `GET /v1/skills/{name}/versions`.
@@ -368,6 +397,7 @@ async fn open_package(
         Result<DefinitionText, TextError>,
         Vec<Problem>,
         Option<PackageMonitor>,
+        RiskReport,
     );
     let opened = tokio::task::spawn_blocking(move || -> Result<Opened, PackageError> {
         let mut package = Package::from_zip_bytes_streamed(&zip, &limits)?;
@@ -396,7 +426,8 @@ async fn open_package(
                 .map(|document| PackageMonitor { document, monitor }),
             _ => None,
         };
-        Ok((package, definition, validation.problems, monitor))
+        let risk = package.risk_report();
+        Ok((package, definition, validation.problems, monitor, risk))
     })
     .await
     .map_err(|e| {
@@ -404,19 +435,20 @@ async fn open_package(
             "package validation task failed: {e}"
         )))
     })?;
-    let (package, definition, warnings, monitor) = opened.map_err(Opening::Package)?;
+    let (package, definition, warnings, monitor, risk) = opened.map_err(Opening::Package)?;
     let definition =
         definition.map_err(|e| Opening::Failed(ApiError::internal(anyhow::Error::from(e))))?;
-    Ok((package, definition, warnings, monitor))
+    Ok((package, definition, warnings, monitor, risk))
 }
 
-/// What [`open_package`] gives: the package, its definition as text, the warnings, and its
-/// monitor when the definition has a `monitoring` section.
+/// What [`open_package`] gives: the package, its definition as text, the warnings, its
+/// monitor when the definition has a `monitoring` section, and its risk report.
 type OpenedPackage = (
     Package,
     DefinitionText,
     Vec<Problem>,
     Option<PackageMonitor>,
+    RiskReport,
 );
 
 /// A package's `monitoring` section: as written, and validated.

@@ -30,6 +30,8 @@ pub struct NewVersion<'a> {
     /// run, so stored apart from the whole definition.
     pub settings: Value,
     pub test_cases: i32,
+    /// The package's risk report (`skilleval::package::RiskReport` as JSON).
+    pub risk_report: Value,
 }
 
 /// A stored version.
@@ -106,8 +108,9 @@ async fn upsert_version(
     let version_id = Uuid::now_v7();
     let inserted = sqlx::query(
         "INSERT INTO skill_versions
-            (id, skill_id, version, description, description_hash, package_hash, package_bytes, manifest)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            (id, skill_id, version, description, description_hash, package_hash, package_bytes, manifest,
+             risk_report)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (skill_id, version) DO NOTHING",
     )
     .bind(version_id)
@@ -118,6 +121,7 @@ async fn upsert_version(
     .bind(v.package_hash)
     .bind(v.package_bytes)
     .bind(&v.manifest)
+    .bind(&v.risk_report)
     .execute(&mut *conn)
     .await
     .map_err(StoreError::query("storing a version"))?;

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::executor::JobResult;
+use crate::package::RiskReport;
 use crate::summary::RunSummary;
 
 mod json;
@@ -52,6 +53,8 @@ pub struct ReportContext<'a> {
     pub created_at: DateTime<Utc>,
     pub results: &'a [JobResult],
     pub summary: &'a RunSummary,
+    /// The package's static risk report, when it is known.
+    pub risk: Option<&'a RiskReport>,
 }
 
 /// Renders a report in the wanted format.
