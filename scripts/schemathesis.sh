@@ -119,7 +119,10 @@ log "schemathesis against $base/v1/openapi.json (at most $max_examples examples 
 status=0
 # One worker: with two, Hypothesis (describing its strategies) failed inside CPython 3.11's
 # ast.parse, which is not safe across threads ("AST constructor recursion depth mismatch").
-PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=schemathesis_hooks \
+# Run from the scratch folder: schemathesis keeps a cache of crashes in its working folder.
+hooks_dir="$PWD/scripts"
+cd "$work"
+PYTHONPATH="$hooks_dir${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=schemathesis_hooks \
     "$venv/bin/schemathesis" run "$base/v1/openapi.json" \
     --url "$base" \
     --header "Authorization: Bearer $token" \
