@@ -63,3 +63,9 @@ done
 
 log "the example production log is graded offline"
 "$bin" monitor --quiet examples/sampling/samples.jsonl examples/skills/refund-triage >/dev/null
+
+log "cargo fuzz: every target of fuzz/ for ${FUZZ_SECONDS:-60}s (docs/security.md)"
+scripts/fuzz.sh
+
+log "schemathesis: a coordinator against its own OpenAPI document (docs/security.md)"
+scripts/schemathesis.sh "${CARGO_TARGET_DIR:-target}/debug"

@@ -22,7 +22,7 @@ use skilleval::llm::benchmark::Configuration;
 use skilleval::llm::budget::{self, Budget, BudgetLimits};
 use skilleval::llm::{self, triggers};
 use skilleval::model::RunnerConfig;
-use skilleval::package::{validate, Package, PackageError, PackageLimits};
+use skilleval::package::{validate, Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{plan, CaseFilter, Job};
 use skilleval::report::{render, ReportContext, ReportFormat};
 use skilleval::sandbox::{Sandbox, SandboxPolicy};
@@ -98,6 +98,21 @@ pub(crate) fn report_package_error(path: &Path, err: &PackageError) -> u8 {
     EXIT_BAD_INPUT
 }
 
+/// The package's risk findings on stderr, one a line (nothing when there are none).
+pub(crate) fn print_risk(path: &Path, risk: &RiskReport) {
+    if risk.is_empty() {
+        return;
+    }
+    let (low, medium, high) = risk.counts();
+    eprintln!(
+        "{}: package risk: {high} high, {medium} medium, {low} low finding(s)",
+        path.display()
+    );
+    for finding in &risk.findings {
+        eprintln!("  {finding}");
+    }
+}
+
 pub(crate) fn print_problems(path: &Path, problems: &[Problem]) {
     let errors = problems.iter().filter(|p| p.is_error()).count();
     let warnings = problems.len() - errors;
@@ -138,6 +153,10 @@ async fn run_steps(args: &RunArgs) -> Result<Verdict, RunError> {
     crate::sandbox_check::require(&runnable, executor.sandbox()).map_err(RunError::Config)?;
     let executed = execute_cases(args, &package, &executor, &runnable).await;
     let extras = report_extras(args, &package, llm.as_ref(), &executed).await;
+    let risk = package.risk_report();
+    if !args.quiet {
+        print_risk(&args.path, &risk);
+    }
     let ctx = ReportContext {
         run_id,
         skill_name: &package.manifest.name,
@@ -148,6 +167,7 @@ async fn run_steps(args: &RunArgs) -> Result<Verdict, RunError> {
         created_at: executed.started,
         results: &executed.results,
         summary: &executed.summary,
+        risk: Some(&risk),
     };
     print_summary(args, &ctx, &executed, runnable.len(), &extras);
     if !args.no_write {

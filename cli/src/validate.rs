@@ -1,10 +1,10 @@
 //! `skilleval validate`: open and check a package without running anything; every problem is
-//! listed with its file and JSON pointer.
+//! listed with its file and JSON pointer, then the package's risk findings (docs/security.md).
 
 use skilleval::package::{validate as validate_package, Package, PackageLimits};
 use skilleval::strategy::StrategyRegistry;
 
-use crate::run::{print_problems, report_package_error};
+use crate::run::{print_problems, print_risk, report_package_error};
 use crate::{ValidateArgs, EXIT_BAD_INPUT, EXIT_PASS};
 
 /// Validates the package at `args.path`; 0 when it has no error, 2 otherwise.
@@ -32,6 +32,7 @@ pub fn validate(args: &ValidateArgs) -> u8 {
     let registry = StrategyRegistry::builtin().build();
     let validation = validate_package(&package, &registry);
     let ok = validation.is_ok();
+    let risk = package.risk_report();
     if args.json {
         let body = serde_json::json!({
             "valid": ok,
@@ -40,6 +41,7 @@ pub fn validate(args: &ValidateArgs) -> u8 {
             "test_cases": package.config.test_cases.len(),
             "content_hash": package.content_hash,
             "problems": validation.problems,
+            "risk": risk,
         });
         println!(
             "{}",
@@ -58,6 +60,10 @@ pub fn validate(args: &ValidateArgs) -> u8 {
         if ok {
             println!("{}: valid, with warnings", args.path.display());
         }
+    }
+    if !args.json {
+        // Findings are for a reviewer to read; they do not make a package invalid.
+        print_risk(&args.path, &risk);
     }
     if ok {
         EXIT_PASS

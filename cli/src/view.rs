@@ -180,6 +180,7 @@ async fn run_page(State(runs): State<Arc<PathBuf>>, UrlPath(id): UrlPath<String>
         created_at: report.created_at,
         results: &report.results,
         summary: &report.run_summary,
+        risk: report.risk.as_ref(),
     };
     Html(report_page(
         &ctx,

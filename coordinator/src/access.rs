@@ -19,8 +19,8 @@ use skilleval_infra::config::{QuotaLimits, QuotaSettings};
 use skilleval_infra::store::tenancy::{QuotaKind, Scope, Usage, Viewer};
 
 use crate::auth::{
-    bearer, challenge, cookie_token, cross_site_refusal, identify, is_open, same_origin, AuthConfig,
-    Principal,
+    bearer, challenge, cookie_token, cross_site_refusal, identify, is_open, same_origin,
+    AuthConfig, Principal,
 };
 use crate::error::ApiError;
 use crate::metrics::LimitLabels;
@@ -128,22 +128,28 @@ async fn check_visible(
     }
     for (key, value) in params {
         let visible = match (key.as_str(), route) {
-            ("name", r) if r.starts_with("/v1/skills/{name}") || r.starts_with("/ui/skills/{name}") => {
+            ("name", r)
+                if r.starts_with("/v1/skills/{name}") || r.starts_with("/ui/skills/{name}") =>
+            {
                 state.store.visible_skill(viewer, value).await?.is_some()
             }
             // The version label is resolved within the (visible) skill by its handler.
             ("version", r) if r.starts_with("/v1/skills/{name}/versions/{version}") => true,
             // A case of a (visible) run is resolved within the run by its page.
             ("index", r) if r.starts_with("/ui/runs/{id}/cases/{index}") => true,
-            ("id", r) if r.starts_with("/v1/runs/{id}") || r.starts_with("/ui/runs/{id}") => match uuid::Uuid::parse_str(value) {
-                Ok(id) => state.store.visible_run(viewer, id).await?,
-                // Not an id: the handler names the field and the rule (400).
-                Err(_) => true,
-            },
-            ("id", "/v1/comparisons/{id}" | "/ui/comparisons/{id}") => match uuid::Uuid::parse_str(value) {
-                Ok(id) => state.store.visible_comparison(viewer, id).await?,
-                Err(_) => true,
-            },
+            ("id", r) if r.starts_with("/v1/runs/{id}") || r.starts_with("/ui/runs/{id}") => {
+                match uuid::Uuid::parse_str(value) {
+                    Ok(id) => state.store.visible_run(viewer, id).await?,
+                    // Not an id: the handler names the field and the rule (400).
+                    Err(_) => true,
+                }
+            }
+            ("id", "/v1/comparisons/{id}" | "/ui/comparisons/{id}") => {
+                match uuid::Uuid::parse_str(value) {
+                    Ok(id) => state.store.visible_comparison(viewer, id).await?,
+                    Err(_) => true,
+                }
+            }
             _ => false,
         };
         if !visible {

@@ -125,7 +125,7 @@ impl Metrics {
         );
         registry.register(
             "uploads_refused",
-            "Uploads refused, by reason (too_large, refused, invalid)",
+            "Uploads refused, by reason (too_large, refused, invalid, risk)",
             uploads_refused.clone(),
         );
         registry.register(

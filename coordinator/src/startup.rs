@@ -126,6 +126,7 @@ impl Application {
                 },
                 settings.coordinator.quotas.clone(),
             )),
+            risk_policy: settings.coordinator.risk,
         };
         let listener = TcpListener::bind(&settings.coordinator.bind)
             .await

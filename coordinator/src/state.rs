@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use skilleval::package::risk::RiskPolicy;
 use skilleval::package::PackageLimits;
 use skilleval::strategy::StrategyRegistry;
 use skilleval_infra::config::SamplingSettings;
@@ -36,6 +37,8 @@ pub struct AppState {
     pub sampling: SamplingSettings,
     /// Authentication, scopes, quotas and rate limits (`crate::access`).
     pub access: Arc<Access>,
+    /// `coordinator.risk`: which package risk findings refuse an upload.
+    pub risk_policy: RiskPolicy,
 }
 
 impl std::fmt::Debug for AppState {

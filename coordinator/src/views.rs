@@ -5,6 +5,7 @@ use crate::db::{Counters, ResultRow, RunRow};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
+use skilleval::package::RiskReport;
 use skilleval::problem::Problem;
 use skilleval_infra::store::lifecycle::StopReason;
 use skilleval_infra::store::versions::VersionRow;
@@ -21,6 +22,8 @@ pub struct UploadResponse {
     pub test_cases: usize,
     pub run_id: Option<Uuid>,
     pub warnings: Vec<Problem>,
+    /// The package's static risk report (docs/security.md).
+    pub risk: RiskReport,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -74,6 +77,9 @@ pub struct RunView {
     pub budget: BudgetView,
     /// Why the run stopped before running every case (a budget), when it did.
     pub stop_reason: Option<String>,
+    /// The static risk report of the version's package; `null` for a version stored before
+    /// reports existed.
+    pub risk: Option<Value>,
 }
 
 impl RunView {
@@ -118,6 +124,7 @@ impl RunView {
                 Some(StopReason::Budget) => r.stop_detail.clone(),
                 _ => None,
             },
+            risk: r.risk_report.clone(),
         }
     }
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use skilleval::llm::Providers;
+use skilleval::package::risk::RiskPolicy;
 use skilleval::package::PackageLimits;
 use skilleval::sandbox::SandboxPolicy;
 
@@ -474,6 +475,10 @@ pub struct CoordinatorSettings {
     /// How long run results, outputs, packages and the audit log are kept.
     #[serde(default)]
     pub retention: RetentionSettings,
+    /// The package risk report's policy at upload (`coordinator.risk.refuse_at`): off by
+    /// default, every finding is reported and the upload accepted.
+    #[serde(default)]
+    pub risk: RiskPolicy,
 }
 
 /// `coordinator.quotas`: the same limits applied to each publisher and to each token.
@@ -559,6 +564,7 @@ impl Default for CoordinatorSettings {
             require_auth: false,
             quotas: QuotaSettings::default(),
             retention: RetentionSettings::default(),
+            risk: RiskPolicy::default(),
         }
     }
 }

@@ -11,6 +11,7 @@ use skilleval::compare::GateSpec;
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::model::RunnerSpec;
+use skilleval::package::RiskReport;
 use skilleval::plan::CaseFilter;
 use skilleval::report::{render, ReportContext, ReportFormat};
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
@@ -371,6 +372,11 @@ pub async fn report(
         .with_details(json!({ "status": run.status })));
     };
     let results = load_results(&state.store, run_id).await?;
+    // A version stored before risk reports existed has none; an unreadable one is left out.
+    let risk: Option<RiskReport> = run
+        .risk_report
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok());
     let ctx = ReportContext {
         run_id,
         skill_name: &run.skill,
@@ -381,6 +387,7 @@ pub async fn report(
         created_at: run.created_at,
         results: &results,
         summary: &summary,
+        risk: risk.as_ref(),
     };
     let body = render(&ctx, format);
     let content_type = match format {

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 use skilleval::compare::{GateRule, GateSpec};
-use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits};
+use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
 use skilleval::problem::Problem;
 use skilleval::strategy::StrategyRegistry;
@@ -107,7 +107,7 @@ pub async fn upload(
     let zip = zip_from_body(&headers, body).await?;
     let started = std::time::Instant::now();
     let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
-    let (mut package, definition, warnings, monitor) = match opened {
+    let (mut package, definition, warnings, monitor, risk) = match opened {
         Ok(ok) => ok,
         Err(Opening::Package(e)) => {
             let reason = if matches!(e, PackageError::Refused { .. }) {
@@ -121,7 +121,8 @@ pub async fn upload(
         Err(Opening::Failed(e)) => return Err(e),
     };
     let validated = started.elapsed();
-    // Counted once the package is valid: a refused package costs no upload.
+    // Counted once the package is valid and allowed: a refused package costs no upload.
+    refuse_by_policy(&state, &risk)?;
     crate::access::reserve_upload(&state, &principal).await?;
     let manifest = &package.manifest;
     let version_label = manifest.metadata.get("version").and_then(|v| match v {
@@ -148,6 +149,8 @@ pub async fn upload(
         test_cases: i32::try_from(test_cases).unwrap_or(i32::MAX),
         publisher_id: principal.publisher_id,
         any_owner: principal.is_admin(),
+        risk_report: serde_json::to_value(&risk)
+            .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
     };
     // Held until the upload's run is committed.
     let run_slot = if query.run {
@@ -256,8 +259,34 @@ pub async fn upload(
             test_cases,
             run_id,
             warnings,
+            risk,
         }),
     ))
+}
+
+/// 422 `package_risk` when `coordinator.risk` refuses the package's findings, naming each.
+fn refuse_by_policy(state: &AppState, risk: &RiskReport) -> Result<(), ApiError> {
+    let refused = state.risk_policy.refusals(risk);
+    let Some(threshold) = state.risk_policy.refuse_at.filter(|_| !refused.is_empty()) else {
+        return Ok(());
+    };
+    crate::metrics::Metrics::count(&state.metrics.uploads_refused, "risk");
+    let named: Vec<String> = refused.iter().map(ToString::to_string).collect();
+    Err(ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "package_risk",
+        format!(
+            "the package has {} risk finding(s) at or above `{threshold}`, which \
+             coordinator.risk.refuse_at refuses: {}",
+            refused.len(),
+            named.join("; ")
+        ),
+    )
+    .with_details(json!({
+        "policy": "coordinator.risk.refuse_at",
+        "refuse_at": threshold,
+        "findings": refused,
+    })))
 }
 
 /// `GET /v1/skills/{name}/versions`.
@@ -395,6 +424,7 @@ async fn open_package(
         Result<DefinitionText, TextError>,
         Vec<Problem>,
         Option<PackageMonitor>,
+        RiskReport,
     );
     let opened = tokio::task::spawn_blocking(move || -> Result<Opened, PackageError> {
         let mut package = Package::from_zip_bytes_streamed(&zip, &limits)?;
@@ -423,7 +453,8 @@ async fn open_package(
                 .map(|document| PackageMonitor { document, monitor }),
             _ => None,
         };
-        Ok((package, definition, validation.problems, monitor))
+        let risk = package.risk_report();
+        Ok((package, definition, validation.problems, monitor, risk))
     })
     .await
     .map_err(|e| {
@@ -431,19 +462,20 @@ async fn open_package(
             "package validation task failed: {e}"
         )))
     })?;
-    let (package, definition, warnings, monitor) = opened.map_err(Opening::Package)?;
+    let (package, definition, warnings, monitor, risk) = opened.map_err(Opening::Package)?;
     let definition =
         definition.map_err(|e| Opening::Failed(ApiError::internal(anyhow::Error::from(e))))?;
-    Ok((package, definition, warnings, monitor))
+    Ok((package, definition, warnings, monitor, risk))
 }
 
-/// What [`open_package`] gives: the package, its definition as text, the warnings, and its
-/// monitor when the definition has a `monitoring` section.
+/// What [`open_package`] gives: the package, its definition as text, the warnings, its
+/// monitor when the definition has a `monitoring` section, and its risk report.
 type OpenedPackage = (
     Package,
     DefinitionText,
     Vec<Problem>,
     Option<PackageMonitor>,
+    RiskReport,
 );
 
 /// A package's `monitoring` section: as written, and validated.
@@ -494,7 +526,7 @@ fn package_error(e: PackageError) -> ApiError {
 }
 
 /// `POST /v1/skills/validate`: the upload's reading, hardening and validation, storing
-/// nothing. **200** `{valid, name?, test_cases?, profile?, code?, message?, problems}`: an
+/// nothing. **200** `{valid, name?, test_cases?, profile?, risk?, code?, message?, problems}`: an
 /// invalid or refused package is a successful validation that lists every problem (file and
 /// JSON pointer); 413 and 415 are as for the upload.
 #[tracing::instrument(skip_all)]
@@ -506,12 +538,13 @@ pub async fn validate(
     let body = read_limited(request.into_body(), &headers, state.max_upload_bytes).await?;
     let zip = zip_from_body(&headers, body).await?;
     match open_package(zip, state.limits.clone(), state.strategies.clone()).await {
-        Ok((package, definition, warnings, _)) => Ok(Json(json!({
+        Ok((package, definition, warnings, _, risk)) => Ok(Json(json!({
             "valid": true,
             "name": package.manifest.name,
             "test_cases": definition.cases(),
             "profile": package.config.profile.as_str(),
             "problems": warnings,
+            "risk": risk,
         }))),
         Err(Opening::Package(e)) => {
             let error = package_error(e);

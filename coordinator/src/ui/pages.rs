@@ -7,14 +7,17 @@
 use std::collections::{BTreeMap, HashMap};
 
 use axum::extract::{Path, Query, State};
-use axum::Extension;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::Extension;
 use axum::Form;
 use maud::{html, Markup};
 use serde_json::Value;
 use skilleval::executor::{CaseStatus, JobResult};
-use skilleval::report::html::{case_detail, case_table, summary_section, CaseRow, HISTOGRAM_BINS};
+use skilleval::package::RiskReport;
+use skilleval::report::html::{
+    case_detail, case_table, risk_section, summary_section, CaseRow, HISTOGRAM_BINS,
+};
 use skilleval_infra::store::pages::{CaseQuery, CaseSort, SkillSort};
 use skilleval_infra::store::reviews::{ReviewRow, ReviewVerdict};
 use uuid::Uuid;
@@ -266,14 +269,12 @@ fn select(name: &str, label: &str, current: Option<&str>, choices: &[String]) ->
     }
 }
 
-/// Any section a later feature adds to a run's summary (a baseline's uplift, a risk report),
+/// Any section a later feature adds to a run's summary (a baseline's uplift, the gate),
 /// shown as it is when present.
 fn optional_sections(summary: Option<&Value>) -> Markup {
     let known = [
         ("baseline", "Baseline uplift"),
         ("baseline_uplift", "Baseline uplift"),
-        ("risk", "Package risk report"),
-        ("risk_report", "Package risk report"),
         ("regression_gate", "Regression gate"),
     ];
     html! {
@@ -321,6 +322,11 @@ pub async fn run(
     }
     let reviews = state.store.reviews_of_run(run_id).await?;
     let agreement = agreement_rows(&reviews);
+    // A version stored before risk reports existed has none; an unreadable one is left out.
+    let risk: Option<RiskReport> = run
+        .risk_report
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok());
     let rows: Vec<CaseRow> = rows
         .into_iter()
         .map(|r| CaseRow {
@@ -378,6 +384,7 @@ pub async fn run(
                 p.muted { "The summary appears when the run is finalised." }
             }
             (optional_sections(run.summary.as_ref()))
+            @if let Some(risk) = &risk { (risk_section(risk)) }
             h3 { "Judge agreement (this run)" }
             (agreement_table(&agreement))
             p { "Export: "

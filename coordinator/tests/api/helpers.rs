@@ -31,6 +31,8 @@ pub struct AppOptions {
     pub publish_grace_secs: u64,
     pub sweep_interval_secs: u64,
     pub auth_tokens: Vec<String>,
+    /// `coordinator.risk`.
+    pub risk: skilleval::package::risk::RiskPolicy,
 }
 
 impl Default for AppOptions {
@@ -41,6 +43,7 @@ impl Default for AppOptions {
             publish_grace_secs: 30,
             sweep_interval_secs: 1,
             auth_tokens: Vec::new(),
+            risk: skilleval::package::risk::RiskPolicy::default(),
         }
     }
 }
@@ -76,6 +79,7 @@ pub fn test_settings(db_name: &str, prefix: &str, options: &AppOptions) -> Setti
     settings.coordinator.publish_grace_secs = options.publish_grace_secs;
     settings.coordinator.sweep_interval_secs = options.sweep_interval_secs;
     settings.coordinator.auth_tokens = options.auth_tokens.iter().map(Secret::new).collect();
+    settings.coordinator.risk = options.risk;
     if let Some(n) = options.max_upload_bytes {
         settings.coordinator.max_upload_bytes = n;
     }

@@ -21,6 +21,7 @@ mod packages;
 mod parked;
 mod publish;
 mod rescore;
+mod risk;
 mod runs;
 mod sampling;
 mod submit;

@@ -294,6 +294,8 @@ pub struct RunRow {
     pub gate: Option<Value>,
     /// The creating request's W3C trace context (see [`NewRun::traceparent`]).
     pub traceparent: Option<String>,
+    /// The version's package risk report (`None`: stored before reports existed).
+    pub risk_report: Option<Value>,
 }
 
 async fn get_run(
@@ -305,7 +307,7 @@ async fn get_run(
                 c.settings, r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
                 r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at,
                 r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd, r.stop_reason,
-                r.stop_detail, r.gate, r.traceparent
+                r.stop_detail, r.gate, r.traceparent, v.risk_report
          FROM runs r
          JOIN skill_versions v ON v.id = r.version_id
          JOIN skills s ON s.id = v.skill_id
@@ -349,6 +351,7 @@ async fn get_run(
             stop_detail: r.try_get(27)?,
             gate: r.try_get(28)?,
             traceparent: r.try_get(29)?,
+            risk_report: r.try_get(30)?,
         })
     })
     .transpose()

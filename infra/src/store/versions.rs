@@ -34,6 +34,8 @@ pub struct NewVersion<'a> {
     pub publisher_id: Uuid,
     /// An `admin` upload may add a version to any publisher's skill (the owner stays).
     pub any_owner: bool,
+    /// The package's risk report (`skilleval::package::RiskReport` as JSON).
+    pub risk_report: Value,
 }
 
 /// A stored version.
@@ -122,8 +124,9 @@ async fn upsert_version(
     let version_id = Uuid::now_v7();
     let inserted = sqlx::query(
         "INSERT INTO skill_versions
-            (id, skill_id, version, description, description_hash, package_hash, package_bytes, manifest)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            (id, skill_id, version, description, description_hash, package_hash, package_bytes, manifest,
+             risk_report)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (skill_id, version) DO NOTHING",
     )
     .bind(version_id)
@@ -134,6 +137,7 @@ async fn upsert_version(
     .bind(v.package_hash)
     .bind(v.package_bytes)
     .bind(&v.manifest)
+    .bind(&v.risk_report)
     .execute(&mut *conn)
     .await
     .map_err(StoreError::query("storing a version"))?;

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use super::ask::{ask_json, object_list_schema};
 use super::client::{ChatRequest, LlmClient, Message, OutputSchema};
+use super::fence::Fence;
 use crate::grade::{Fault, Usage};
 use crate::strategy::llm_judge::JUDGE_SYSTEM;
 use crate::strategy::rubric::default_creative_rubric;
@@ -154,7 +155,15 @@ pub fn compare_prompt(input: &CompareInput<'_>, first: &str, second: &str) -> St
             serde_json::to_string_pretty(ctx).unwrap_or_default()
         );
     }
-    let _ = writeln!(s, "## Response 1\n\n<response_1>\n{first}\n</response_1>\n\n## Response 2\n\n<response_2>\n{second}\n</response_2>\n");
+    // Both responses are outputs under evaluation: fenced as data, one marker for the two.
+    let fence = Fence::for_texts(&[first, second]);
+    let _ = writeln!(
+        s,
+        "## Responses\n\n{}\n\n## Response 1\n\n{}\n\n## Response 2\n\n{}\n",
+        fence.rule(),
+        fence.wrap("response_1", first),
+        fence.wrap("response_2", second)
+    );
     let _ = writeln!(
         s,
         "## Criteria (score each response from 1 = very poor to 5 = excellent)\n"

@@ -36,6 +36,7 @@ pub mod client;
 pub mod comparator;
 pub mod config;
 pub mod faults;
+pub mod fence;
 pub mod json;
 pub mod limit;
 mod openai;

@@ -9,6 +9,7 @@
 //!   skill_md::parse          front matter rules                          (problems)
 //!   formats::convert         v2 / v1 / eval_metadata / skill-creator -> EvalConfig
 //!   template::resolve        {{var}} in v2 prompts
+//! package.risk_report()     risk::scan: what the scripts and SKILL.md ask for (findings)
 //! validate(&package, &registry) -> Validation { problems, graders }
 //! ```
 //!
@@ -30,6 +31,7 @@ mod error;
 pub mod formats;
 mod limits;
 mod paths;
+pub mod risk;
 pub mod skill_md;
 pub mod template;
 mod tree;
@@ -39,6 +41,7 @@ mod zip;
 pub use error::PackageError;
 pub use formats::{EvalFormat, TriggerCase, EVAL_FILES, TRIGGER_FILES};
 pub use limits::PackageLimits;
+pub use risk::{RiskFinding, RiskReport};
 pub use skill_md::SkillManifest;
 pub use tree::PackageFile;
 pub use validate::{check, check_in_chunks, validate, Validation};
@@ -191,6 +194,11 @@ impl Package {
     /// The package's folder on disk (the stripped top-level folder of a ZIP, if any).
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The static risk report of the package's scripts and `SKILL.md` ([`risk`]).
+    pub fn risk_report(&self) -> RiskReport {
+        risk::scan(&self.root, &self.files)
     }
 
     /// The skill's name from `SKILL.md`, when it could be read.

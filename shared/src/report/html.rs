@@ -10,6 +10,7 @@
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use crate::executor::{CaseStatus, JobResult};
+use crate::package::RiskReport;
 use crate::summary::RunSummary;
 
 use super::ReportContext;
@@ -99,6 +100,35 @@ pub fn histogram_svg(bins: &[u64]) -> Markup {
             }
             text x=(pad) y=(h - 4.0) font-size="10" { "0" }
             text x=(w - pad) y=(h - 4.0) font-size="10" text-anchor="end" { "1" }
+        }
+    }
+}
+
+/// The package's static risk report: each finding with its file, line, rule and severity.
+pub fn risk_section(risk: &RiskReport) -> Markup {
+    let (low, medium, high) = risk.counts();
+    html! {
+        section.risk #risk {
+            h2 { "Package risk" }
+            @if risk.findings.is_empty() {
+                p.muted { "No finding: the scripts and SKILL.md ask for nothing the rules look for." }
+            } @else {
+                p { (high) " high, " (medium) " medium, " (low) " low" }
+                table.risk-findings {
+                    thead { tr { th { "severity" } th { "rule" } th { "file" } th { "line" } th { "finding" } } }
+                    tbody {
+                        @for f in &risk.findings {
+                            tr.(f.severity.as_str()) {
+                                td { (f.severity.as_str()) }
+                                td { (f.rule.as_str()) }
+                                td { (f.file) }
+                                td { @if let Some(line) = f.line { (line) } }
+                                td { (f.message) }
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }
@@ -277,6 +307,7 @@ pub fn report_page(ctx: &ReportContext<'_>, assets: Assets<'_>, back: Option<&st
                 main {
                     p.meta { "Run " (ctx.run_id) " · profile " (ctx.profile) " · " (ctx.created_at.to_rfc3339()) }
                     (summary_section(ctx.summary, &bins))
+                    @if let Some(risk) = ctx.risk { (risk_section(risk)) }
                     h2 { "Cases" }
                     form.filters #filters {
                         label { "status " select #filter-status {

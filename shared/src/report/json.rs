@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{render_markdown, ReportContext};
 use crate::executor::JobResult;
+use crate::package::RiskReport;
 use crate::summary::RunSummary;
 
 /// The seed's `EvaluationReport`, with skilleval's summary, verdict and results added.
@@ -28,6 +29,9 @@ pub struct EvaluationReport {
     /// The complete statistics (breakdowns, durations, usage).
     pub run_summary: RunSummary,
     pub results: Vec<JobResult>,
+    /// The package's static risk report (docs/security.md), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub risk: Option<RiskReport>,
 }
 
 /// What was evaluated.
@@ -123,5 +127,6 @@ pub fn evaluation_report(ctx: &ReportContext<'_>) -> EvaluationReport {
         verdict_reasons: s.verdict_reasons.clone(),
         run_summary: s.clone(),
         results,
+        risk: ctx.risk.cloned(),
     }
 }

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use super::ReportContext;
 use crate::executor::{CaseStatus, JobResult};
+use crate::package::RiskReport;
 use crate::summary::{GroupStats, RunSummary};
 
 /// Longest excerpt of an output or expected value shown per failing case.
@@ -32,11 +33,47 @@ pub fn render_markdown(ctx: &ReportContext<'_>) -> String {
     let _ = writeln!(out, "| Generated | {} |\n", ctx.created_at.to_rfc3339());
 
     executive_summary(&mut out, s);
+    if let Some(risk) = ctx.risk {
+        package_risk(&mut out, risk);
+    }
     histogram(&mut out, ctx.results);
     breakdowns(&mut out, s);
     failing_cases(&mut out, ctx.results);
     recommendations(&mut out, s, ctx.results);
     out
+}
+
+/// The package's risk findings, one row each (docs/security.md).
+fn package_risk(out: &mut String, risk: &RiskReport) {
+    let _ = writeln!(out, "## Package risk\n");
+    if risk.is_empty() {
+        let _ = writeln!(out, "The static scan found nothing to review.\n");
+        return;
+    }
+    let (low, medium, high) = risk.counts();
+    let _ = writeln!(
+        out,
+        "{} finding(s): {high} high, {medium} medium, {low} low.\n",
+        risk.findings.len()
+    );
+    let _ = writeln!(
+        out,
+        "| Severity | Rule | Where | Finding |\n|---|---|---|---|"
+    );
+    for f in &risk.findings {
+        let place = match f.line {
+            Some(line) => format!("`{}`:{line}", f.file),
+            None => format!("`{}`", f.file),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | `{}` | {place} | {} |",
+            f.severity,
+            f.rule,
+            f.message.replace('|', "\\|").replace('\n', " ")
+        );
+    }
+    out.push('\n');
 }
 
 fn short_hash(h: &str) -> &str {
@@ -362,6 +399,7 @@ mod tests {
             created_at: Utc::now(),
             results,
             summary: &summary,
+            risk: None,
         };
         let md = render(&ctx, ReportFormat::Markdown);
         let js: serde_json::Value =

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::executor::JobResult;
+use crate::package::RiskReport;
 use crate::summary::RunSummary;
 
 pub mod html;
@@ -57,6 +58,8 @@ pub struct ReportContext<'a> {
     pub created_at: DateTime<Utc>,
     pub results: &'a [JobResult],
     pub summary: &'a RunSummary,
+    /// The package's static risk report, when it is known.
+    pub risk: Option<&'a RiskReport>,
 }
 
 /// Renders a report in the wanted format.

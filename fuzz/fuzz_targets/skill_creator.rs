@@ -1,0 +1,9 @@
+//! skill-creator's `evals/evals.json` on arbitrary bytes.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use skilleval::package::formats;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = formats::convert("evals/evals.json", data);
+});
