@@ -10,14 +10,12 @@ use clap::{Args, ValueEnum};
 use skilleval::artifacts::{self, ArtifactError, RunRecord};
 use skilleval::compare::{self, CompareError, CompareOptions, RunSide};
 use skilleval::executor::JobResult;
-use skilleval::llm::benchmark::Configuration;
 use skilleval::llm::Purpose;
 use skilleval::package::Package;
 use skilleval::summary::Verdict;
 use uuid::Uuid;
 
 use crate::providers::LlmSetup;
-use crate::variants::Variant;
 use crate::{EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -74,19 +72,13 @@ pub fn record_run(
     run_id: Uuid,
     package: &Package,
     llm: Option<&LlmSetup>,
-    labels: &[Variant],
     results: &[JobResult],
     repeats: u32,
 ) -> Result<(), ArtifactError> {
     let judge_model = llm
         .and_then(|setup| setup.clients.pick(None, Purpose::Judge).ok())
         .map(|client| client.config().model.clone());
-    let with_skill: Vec<JobResult> = labels
-        .iter()
-        .zip(results)
-        .filter(|(v, _)| v.configuration == Configuration::WithSkill)
-        .map(|(_, r)| r.clone())
-        .collect();
+    let with_skill: Vec<JobResult> = skilleval::llm::benchmark::with_skill(results);
     let record = RunRecord {
         run_id,
         skill_name: package.manifest.name.clone(),

@@ -24,6 +24,9 @@ use futures::TryStreamExt as _;
 use serde_json::{json, Value};
 use skilleval::compare::GateConfig;
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::executor::NO_BASELINE;
+use skilleval::llm::benchmark::{Configuration, Extras};
+use skilleval::report::ReportExtras;
 use skilleval::llm::budget::mark_stopped;
 use skilleval::model::EvalSettings;
 use skilleval::plan::Job;
@@ -180,6 +183,10 @@ impl RunAggregator {
         // Streamed row by row: memory does not grow with the run's size.
         let mut summarizer = Summarizer::default();
         let mut not_run = 0u64;
+        // Attempts per case and whether a baseline ran: the run's summary and verdict are
+        // over its with-skill attempts (as the CLI's), the rest is only compared against.
+        let mut repeats = 1u32;
+        let mut variants = false;
         // A run its budget stopped did not run every case: the cases the stop wrote off
         // carry its sentence.
         let budget_stop = match run.stop_reason {
@@ -187,6 +194,11 @@ impl RunAggregator {
             _ => None,
         };
         for_each_result(&self.store, run_id, |r| {
+            repeats = repeats.max(r.variant.run_number);
+            variants |= !r.variant.is_primary();
+            if r.variant.configuration != Configuration::WithSkill {
+                return;
+            }
             if budget_stop.is_some()
                 && r.status == CaseStatus::Skipped
                 && r.details.get("skipped").and_then(Value::as_str) == budget_stop
@@ -217,6 +229,17 @@ impl RunAggregator {
             _ => None,
         };
         let mut summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
+        if variants {
+            // A baseline or repeats: skill-creator's benchmark.json of the run, from every
+            // attempt, through the code `skilleval run` reports with.
+            let results = load_results(&self.store, run_id).await?;
+            if let (Some(benchmark), Value::Object(map)) = (
+                variant_extras(&results, &run.skill, run.created_at).benchmark,
+                &mut summary_json,
+            ) {
+                map.insert("benchmark".into(), benchmark);
+            }
+        }
         if let (Some(report), Value::Object(map)) = (gate, &mut summary_json) {
             map.insert(
                 "regression_gate".into(),
@@ -283,6 +306,50 @@ impl RunAggregator {
             outbox.nudge(vec![id]);
         }
         Ok(true)
+    }
+}
+
+/// What a run's baseline and repeats add to its report (nothing for a run of primary
+/// attempts only): the sections and skill-creator's `benchmark.json`, built by the code
+/// `skilleval run` reports with. Its notes name the cases whose runner could not leave the
+/// skill out (their baseline attempts are recorded `skipped`).
+pub fn variant_extras(
+    results: &[JobResult],
+    skill: &str,
+    created_at: chrono::DateTime<chrono::Utc>,
+) -> ReportExtras {
+    if results.iter().all(|r| r.variant.is_primary()) {
+        return ReportExtras::default();
+    }
+    let repeats = results
+        .iter()
+        .map(|r| r.variant.run_number)
+        .max()
+        .unwrap_or(1);
+    let extras = Extras::build(results, repeats);
+    let no_baseline = results
+        .iter()
+        .filter(|r| {
+            r.variant.configuration == Configuration::WithoutSkill
+                && r.variant.run_number == 1
+                && r.status == CaseStatus::Skipped
+                && r
+                    .details
+                    .get("skipped")
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| s.starts_with(NO_BASELINE))
+        })
+        .count();
+    let notes: Vec<String> = (no_baseline > 0)
+        .then(|| {
+            format!("{no_baseline} case(s) have no baseline: their runner cannot leave the skill out")
+        })
+        .into_iter()
+        .collect();
+    ReportExtras {
+        markdown: extras.markdown(),
+        benchmark: Some(extras.benchmark_json(skill, &created_at.to_rfc3339(), &notes)),
+        triggers: None,
     }
 }
 

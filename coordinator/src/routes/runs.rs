@@ -9,13 +9,14 @@ use serde::Deserialize;
 use serde_json::json;
 use skilleval::compare::GateSpec;
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::llm::benchmark::{Configuration, Variant};
 use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::model::RunnerSpec;
 use skilleval::plan::CaseFilter;
-use skilleval::report::{render, ReportContext, ReportFormat};
+use skilleval::report::{render_with, ReportContext, ReportFormat};
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
 
-use crate::aggregate::{load_results, stored_summary};
+use crate::aggregate::{load_results, stored_summary, variant_extras};
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
 use crate::launch::RunRequest;
@@ -53,6 +54,33 @@ pub struct CreateRunBody {
     /// The regression gate: `"no_regression"` or `{"rule", "alpha", "score_margin"}`.
     #[serde(default)]
     pub gate: Option<GateSpec>,
+    /// Also run each case without the skill (the runner leaves it out) and report the uplift.
+    #[serde(default)]
+    pub baseline: bool,
+    /// Attempts per case (pass@k, pass^k, flaky cases); 1 to [`MAX_REPEATS`]. Signed so that
+    /// a negative value reaches the range check and its message, not a type error.
+    #[serde(default)]
+    pub repeats: Option<i64>,
+}
+
+/// The most attempts per case a run may ask for.
+pub const MAX_REPEATS: i64 = 20;
+
+/// `repeats` in range (1 to [`MAX_REPEATS`]; absent: 1), or a 422 naming `field` and the rule.
+pub(crate) fn check_repeats(field: &str, repeats: Option<i64>) -> Result<u32, ApiError> {
+    match repeats {
+        None => Ok(1),
+        Some(n) if (1..=MAX_REPEATS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
+        Some(_) => {
+            let rule = format!("must be an integer from 1 to {MAX_REPEATS}");
+            Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_repeats",
+                format!("`{field}`: {rule}"),
+            )
+            .with_details(json!({ "field": field, "rule": rule })))
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -92,6 +120,7 @@ pub async fn create(
         }
     }
     check_budget(body.max_cost_usd, body.max_tokens)?;
+    let repeats = check_repeats("/repeats", body.repeats)?;
     let request = RunRequest {
         version_id: body.version_id,
         runner: body.runner,
@@ -107,6 +136,8 @@ pub async fn create(
         max_tokens: body.max_tokens,
         gate: body.gate,
         rescore_of: None,
+        baseline: body.baseline,
+        repeats,
     };
     if query.dry_run {
         return Ok(Json(dry_run(&state, &request).await?).into_response());
@@ -248,8 +279,8 @@ pub async fn results(
         ));
     }
     let after = match &query.cursor {
-        None => -1,
-        Some(c) => c.parse::<i32>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+        None => (-1, Variant::PRIMARY),
+        Some(c) => parse_cursor(c).ok_or_else(|| {
             ApiError::invalid_field(
                 "invalid_query",
                 "cursor",
@@ -276,20 +307,17 @@ pub async fn results(
     {
         let pending = state.launcher.pending_after(run_id, after, wanted).await?;
         rows.extend(pending.iter().map(pending_row));
-        rows.sort_by_key(|r| r.case_index);
+        rows.sort_by_key(|r| (r.case_index, r.variant));
         rows.truncate(wanted);
     }
     let more = rows.len() > wanted - 1;
-    let mut results: Vec<ResultView> = rows
-        .into_iter()
-        .take(wanted - 1)
-        .map(ResultView::from_row)
-        .collect();
+    rows.truncate(wanted - 1);
     let next_cursor = if more {
-        results.last().map(|r| r.case_index.to_string())
+        rows.last().map(|r| cursor_of(r.case_index, r.variant))
     } else {
         None
     };
+    let mut results: Vec<ResultView> = rows.into_iter().map(ResultView::from_row).collect();
     results.shrink_to_fit();
     Ok(Json(ResultPage {
         results,
@@ -297,9 +325,40 @@ pub async fn results(
     }))
 }
 
+/// A page's cursor: the last row's key, `<case index>` for a case's primary attempt (what
+/// every row of a run without baseline or repeats is), else
+/// `<case index>:<configuration>:<attempt>`.
+fn cursor_of(case_index: i32, variant: Variant) -> String {
+    if variant.is_primary() {
+        case_index.to_string()
+    } else {
+        format!(
+            "{case_index}:{}:{}",
+            variant.configuration.as_str(),
+            variant.run_number
+        )
+    }
+}
+
+/// The key a cursor of [`cursor_of`] names.
+fn parse_cursor(cursor: &str) -> Option<(i32, Variant)> {
+    let mut parts = cursor.split(':');
+    let index = parts.next()?.parse::<i32>().ok().filter(|n| *n >= 0)?;
+    let variant = match (parts.next(), parts.next(), parts.next()) {
+        (None, _, _) => Variant::PRIMARY,
+        (Some(configuration), Some(n), None) => Variant {
+            configuration: Configuration::parse(configuration)?,
+            run_number: n.parse::<u32>().ok().filter(|n| *n >= 1)?,
+        },
+        _ => return None,
+    };
+    Some((index, variant))
+}
+
 /// A planned case without an outcome, as a results row.
 fn pending_row(r: &JobResult) -> ResultRow {
     ResultRow {
+        variant: r.variant,
         case_index: i32::try_from(r.case_index).unwrap_or(i32::MAX),
         test_case_id: r.test_case_id.clone(),
         name: r.name.clone(),
@@ -351,7 +410,10 @@ pub async fn report(
         )
         .with_details(json!({ "status": run.status })));
     };
-    let results = load_results(&state.store, run_id).await?;
+    let all = load_results(&state.store, run_id).await?;
+    // The run proper is its with-skill attempts; a baseline and repeats add their sections.
+    let extras = variant_extras(&all, &run.skill, run.created_at);
+    let results = skilleval::llm::benchmark::with_skill(&all);
     let ctx = ReportContext {
         run_id,
         skill_name: &run.skill,
@@ -363,7 +425,7 @@ pub async fn report(
         results: &results,
         summary: &summary,
     };
-    let body = render(&ctx, format);
+    let body = render_with(&ctx, format, &extras);
     let content_type = match format {
         ReportFormat::Markdown => "text/markdown; charset=utf-8",
         ReportFormat::Json => "application/json",
@@ -479,6 +541,9 @@ pub async fn rescore(
         max_tokens: body.max_tokens,
         gate: None,
         rescore_of: Some(source_id),
+        // A rescore grades the recorded outputs once: no new attempts, no baseline.
+        baseline: false,
+        repeats: 1,
     };
     if body.dry_run {
         let prepared = {

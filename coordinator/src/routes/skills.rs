@@ -77,6 +77,12 @@ pub struct UploadQuery {
     pub gate_alpha: Option<f64>,
     #[serde(default)]
     pub gate_score_margin: Option<f64>,
+    /// Also run each case without the skill (the uplift).
+    #[serde(default)]
+    pub baseline: bool,
+    /// Attempts per case (pass@k, pass^k); 1 to 20.
+    #[serde(default)]
+    pub repeats: Option<i64>,
 }
 
 fn yes() -> bool {
@@ -94,6 +100,7 @@ pub async fn upload(
         check_callback_url("callback_url", url)?;
     }
     let gate = upload_gate(&query)?;
+    let repeats = crate::routes::runs::check_repeats("repeats", query.repeats)?;
     let headers = request.headers().clone();
     let body = read_limited(request.into_body(), &headers, state.max_upload_bytes)
         .await
@@ -182,6 +189,8 @@ pub async fn upload(
             max_tokens: None,
             gate,
             rescore_of: None,
+            baseline: query.baseline,
+            repeats,
         };
         // Planned from the definition in hand (the one just stored, or the identical one of
         // the version with the same content), not read back from the database.

@@ -25,5 +25,6 @@ mod sampling;
 mod submit;
 mod tls;
 mod upload;
+mod variants;
 mod versions;
 mod webhooks;

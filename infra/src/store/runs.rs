@@ -22,6 +22,7 @@ use super::{Store, StoreError};
 use uuid::Uuid;
 
 use skilleval::executor::CaseStatus;
+use skilleval::llm::benchmark::{Configuration, Variant};
 
 use super::lifecycle::{RunKind, RunState, RunStatus, StopReason};
 
@@ -358,6 +359,8 @@ async fn get_run(
 #[derive(Debug, Clone)]
 pub struct ResultRow {
     pub case_index: i32,
+    /// Which configuration and attempt of the case the row is.
+    pub variant: Variant,
     pub test_case_id: String,
     pub name: String,
     pub status: CaseStatus,
@@ -367,29 +370,58 @@ pub struct ResultRow {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-/// A page of recorded results after `after_index`, optionally of one status.
+/// Configurations in listing order (`Configuration`'s), positions from 1 as SQL numbers them.
+const CONFIGURATION_ORDER: [Configuration; 3] = [
+    Configuration::WithSkill,
+    Configuration::WithoutSkill,
+    Configuration::Trigger,
+];
+
+/// A page of recorded results after the row keyed `after` (case index, variant), in
+/// (case index, variant) order, optionally of one status.
 async fn list_results(
     pool: &PgPool,
     run_id: Uuid,
     status: Option<CaseStatus>,
-    after_index: i32,
+    after: (i32, Variant),
     limit: i64,
 ) -> Result<Vec<ResultRow>, sqlx::Error> {
+    // Variants in `Variant`'s order: with the skill, without, trigger queries, then by attempt
+    // (an integer, not the text, so no collation can reorder them).
+    let (after_index, after_variant) = after;
     let rows = sqlx::query(
-        "SELECT case_index, test_case_id, name, status, strategy, result, details, finished_at
+        "SELECT case_index, test_case_id, name, status, strategy, result, details, finished_at,
+                configuration, run_number
          FROM eval_results
-         WHERE run_id = $1 AND case_index > $2 AND ($3::text IS NULL OR status = $3)
-         ORDER BY case_index LIMIT $4",
+         WHERE run_id = $1 AND case_index >= $2 AND ($3::text IS NULL OR status = $3)
+           AND (case_index, array_position($7::text[], configuration), run_number) > ($2, $5, $6)
+         ORDER BY case_index, array_position($7::text[], configuration), run_number LIMIT $4",
     )
     .bind(run_id)
     .bind(after_index)
     .bind(status.map(CaseStatus::as_str))
     .bind(limit)
+    .bind(CONFIGURATION_ORDER
+        .iter()
+        .position(|c| *c == after_variant.configuration)
+        .map_or(i32::MAX, |i| i32::try_from(i + 1).unwrap_or(i32::MAX)))
+    .bind(i32::try_from(after_variant.run_number).unwrap_or(i32::MAX))
+    .bind(CONFIGURATION_ORDER.map(Configuration::as_str).to_vec())
     .fetch_all(pool)
     .await?;
     rows.into_iter()
         .map(|r| {
+            let configuration: String = r.try_get(8)?;
+            let run_number: i32 = r.try_get(9)?;
             Ok(ResultRow {
+                variant: Variant {
+                    configuration: Configuration::parse(&configuration).ok_or_else(|| {
+                        sqlx::Error::Decode(
+                            format!("unknown configuration `{configuration}`").into(),
+                        )
+                    })?,
+                    run_number: u32::try_from(run_number).unwrap_or(1),
+                },
                 case_index: r.try_get(0)?,
                 test_case_id: r.try_get(1)?,
                 name: r.try_get(2)?,
@@ -508,10 +540,10 @@ impl Store {
         &self,
         run_id: Uuid,
         status: Option<CaseStatus>,
-        after_index: i32,
+        after: (i32, Variant),
         limit: i64,
     ) -> Result<Vec<ResultRow>, StoreError> {
-        list_results(self.pool(), run_id, status, after_index, limit)
+        list_results(self.pool(), run_id, status, after, limit)
             .await
             .map_err(StoreError::query("listing a run's results"))
     }
