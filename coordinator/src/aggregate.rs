@@ -26,6 +26,8 @@ use skilleval::compare::GateConfig;
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::executor::NO_BASELINE;
 use skilleval::llm::benchmark::{Configuration, Extras};
+use skilleval::llm::trigger_runner::{is_trigger_result, trigger_report, TriggerPlan};
+use skilleval::llm::triggers::{self, SkillCard};
 use skilleval::report::ReportExtras;
 use skilleval::llm::budget::mark_stopped;
 use skilleval::model::EvalSettings;
@@ -187,6 +189,7 @@ impl RunAggregator {
         // over its with-skill attempts (as the CLI's), the rest is only compared against.
         let mut repeats = 1u32;
         let mut variants = false;
+        let mut trigger_queries = false;
         // A run its budget stopped did not run every case: the cases the stop wrote off
         // carry its sentence.
         let budget_stop = match run.stop_reason {
@@ -196,6 +199,7 @@ impl RunAggregator {
         for_each_result(&self.store, run_id, |r| {
             repeats = repeats.max(r.variant.run_number);
             variants |= !r.variant.is_primary();
+            trigger_queries |= is_trigger_result(&r);
             if r.variant.configuration != Configuration::WithSkill {
                 return;
             }
@@ -230,14 +234,23 @@ impl RunAggregator {
         };
         let mut summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
         if variants {
-            // A baseline or repeats: skill-creator's benchmark.json of the run, from every
-            // attempt, through the code `skilleval run` reports with.
+            // A baseline, repeats or trigger evals: skill-creator's benchmark.json and the
+            // trigger report of the run, from every attempt, through the code `skilleval run`
+            // reports with.
             let results = load_results(&self.store, run_id).await?;
-            if let (Some(benchmark), Value::Object(map)) = (
-                variant_extras(&results, &run.skill, run.created_at).benchmark,
-                &mut summary_json,
-            ) {
-                map.insert("benchmark".into(), benchmark);
+            let triggers = if trigger_queries {
+                self.launcher.plan_of(run_id).await?.triggers().cloned()
+            } else {
+                None
+            };
+            let extras = variant_extras(&results, &run, triggers.as_ref());
+            if let Value::Object(map) = &mut summary_json {
+                if let Some(benchmark) = extras.benchmark {
+                    map.insert("benchmark".into(), benchmark);
+                }
+                if let Some(triggers) = extras.triggers {
+                    map.insert("triggers".into(), triggers);
+                }
             }
         }
         if let (Some(report), Value::Object(map)) = (gate, &mut summary_json) {
@@ -315,12 +328,25 @@ impl RunAggregator {
 /// skill out (their baseline attempts are recorded `skipped`).
 pub fn variant_extras(
     results: &[JobResult],
-    skill: &str,
-    created_at: chrono::DateTime<chrono::Utc>,
+    run: &RunRow,
+    triggers: Option<&TriggerPlan>,
 ) -> ReportExtras {
-    if results.iter().all(|r| r.variant.is_primary()) {
-        return ReportExtras::default();
+    let mut out = ReportExtras::default();
+    let skill = SkillCard::new(&run.skill, &run.description);
+    let trigger_report = triggers.and_then(|plan| trigger_report(&skill, plan, results));
+    if let Some(report) = &trigger_report {
+        out.markdown = triggers::markdown(report);
+        out.triggers = serde_json::to_value(report).ok();
     }
+    let cases: Vec<JobResult> = results
+        .iter()
+        .filter(|r| !is_trigger_result(r))
+        .cloned()
+        .collect();
+    if cases.iter().all(|r| r.variant.is_primary()) {
+        return out;
+    }
+    let results = &cases;
     let repeats = results
         .iter()
         .map(|r| r.variant.run_number)
@@ -346,11 +372,14 @@ pub fn variant_extras(
         })
         .into_iter()
         .collect();
-    ReportExtras {
-        markdown: extras.markdown(),
-        benchmark: Some(extras.benchmark_json(skill, &created_at.to_rfc3339(), &notes)),
-        triggers: None,
-    }
+    // Baseline and repeats first, then the trigger evals, as `skilleval run` orders them.
+    out.markdown = extras.markdown() + &out.markdown;
+    out.benchmark = Some(extras.benchmark_json(
+        &run.skill,
+        &run.created_at.to_rfc3339(),
+        &notes,
+    ));
+    out
 }
 
 /// Every recorded result of a run in case order.

@@ -23,6 +23,7 @@ use serde_json::json;
 use skilleval::compare::{GateConfig, GateSpec, GateSpecError};
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::benchmark::{Configuration, Variant};
+use skilleval::llm::trigger_runner::TriggerPlan;
 use skilleval::model::{EvalConfig, Given, RunnerConfig, RunnerSpec};
 use skilleval::monitor::{sample_job, CriteriaSelection, Monitor, Sample, SampleJobContext};
 use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
@@ -74,6 +75,8 @@ pub struct RunRequest {
     pub baseline: bool,
     /// Attempts per case (1: no repeats), to report pass@k and pass^k.
     pub repeats: u32,
+    /// The package's trigger eval queries to run, one job each after the cases.
+    pub triggers: Option<TriggerPlan>,
 }
 
 impl RunRequest {
@@ -92,6 +95,7 @@ impl RunRequest {
             rescore_of: None,
             baseline: false,
             repeats: 1,
+            triggers: None,
         }
     }
 
@@ -335,7 +339,9 @@ impl RunLauncher {
             fail_fast: header.settings.fail_fast,
             max_cost_usd: request.max_cost_usd,
             max_tokens: request.max_tokens,
-            total: total.saturating_mul(variants.len()),
+            total: total
+                .saturating_mul(variants.len())
+                .saturating_add(request.triggers.as_ref().map_or(0, |t| t.queries.len())),
             plan: Arc::new(RunPlan {
                 run_id,
                 package_hash: version.package_hash,
@@ -348,6 +354,7 @@ impl RunLauncher {
                         each: variants,
                         cases: total,
                     },
+                    triggers: request.triggers.clone(),
                 },
                 traceparent: skilleval_infra::telemetry::current_traceparent(),
             }),
@@ -845,9 +852,10 @@ impl RunLauncher {
             None => None,
         };
         let each = Variant::all(recorded.repeats, recorded.baseline);
+        let triggers = recorded.triggers.clone();
         let variants = match recorded.cases {
             Some(cases) => Variants { each, cases },
-            None if each.len() == 1 => Variants::primary(usize::MAX),
+            None if each.len() == 1 && triggers.is_none() => Variants::primary(usize::MAX),
             None => {
                 return Err(LaunchError::Corrupt {
                     run_id,
@@ -875,6 +883,7 @@ impl RunLauncher {
                 runner,
                 rescore,
                 variants,
+                triggers,
             },
             traceparent: stored.traceparent,
         });
@@ -1012,6 +1021,8 @@ enum PlanSource {
         rescore: Option<(Uuid, Givens)>,
         /// What each selected case runs as (baseline, repeats).
         variants: Variants,
+        /// Trigger eval queries, planned after every case's variants.
+        triggers: Option<TriggerPlan>,
     },
     /// The run's `samples` rows and the monitor revision they were taken with.
     Samples(SamplesPlan),
@@ -1096,11 +1107,22 @@ impl RunPlan {
         span
     }
 
-    /// Whether its cases run as more than one variant (a baseline, repeats).
+    /// Whether its cases run as more than one variant (a baseline, repeats) or it has
+    /// trigger eval queries: its plan order is not the results' order.
     fn has_variants(&self) -> bool {
         match &self.source {
-            PlanSource::Definition { variants, .. } => !variants.is_primary_only(),
+            PlanSource::Definition {
+                variants, triggers, ..
+            } => !variants.is_primary_only() || triggers.is_some(),
             PlanSource::Samples(_) => false,
+        }
+    }
+
+    /// The trigger evals it runs.
+    pub fn triggers(&self) -> Option<&TriggerPlan> {
+        match &self.source {
+            PlanSource::Definition { triggers, .. } => triggers.as_ref(),
+            PlanSource::Samples(_) => None,
         }
     }
 
@@ -1126,6 +1148,7 @@ impl RunPlan {
                 filter,
                 rescore,
                 variants,
+                triggers,
                 ..
             } => {
                 let (baseline, repeats) = variants.asked();
@@ -1133,7 +1156,9 @@ impl RunPlan {
                     rescore_of: rescore.as_ref().map(|(source, _)| *source),
                     baseline,
                     repeats,
-                    cases: (!variants.is_primary_only()).then_some(variants.cases),
+                    cases: (!variants.is_primary_only() || triggers.is_some())
+                        .then_some(variants.cases),
+                    triggers: triggers.clone(),
                     ..RecordedFilter::from(filter)
                 })
             }
@@ -1147,19 +1172,21 @@ impl RunPlan {
     /// time); dropping the receiver stops the planning.
     pub fn chunks(&self, from: usize, limit: usize) -> JobChunks {
         let (tx, rx) = tokio::sync::mpsc::channel(2);
-        let (definition, filter, runner, givens, variants) = match &self.source {
+        let (definition, filter, runner, givens, variants, triggers) = match &self.source {
             PlanSource::Definition {
                 definition,
                 filter,
                 runner,
                 rescore,
                 variants,
+                triggers,
             } => (
                 Arc::clone(definition),
                 filter.clone(),
                 runner.clone(),
                 rescore.as_ref().map(|(_, g)| Arc::clone(g)),
                 variants.clone(),
+                triggers.clone(),
             ),
             PlanSource::Samples(samples) => {
                 tokio::spawn(samples_chunks(
@@ -1228,6 +1255,19 @@ impl RunPlan {
                     return;
                 }
             }
+            // The trigger eval queries, after every case's variants.
+            if let Some(triggers) = triggers {
+                let jobs = triggers.jobs(
+                    run_id,
+                    &package_hash,
+                    definition.header().profile,
+                    from.saturating_sub(position),
+                    left,
+                );
+                if !jobs.is_empty() {
+                    let _ = tx.blocking_send(Ok(jobs));
+                }
+            }
         });
         rx
     }
@@ -1263,9 +1303,12 @@ struct RecordedFilter {
     #[serde(default = "one", skip_serializing_if = "is_one")]
     repeats: u32,
     /// Cases the filter selected at creation (the plan's positions per variant), recorded
-    /// with a baseline or repeats.
+    /// with a baseline, repeats or trigger evals.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cases: Option<usize>,
+    /// The trigger eval queries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    triggers: Option<TriggerPlan>,
 }
 
 fn one() -> u32 {
@@ -1286,6 +1329,7 @@ impl From<&CaseFilter> for RecordedFilter {
             baseline: false,
             repeats: 1,
             cases: None,
+            triggers: None,
         }
     }
 }

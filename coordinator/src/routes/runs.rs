@@ -10,6 +10,7 @@ use serde_json::json;
 use skilleval::compare::GateSpec;
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::benchmark::{Configuration, Variant};
+use skilleval::llm::trigger_runner::{is_trigger_result, TriggerPlan};
 use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::model::RunnerSpec;
 use skilleval::plan::CaseFilter;
@@ -61,10 +62,84 @@ pub struct CreateRunBody {
     /// a negative value reaches the range check and its message, not a type error.
     #[serde(default)]
     pub repeats: Option<i64>,
+    /// Also run the package's trigger evals (precision, recall, F1 of selecting the skill).
+    #[serde(default)]
+    pub triggers: bool,
+    /// Runs per trigger query (1 to [`MAX_TRIGGER_RUNS`]; default 3); implies `triggers`.
+    #[serde(default)]
+    pub trigger_runs: Option<i64>,
 }
 
 /// The most attempts per case a run may ask for.
 pub const MAX_REPEATS: i64 = 20;
+/// The most runs per trigger query a run may ask for.
+pub const MAX_TRIGGER_RUNS: i64 = 10;
+
+fn invalid_triggers(field: &str, rule: String) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_triggers",
+        format!("`{field}`: {rule}"),
+    )
+    .with_details(json!({ "field": field, "rule": rule }))
+}
+
+/// Runs per trigger query in range (1 to [`MAX_TRIGGER_RUNS`]; absent: the CLI's default), or
+/// a 422 naming `field` and the rule.
+pub(crate) fn check_trigger_runs(field: &str, runs: Option<i64>) -> Result<u32, ApiError> {
+    match runs {
+        None => Ok(skilleval::llm::triggers::DEFAULT_RUNS_PER_QUERY),
+        Some(n) if (1..=MAX_TRIGGER_RUNS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
+        Some(_) => Err(invalid_triggers(
+            field,
+            format!("must be an integer from 1 to {MAX_TRIGGER_RUNS}"),
+        )),
+    }
+}
+
+/// The trigger evals over the package's `queries`, or a 422 naming `field` when the package
+/// has no trigger file.
+pub(crate) fn trigger_plan(
+    field: &str,
+    runs_per_query: u32,
+    queries: Vec<skilleval::package::TriggerCase>,
+) -> Result<TriggerPlan, ApiError> {
+    if queries.is_empty() {
+        return Err(invalid_triggers(
+            field,
+            "the package has no trigger evals (eval/triggers.json or evals/triggers.json)".into(),
+        ));
+    }
+    Ok(TriggerPlan {
+        queries,
+        runs_per_query,
+    })
+}
+
+/// The trigger eval queries of a stored version's package (opened from its stored ZIP).
+async fn stored_triggers(
+    state: &AppState,
+    version_id: uuid::Uuid,
+) -> Result<Vec<skilleval::package::TriggerCase>, ApiError> {
+    let version = {
+        let mut conn = state.store.pool().acquire().await?;
+        state.store.version_for_run(&mut conn, version_id).await?
+    }
+    .ok_or_else(|| ApiError::not_found("version", version_id))?;
+    let bytes = state
+        .store
+        .package_bytes(&version.package_hash)
+        .await?
+        .ok_or_else(|| ApiError::not_found("version", version_id))?;
+    let limits = state.limits.clone();
+    let package = tokio::task::spawn_blocking(move || {
+        skilleval::package::Package::from_zip_bytes_streamed(&bytes, &limits)
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("the stored package does not open: {e}")))?;
+    Ok(package.triggers)
+}
 
 /// `repeats` in range (1 to [`MAX_REPEATS`]; absent: 1), or a 422 naming `field` and the rule.
 pub(crate) fn check_repeats(field: &str, repeats: Option<i64>) -> Result<u32, ApiError> {
@@ -121,6 +196,13 @@ pub async fn create(
     }
     check_budget(body.max_cost_usd, body.max_tokens)?;
     let repeats = check_repeats("/repeats", body.repeats)?;
+    let trigger_runs = check_trigger_runs("/trigger_runs", body.trigger_runs)?;
+    let triggers = if body.triggers || body.trigger_runs.is_some() {
+        let queries = stored_triggers(&state, body.version_id).await?;
+        Some(trigger_plan("/triggers", trigger_runs, queries)?)
+    } else {
+        None
+    };
     let request = RunRequest {
         version_id: body.version_id,
         runner: body.runner,
@@ -138,6 +220,7 @@ pub async fn create(
         rescore_of: None,
         baseline: body.baseline,
         repeats,
+        triggers,
     };
     if query.dry_run {
         return Ok(Json(dry_run(&state, &request).await?).into_response());
@@ -412,7 +495,12 @@ pub async fn report(
     };
     let all = load_results(&state.store, run_id).await?;
     // The run proper is its with-skill attempts; a baseline and repeats add their sections.
-    let extras = variant_extras(&all, &run.skill, run.created_at);
+    let triggers = if all.iter().any(is_trigger_result) {
+        state.launcher.plan_of(run_id).await?.triggers().cloned()
+    } else {
+        None
+    };
+    let extras = variant_extras(&all, &run, triggers.as_ref());
     let results = skilleval::llm::benchmark::with_skill(&all);
     let ctx = ReportContext {
         run_id,
@@ -544,6 +632,7 @@ pub async fn rescore(
         // A rescore grades the recorded outputs once: no new attempts, no baseline.
         baseline: false,
         repeats: 1,
+        triggers: None,
     };
     if body.dry_run {
         let prepared = {

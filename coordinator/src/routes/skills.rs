@@ -83,6 +83,12 @@ pub struct UploadQuery {
     /// Attempts per case (pass@k, pass^k); 1 to 20.
     #[serde(default)]
     pub repeats: Option<i64>,
+    /// Also run the package's trigger evals.
+    #[serde(default)]
+    pub triggers: bool,
+    /// Runs per trigger query (1 to 10; default 3); implies `triggers`.
+    #[serde(default)]
+    pub trigger_runs: Option<i64>,
 }
 
 fn yes() -> bool {
@@ -101,6 +107,7 @@ pub async fn upload(
     }
     let gate = upload_gate(&query)?;
     let repeats = crate::routes::runs::check_repeats("repeats", query.repeats)?;
+    let trigger_runs = crate::routes::runs::check_trigger_runs("trigger_runs", query.trigger_runs)?;
     let headers = request.headers().clone();
     let body = read_limited(request.into_body(), &headers, state.max_upload_bytes)
         .await
@@ -126,6 +133,15 @@ pub async fn upload(
         Err(Opening::Failed(e)) => return Err(e),
     };
     let validated = started.elapsed();
+    let triggers = if query.triggers || query.trigger_runs.is_some() {
+        Some(crate::routes::runs::trigger_plan(
+            "triggers",
+            trigger_runs,
+            package.triggers.clone(),
+        )?)
+    } else {
+        None
+    };
     let manifest = &package.manifest;
     let version_label = manifest.metadata.get("version").and_then(|v| match v {
         serde_json::Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
@@ -191,6 +207,7 @@ pub async fn upload(
             rescore_of: None,
             baseline: query.baseline,
             repeats,
+            triggers,
         };
         // Planned from the definition in hand (the one just stored, or the identical one of
         // the version with the same content), not read back from the database.

@@ -41,7 +41,28 @@ fn user_text(body: &Value) -> String {
         .join("\n")
 }
 
+/// A trigger eval's selection: the skill for queries about the magic word (and, wrongly, the
+/// one about a magic trick), `none` for the rest.
+fn choose(body: &Value) -> Json<Value> {
+    let text = user_text(body);
+    let query = text.split("<query>").nth(1).unwrap_or_default();
+    let pick = if query.contains("magic") {
+        "variants"
+    } else {
+        "none"
+    };
+    Json(json!({
+        "id": "chatcmpl-test",
+        "model": "test-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": json!({"skill": pick, "reason": "r"}).to_string()}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 5}
+    }))
+}
+
 async fn chat(State(calls): State<Calls>, Json(body): Json<Value>) -> Json<Value> {
+    if body.pointer("/response_format/json_schema/name") == Some(&json!("choose_skill")) {
+        return choose(&body);
+    }
     let with_skill = body["messages"][0]["role"] == "system"
         && body["messages"][0]["content"]
             .as_str()
@@ -102,17 +123,40 @@ fn tests_json() -> Value {
     })
 }
 
+/// Trigger eval queries: two that should select the skill (one does), two that should not
+/// (one does): precision 1/2, recall 1/2.
+fn triggers_json() -> Value {
+    json!([
+        {"query": "What is the magic word?", "should_trigger": true},
+        {"query": "Say the secret password", "should_trigger": true},
+        {"query": "Show me a magic trick", "should_trigger": false},
+        {"query": "What is the weather today?", "should_trigger": false}
+    ])
+}
+
 /// The package as a folder (for the CLI) and as a ZIP (for the service).
 fn package(dir: &std::path::Path) -> Vec<u8> {
     let tests = serde_json::to_vec_pretty(&tests_json()).unwrap();
+    let triggers = serde_json::to_vec_pretty(&triggers_json()).unwrap();
     std::fs::create_dir_all(dir.join("eval")).unwrap();
     std::fs::write(dir.join("SKILL.md"), SKILL_MD).unwrap();
     std::fs::write(dir.join("eval/tests.json"), &tests).unwrap();
-    zip_of(&[("SKILL.md", SKILL_MD.as_bytes()), ("eval/tests.json", &tests)])
+    std::fs::write(dir.join("eval/triggers.json"), &triggers).unwrap();
+    zip_of(&[
+        ("SKILL.md", SKILL_MD.as_bytes()),
+        ("eval/tests.json", &tests),
+        ("eval/triggers.json", &triggers),
+    ])
 }
 
-/// `skilleval run --baseline --repeats 2` on the folder; returns its benchmark.json.
-async fn cli_benchmark(root: &std::path::Path, addr: SocketAddr, out: &std::path::Path) -> Value {
+/// `skilleval run` with `flags` on the folder, into `out/<name>`; returns the run's folder.
+async fn cli_run(
+    root: &std::path::Path,
+    addr: SocketAddr,
+    out: &std::path::Path,
+    name: &str,
+    flags: &[&str],
+) -> std::path::PathBuf {
     let providers = out.join("providers.toml");
     std::fs::write(
         &providers,
@@ -121,34 +165,47 @@ async fn cli_benchmark(root: &std::path::Path, addr: SocketAddr, out: &std::path
         ),
     )
     .unwrap();
-    let cli = skilleval_cli::Cli::parse_from([
-        "skilleval".into(),
-        "run".into(),
-        "--quiet".into(),
-        "--no-cache".into(),
-        "--baseline".into(),
-        "--repeats".into(),
-        "2".into(),
-        "--trigger-runs".into(),
-        "0".into(),
-        "--providers".into(),
+    let mut argv: Vec<String> = ["skilleval", "run", "--quiet", "--no-cache"]
+        .iter()
+        .chain(flags)
+        .map(|s| s.to_string())
+        .collect();
+    argv.extend([
+        "--providers".to_string(),
         providers.display().to_string(),
-        "--out".into(),
-        out.join("local").display().to_string(),
+        "--out".to_string(),
+        out.join(name).display().to_string(),
         root.display().to_string(),
     ]);
+    let cli = skilleval_cli::Cli::parse_from(argv);
     let skilleval_cli::Command::Run(args) = cli.command else {
         panic!("not a run");
     };
     let code = skilleval_cli::run::run(&args).await;
     assert!(code <= 1, "the CLI run reached a verdict (exit {code})");
-    let runs: Vec<_> = std::fs::read_dir(out.join("local/runs"))
+    let runs: Vec<_> = std::fs::read_dir(out.join(name).join("runs"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
     assert_eq!(runs.len(), 1);
-    serde_json::from_str(&std::fs::read_to_string(runs[0].join("benchmark.json")).unwrap())
-        .unwrap()
+    runs[0].clone()
+}
+
+fn read_json(path: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// `skilleval run --baseline --repeats 2` on the folder; returns its benchmark.json.
+async fn cli_benchmark(root: &std::path::Path, addr: SocketAddr, out: &std::path::Path) -> Value {
+    let dir = cli_run(
+        root,
+        addr,
+        out,
+        "local",
+        &["--baseline", "--repeats", "2", "--trigger-runs", "0"],
+    )
+    .await;
+    read_json(&dir.join("benchmark.json"))
 }
 
 /// The document with every `time_seconds` (and the signed delta of it) removed.
@@ -308,6 +365,93 @@ async fn a_baseline_and_repeats_run_reports_the_uplift_and_pass_at_k_the_cli_rep
     seen.sort();
     seen.dedup();
     assert_eq!(seen.len(), 12, "each attempt listed once: {seen:?}");
+
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+    model.abort();
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_service_runs_trigger_evals_and_reports_the_clis_precision_recall_and_f1() {
+    let (addr, _calls, model) = start_model().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("variants");
+    let zip = package(&root);
+
+    let local = read_json(
+        &cli_run(&root, addr, tmp.path(), "local", &["--trigger-runs", "2"])
+            .await
+            .join("triggers.json"),
+    );
+    let m = &local["metrics"];
+    assert_eq!((m["precision"].as_f64(), m["recall"].as_f64()), (Some(0.5), Some(0.5)));
+    assert_eq!(m["f1"].as_f64(), Some(0.5));
+
+    let app = spawn_app_with(AppOptions {
+        background: true,
+        sweep_interval_secs: 1,
+        ..AppOptions::default()
+    })
+    .await;
+    let mut providers = Providers::default();
+    providers.insert(
+        ProviderConfig {
+            base_url: format!("http://{addr}/v1"),
+            ..ProviderConfig::new("test", ProviderKind::Openai, "test-model")
+        },
+        true,
+    );
+    let mut settings = app.settings.clone();
+    settings.llm.providers = providers;
+    let package_cache = tempfile::tempdir().unwrap();
+    let (stop, worker) = start_worker_with(settings, package_cache.path()).await;
+
+    let bad = app.upload_zip(zip.clone(), "?trigger_runs=11").await;
+    assert_eq!(bad.status().as_u16(), 422);
+    let bad: Value = bad.json().await.unwrap();
+    assert_eq!(bad["error"]["details"]["field"], "trigger_runs", "{bad}");
+
+    let upload: Value = app
+        .upload_zip(zip, "?triggers=true&trigger_runs=2")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let run_id = upload["run_id"].as_str().expect("a run").to_string();
+    let run = wait_for_verdict(&app, &run_id).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["counters"]["total"], 3 + 4, "3 cases and 4 trigger queries");
+    assert_eq!(
+        run["summary"]["triggers"], local,
+        "the same report: queries, picks, precision, recall, F1, usage"
+    );
+    let (_, report) = app
+        .get_json(&format!("/v1/runs/{run_id}/report?format=json"))
+        .await;
+    assert_eq!(report["triggers"], local);
+    let md = app
+        .get(&format!("/v1/runs/{run_id}/report?format=markdown"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(md.contains("## Trigger evals"), "{md}");
+    assert!(md.contains("F1 50.0%"), "{md}");
+
+    // A second run through POST /v1/runs reads the queries from the stored package.
+    let version_id = upload["version_id"].as_str().unwrap();
+    let created = app
+        .post_json(
+            "/v1/runs",
+            &json!({"version_id": version_id, "trigger_runs": 2, "test_cases": ["steady"]}),
+        )
+        .await;
+    assert_eq!(created.status().as_u16(), 202);
+    let created: Value = created.json().await.unwrap();
+    let again = wait_for_verdict(&app, created["run_id"].as_str().unwrap()).await;
+    assert_eq!(again["counters"]["total"], 1 + 4);
+    assert_eq!(again["summary"]["triggers"]["metrics"], local["metrics"]);
 
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;

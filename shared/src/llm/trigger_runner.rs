@@ -35,11 +35,56 @@ pub const RUNS_OPTION: &str = "runsPerQuery";
 pub const TRIGGERED: &str = "triggered";
 /// The output of a query that did not.
 pub const NOT_TRIGGERED: &str = "not triggered";
+/// Wall-clock limit per run of a query (a model call, retries included).
+const TRIGGER_TIMEOUT_MS: u64 = 120_000;
 /// How a trigger job's case id begins (`trigger:<n>`, n the query's position, from 1).
 pub const TRIGGER_ID_PREFIX: &str = "trigger:";
 
-/// The job of the `index`-th query (from 0) of a run: `template` gives the run and package.
-pub fn trigger_job(template: &Job, index: usize, case: &TriggerCase, runs_per_query: u32) -> Job {
+/// The trigger evals a run asked for: the package's queries and the runs per query.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TriggerPlan {
+    pub queries: Vec<TriggerCase>,
+    pub runs_per_query: u32,
+}
+
+impl TriggerPlan {
+    /// The jobs of the queries from position `from` (at most `limit`), for run `run_id` of
+    /// the package `package_hash`.
+    pub fn jobs(
+        &self,
+        run_id: uuid::Uuid,
+        package_hash: &str,
+        profile: crate::model::Profile,
+        from: usize,
+        limit: usize,
+    ) -> Vec<Job> {
+        self.queries
+            .iter()
+            .enumerate()
+            .skip(from)
+            .take(limit)
+            .map(|(i, case)| trigger_job(run_id, package_hash, profile, i, case, self.runs_per_query))
+            .collect()
+    }
+
+    /// The options the queries run with (the CLI's, with these runs per query).
+    pub fn options(&self) -> TriggerOptions {
+        TriggerOptions {
+            runs_per_query: self.runs_per_query.max(1),
+            ..TriggerOptions::default()
+        }
+    }
+}
+
+/// The job of the `index`-th query (from 0) of run `run_id`.
+pub fn trigger_job(
+    run_id: uuid::Uuid,
+    package_hash: &str,
+    profile: crate::model::Profile,
+    index: usize,
+    case: &TriggerCase,
+    runs_per_query: u32,
+) -> Job {
     let mut runner = RunnerConfig {
         kind: TRIGGER_RUNNER.into(),
         ..RunnerConfig::default()
@@ -51,7 +96,7 @@ pub fn trigger_job(template: &Job, index: usize, case: &TriggerCase, runs_per_qu
         .extra
         .insert(RUNS_OPTION.into(), json!(runs_per_query.max(1)));
     Job {
-        run_id: template.run_id,
+        run_id,
         case: TestCase {
             id: format!("{TRIGGER_ID_PREFIX}{}", index + 1),
             name: case.query.clone(),
@@ -77,11 +122,11 @@ pub fn trigger_job(template: &Job, index: usize, case: &TriggerCase, runs_per_qu
             ..TestCase::default()
         },
         case_index: u32::try_from(index).unwrap_or(u32::MAX),
-        profile: template.profile,
+        profile,
         runner,
-        timeout_ms: template.timeout_ms.max(60_000),
+        timeout_ms: TRIGGER_TIMEOUT_MS.saturating_mul(u64::from(runs_per_query.max(1))),
         retry_count: 0,
-        package_hash: template.package_hash.clone(),
+        package_hash: package_hash.to_string(),
         environment: Default::default(),
         given: None,
         suites: Vec::new(),
@@ -205,4 +250,33 @@ impl OutputRunner for TriggerRunner {
             details: json!({ "trigger": result }),
         })
     }
+}
+
+/// The trigger evals' report of a run from its trigger query results (in query order; other
+/// results are ignored), assembled as `skilleval run` assembles its own; `None` when the run
+/// has no trigger query result.
+pub fn trigger_report(
+    skill: &SkillCard,
+    plan: &TriggerPlan,
+    results: &[JobResult],
+) -> Option<triggers::TriggerReport> {
+    let mut rows: Vec<&JobResult> = results.iter().filter(|r| is_trigger_result(r)).collect();
+    if rows.is_empty() {
+        return None;
+    }
+    rows.sort_by_key(|r| r.case_index);
+    let mut usage = crate::grade::Usage::default();
+    let queries = rows
+        .into_iter()
+        .map(|r| {
+            usage.add(&r.produce_usage);
+            query_result(r)
+        })
+        .collect();
+    Some(triggers::report(skill, &plan.options(), queries, usage))
+}
+
+/// Whether a result is a trigger query's.
+pub fn is_trigger_result(r: &JobResult) -> bool {
+    r.variant.configuration == super::benchmark::Configuration::Trigger
 }
