@@ -249,7 +249,13 @@ async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::V
     let mut chunks = prepared.plan.chunks(0, usize::MAX);
     while let Some(chunk) = chunks.recv().await {
         let jobs = chunk.map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
-        counts.add(&jobs, &registry);
+        // The cases once each: the shape below multiplies them by the repeats and baseline
+        // (and adds the trigger queries), as `skilleval plan` does.
+        let primary: Vec<skilleval::plan::Job> = jobs
+            .into_iter()
+            .filter(|j| Variant::of(&j.runner).is_primary())
+            .collect();
+        counts.add(&primary, &registry);
     }
     let last_run = match state.store.latest_completed_run(request.version_id).await? {
         Some(run) => Some(run),
@@ -271,12 +277,14 @@ async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::V
         }
         None => None,
     };
-    // The service runs each case once, with the skill, and no trigger evals yet.
     let shape = Shape {
-        repeats: 1,
-        baseline: false,
-        trigger_queries: 0,
-        trigger_runs: 0,
+        repeats: request.repeats.max(1),
+        baseline: request.baseline,
+        trigger_queries: request
+            .triggers
+            .as_ref()
+            .map_or(0, |t| t.queries.len() as u64),
+        trigger_runs: request.triggers.as_ref().map_or(0, |t| t.runs_per_query),
     };
     let f = forecast(&counts, shape, measured.as_ref())
         .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
