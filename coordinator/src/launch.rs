@@ -31,6 +31,7 @@ use skilleval_infra::messages::EncodedJob;
 use skilleval_infra::store::lifecycle::{
     Planning, RunKind, Transition, TransitionError, WrittenOff,
 };
+use skilleval_infra::store::runs::OwnDefinition;
 use skilleval_infra::store::{Store, StoreError};
 use skilleval_infra::topology::Lane;
 use sqlx::pool::PoolConnection;
@@ -77,6 +78,9 @@ pub struct RunRequest {
     pub repeats: u32,
     /// The package's trigger eval queries to run, one job each after the cases.
     pub triggers: Option<TriggerPlan>,
+    /// A definition of the run's own instead of the version's (a rescore's inline
+    /// `eval_config`, validated like an upload's); the run keeps it.
+    pub definition: Option<Arc<DefinitionText>>,
 }
 
 impl RunRequest {
@@ -96,6 +100,7 @@ impl RunRequest {
             baseline: false,
             repeats: 1,
             triggers: None,
+            definition: None,
         }
     }
 
@@ -204,8 +209,12 @@ impl RunLauncher {
         // kept off the async threads.
         let mut filter = request.filter.clone();
         let outputs = givens.clone();
+        let own = request.definition.clone();
         let (definition, filter, total) = tokio::task::spawn_blocking(move || {
-            let definition = read_definition(version.config)?;
+            let definition = match own {
+                Some(own) => own,
+                None => Arc::new(read_definition(version.config)?),
+            };
             if let Some(outputs) = &outputs {
                 // A rescore grades the definition's cases the source run has an output for.
                 filter.case_ids = case_ids(&definition)?
@@ -225,7 +234,7 @@ impl RunLauncher {
         let planned = PlannedVersion {
             version_id: version.version_id,
             package_hash: version.package_hash,
-            definition: Arc::new(definition),
+            definition,
         };
         let mut request = request.clone();
         request.filter = filter;
@@ -330,6 +339,7 @@ impl RunLauncher {
         let variants = request.variants();
         Ok(PreparedRun {
             gate,
+            own_definition: request.definition.clone(),
             run_id,
             version_id: version.version_id,
             kind: request.kind,
@@ -368,6 +378,7 @@ impl RunLauncher {
         let run_id = Uuid::now_v7();
         PreparedRun {
             gate: None,
+            own_definition: None,
             run_id,
             version_id: samples.version_id,
             kind: RunKind::Samples,
@@ -403,6 +414,19 @@ impl RunLauncher {
         conn: &mut PgConnection,
         prepared: &PreparedRun,
     ) -> Result<RunInsert, LaunchError> {
+        let own_definition = match &prepared.own_definition {
+            Some(definition) => Some(OwnDefinition {
+                deflated: definition.deflated(),
+                profile: definition.header().profile.as_str(),
+                settings: serde_json::to_value(&definition.header().settings).map_err(|e| {
+                    LaunchError::Corrupt {
+                        run_id: prepared.run_id,
+                        what: format!("its definition's settings do not serialise: {e}"),
+                    }
+                })?,
+            }),
+            None => None,
+        };
         let new_run = NewRun {
             id: prepared.run_id,
             version_id: prepared.version_id,
@@ -417,6 +441,7 @@ impl RunLauncher {
             max_tokens: prepared.max_tokens,
             gate: prepared.gate.map(|g| json!(g)),
             traceparent: prepared.plan.traceparent.clone(),
+            definition: own_definition,
         };
         let inserted = self
             .store
@@ -872,7 +897,11 @@ impl RunLauncher {
                 run_id,
                 what: format!("its stored runner does not parse: {e}"),
             })?;
-        let config = version.config;
+        // A run with a definition of its own (a rescore's inline eval_config) plans from it.
+        let config = match stored.definition {
+            Some(deflated) => StoredDefinition::Deflated(deflated),
+            None => version.config,
+        };
         let definition = tokio::task::spawn_blocking(move || read_definition(config)).await??;
         let plan = Arc::new(RunPlan {
             run_id,
@@ -1366,6 +1395,8 @@ pub struct PreparedRun {
     max_cost_usd: Option<f64>,
     max_tokens: Option<i64>,
     gate: Option<GateConfig>,
+    /// The run's own definition (kept with the run), when it is not its version's.
+    own_definition: Option<Arc<DefinitionText>>,
     /// How many jobs the filter selects.
     pub total: usize,
     /// What its jobs are planned from.

@@ -33,6 +33,9 @@ pub struct AppState {
     pub max_upload_bytes: u64,
     /// `coordinator.sampling`: ingest limits, retention, alert schedule.
     pub sampling: SamplingSettings,
+    /// The model providers (`llm.providers`) the blind comparator of `POST /v1/comparisons`
+    /// judges with; `None` when none is configured.
+    pub comparator: Option<Arc<skilleval::llm::ProviderClients>>,
 }
 
 impl std::fmt::Debug for AppState {

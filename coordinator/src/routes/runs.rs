@@ -221,6 +221,7 @@ pub async fn create(
         baseline: body.baseline,
         repeats,
         triggers,
+        definition: None,
     };
     if query.dry_run {
         return Ok(Json(dry_run(&state, &request).await?).into_response());
@@ -570,6 +571,10 @@ pub struct RescoreBody {
     /// The version whose definition grades the outputs (default: the source run's).
     #[serde(default)]
     pub version_id: Option<uuid::Uuid>,
+    /// A definition given inline instead (the `eval/tests.json` shape), validated like an
+    /// upload's; the source run's package supplies everything else.
+    #[serde(default)]
+    pub eval_config: Option<serde_json::Value>,
     /// Answer the case count and the estimated judge cost, creating nothing.
     #[serde(default)]
     pub dry_run: bool,
@@ -608,6 +613,21 @@ pub async fn rescore(
         )
         .with_details(json!({ "field": "id", "rule": "only a completed run's outputs can be rescored", "status": source.status })));
     }
+    if body.version_id.is_some() && body.eval_config.is_some() {
+        let rule = "give `version_id` or `eval_config`, not both";
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            format!("`/eval_config`: {rule}"),
+        )
+        .with_details(json!({ "field": "/eval_config", "rule": rule })));
+    }
+    let definition = match &body.eval_config {
+        Some(config) => Some(std::sync::Arc::new(
+            crate::routes::skills::inline_definition(&state, &source.package_hash, config).await?,
+        )),
+        None => None,
+    };
     let version_id = body.version_id.unwrap_or(source.version_id);
     let target = {
         let mut conn = state.store.pool().acquire().await?;
@@ -641,6 +661,7 @@ pub async fn rescore(
         baseline: false,
         repeats: 1,
         triggers: None,
+        definition,
     };
     if body.dry_run {
         let prepared = {

@@ -208,6 +208,7 @@ pub async fn upload(
             baseline: query.baseline,
             repeats,
             triggers,
+            definition: None,
         };
         // Planned from the definition in hand (the one just stored, or the identical one of
         // the version with the same content), not read back from the database.
@@ -489,5 +490,78 @@ fn package_error(e: PackageError) -> ApiError {
         )
         .with_details(json!({ "problems": problems })),
         PackageError::Io { .. } => ApiError::internal(anyhow::Error::from(e)),
+    }
+}
+
+/// The file name an inline definition's problems are reported against.
+pub const INLINE_DEFINITION: &str = "eval_config";
+
+/// An inline eval definition (a rescore's `eval_config`), validated exactly as an upload's: it
+/// replaces the definition in the stored package `package_hash` (so custom graders and
+/// referenced files resolve as in the package), which is then opened and checked by the
+/// upload's code. Problems are a **422** listing each as `{file: "eval_config", pointer,
+/// message}`; the definition as text otherwise.
+pub(crate) async fn inline_definition(
+    state: &AppState,
+    package_hash: &str,
+    eval_config: &serde_json::Value,
+) -> Result<DefinitionText, ApiError> {
+    let bytes = state
+        .store
+        .package_bytes(package_hash)
+        .await?
+        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("package {package_hash} is gone")))?;
+    let text = serde_json::to_vec(eval_config)
+        .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    let limits = state.limits.clone();
+    let strategies = state.strategies.clone();
+    let opened = tokio::task::spawn_blocking(move || -> Result<_, PackageError> {
+        let dir = tempfile::tempdir().map_err(|e| PackageError::Io {
+            path: std::env::temp_dir(),
+            source: e,
+        })?;
+        let root = Package::extract_files(&bytes, &limits, dir.path())?;
+        for file in skilleval::package::EVAL_FILES {
+            let path = root.join(file);
+            if path.is_file() {
+                std::fs::remove_file(&path).map_err(|source| PackageError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+        }
+        let target = root.join("eval/tests.json");
+        std::fs::create_dir_all(root.join("eval"))
+            .and_then(|()| std::fs::write(&target, &text))
+            .map_err(|source| PackageError::Io {
+                path: target.clone(),
+                source,
+            })?;
+        let mut package = Package::open_dir(&root, &limits)?;
+        let mut writer = DefinitionWriter::new();
+        let validation = check_in_chunks(&mut package, &strategies, CHECK_CHUNK, |cases| {
+            writer.write_cases(cases);
+        })?;
+        if !validation.is_ok() {
+            return Err(PackageError::Invalid(validation.problems));
+        }
+        Ok(writer.finish(&package.config))
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("validating eval_config failed: {e}")))?;
+    match opened {
+        Ok(definition) => definition.map_err(|e| ApiError::internal(anyhow::Error::from(e))),
+        Err(PackageError::Invalid(problems)) => Err(package_error(PackageError::Invalid(
+            problems
+                .into_iter()
+                .map(|mut p| {
+                    if p.file == "eval/tests.json" {
+                        p.file = INLINE_DEFINITION.into();
+                    }
+                    p
+                })
+                .collect(),
+        ))),
+        Err(e) => Err(package_error(e)),
     }
 }

@@ -31,6 +31,8 @@ pub struct AppOptions {
     pub publish_grace_secs: u64,
     pub sweep_interval_secs: u64,
     pub auth_tokens: Vec<String>,
+    /// Model providers of the coordinator itself (`llm.providers`: the blind comparator).
+    pub providers: Option<skilleval::llm::Providers>,
 }
 
 impl Default for AppOptions {
@@ -41,6 +43,7 @@ impl Default for AppOptions {
             publish_grace_secs: 30,
             sweep_interval_secs: 1,
             auth_tokens: Vec::new(),
+            providers: None,
         }
     }
 }
@@ -78,6 +81,9 @@ pub fn test_settings(db_name: &str, prefix: &str, options: &AppOptions) -> Setti
     settings.coordinator.auth_tokens = options.auth_tokens.iter().map(Secret::new).collect();
     if let Some(n) = options.max_upload_bytes {
         settings.coordinator.max_upload_bytes = n;
+    }
+    if let Some(providers) = &options.providers {
+        settings.llm.providers = providers.clone();
     }
     settings
 }

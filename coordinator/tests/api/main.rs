@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod aggregate;
+mod blind;
 mod budget;
 mod cache_sweep;
 mod deploy;

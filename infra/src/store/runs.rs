@@ -48,6 +48,17 @@ pub struct NewRun<'a> {
     pub gate: Option<Value>,
     /// The creating request's W3C trace context, kept so later work on the run joins its trace.
     pub traceparent: Option<String>,
+    /// The run's own definition (a rescore's inline `eval_config`): deflated text, profile and
+    /// settings; `None`: its version's.
+    pub definition: Option<OwnDefinition<'a>>,
+}
+
+/// A definition a run keeps itself (not its version's).
+#[derive(Debug, Clone)]
+pub struct OwnDefinition<'a> {
+    pub deflated: &'a [u8],
+    pub profile: &'a str,
+    pub settings: Value,
 }
 
 /// Whether [`insert_run`] created the run or found the one with the same idempotency key.
@@ -80,8 +91,9 @@ async fn insert_run(
         "INSERT INTO runs
             (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
              max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens, gate,
-             traceparent)
-         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+             traceparent, definition_deflate, definition_profile, definition_settings)
+         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                 $16, $17)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
     )
@@ -99,6 +111,9 @@ async fn insert_run(
     .bind(run.max_tokens)
     .bind(&run.gate)
     .bind(run.traceparent.as_deref())
+    .bind(run.definition.as_ref().map(|d| d.deflated))
+    .bind(run.definition.as_ref().map(|d| d.profile))
+    .bind(run.definition.as_ref().map(|d| &d.settings))
     .fetch_optional(&mut *conn)
     .await?;
     let Some(run_id) = inserted else {
@@ -133,26 +148,30 @@ pub struct RunPlanRequest {
     pub request: Value,
     /// The creating request's W3C trace context.
     pub traceparent: Option<String>,
+    /// The run's own definition, deflated (a rescore's inline `eval_config`).
+    pub definition: Option<Vec<u8>>,
 }
 
 async fn run_plan_request(
     conn: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
 ) -> Result<Option<RunPlanRequest>, sqlx::Error> {
-    type Row = (Uuid, RunKind, Option<Value>, Value, Option<String>);
+    type Row = (Uuid, RunKind, Option<Value>, Value, Option<String>, Option<Vec<u8>>);
     let row: Option<Row> = sqlx::query_as(
-        "SELECT version_id, kind, runner, request, traceparent FROM runs WHERE id = $1",
+        "SELECT version_id, kind, runner, request, traceparent, definition_deflate
+         FROM runs WHERE id = $1",
     )
     .bind(run_id)
     .fetch_optional(conn)
     .await?;
     Ok(row.map(
-        |(version_id, kind, runner, request, traceparent)| RunPlanRequest {
+        |(version_id, kind, runner, request, traceparent, definition)| RunPlanRequest {
             version_id,
             kind,
             runner,
             request,
             traceparent,
+            definition,
         },
     ))
 }
@@ -302,8 +321,9 @@ async fn get_run(
     run_id: Uuid,
 ) -> Result<Option<RunRow>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash, c.profile,
-                c.settings, r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
+        "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash,
+                COALESCE(r.definition_profile, c.profile),
+                COALESCE(r.definition_settings, c.settings), r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
                 r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at,
                 r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd, r.stop_reason,
                 r.stop_detail, r.gate, r.traceparent
