@@ -62,6 +62,15 @@ pub struct CompareArgs {
     /// Compare cases whose definition, grader or judge model changed between the runs.
     #[arg(long)]
     pub force: bool,
+    /// With --server: also judge each pair of outputs with the server's blind comparator.
+    #[arg(long, requires = "server")]
+    pub comparator: bool,
+    /// The seed of the comparator's presentation orders (default: random, recorded).
+    #[arg(long, requires = "comparator", value_name = "N")]
+    pub comparator_seed: Option<u64>,
+    /// Judge every pair in both orders (twice the calls).
+    #[arg(long, requires = "comparator")]
+    pub both_orders: bool,
 }
 
 /// Writes `run.json` and `results.jsonl` for a finished local run: every with-skill attempt
@@ -176,9 +185,14 @@ async fn on_server(args: &CompareArgs, server: &str) -> Result<compare::Comparis
         .user_agent(concat!("skilleval-cli/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-    let mut request = client
-        .post(&url)
-        .json(&serde_json::json!({ "base": base, "head": head, "force": args.force }));
+    let mut request = client.post(&url).json(&serde_json::json!({
+        "base": base,
+        "head": head,
+        "force": args.force,
+        "comparator": args.comparator,
+        "comparator_seed": args.comparator_seed,
+        "both_orders": args.both_orders,
+    }));
     if let Some(token) = &args.token {
         request = request.bearer_auth(token);
     }

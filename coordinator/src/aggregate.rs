@@ -23,15 +23,15 @@ use anyhow::Context as _;
 use futures::TryStreamExt as _;
 use serde_json::{json, Value};
 use skilleval::compare::GateConfig;
-use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::executor::NO_BASELINE;
+use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::benchmark::{Configuration, Extras};
+use skilleval::llm::budget::mark_stopped;
 use skilleval::llm::trigger_runner::{is_trigger_result, trigger_report, TriggerPlan};
 use skilleval::llm::triggers::{self, SkillCard};
-use skilleval::report::ReportExtras;
-use skilleval::llm::budget::mark_stopped;
 use skilleval::model::EvalSettings;
 use skilleval::plan::Job;
+use skilleval::report::ReportExtras;
 use skilleval::summary::{RunSummary, Summarizer, Verdict};
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use skilleval_infra::store::lifecycle::{
@@ -359,8 +359,7 @@ pub fn variant_extras(
             r.variant.configuration == Configuration::WithoutSkill
                 && r.variant.run_number == 1
                 && r.status == CaseStatus::Skipped
-                && r
-                    .details
+                && r.details
                     .get("skipped")
                     .and_then(Value::as_str)
                     .is_some_and(|s| s.starts_with(NO_BASELINE))
@@ -368,17 +367,15 @@ pub fn variant_extras(
         .count();
     let notes: Vec<String> = (no_baseline > 0)
         .then(|| {
-            format!("{no_baseline} case(s) have no baseline: their runner cannot leave the skill out")
+            format!(
+                "{no_baseline} case(s) have no baseline: their runner cannot leave the skill out"
+            )
         })
         .into_iter()
         .collect();
     // Baseline and repeats first, then the trigger evals, as `skilleval run` orders them.
     out.markdown = extras.markdown() + &out.markdown;
-    out.benchmark = Some(extras.benchmark_json(
-        &run.skill,
-        &run.created_at.to_rfc3339(),
-        &notes,
-    ));
+    out.benchmark = Some(extras.benchmark_json(&run.skill, &run.created_at.to_rfc3339(), &notes));
     out
 }
 

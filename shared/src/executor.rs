@@ -149,10 +149,7 @@ pub struct JobResult {
     pub finished_at: DateTime<Utc>,
     /// Which configuration (with or without the skill) and attempt this is; a run without
     /// baseline or repeats has only the primary one (written only when it is not that).
-    #[serde(
-        default,
-        skip_serializing_if = "crate::llm::benchmark::skip_primary"
-    )]
+    #[serde(default, skip_serializing_if = "crate::llm::benchmark::skip_primary")]
     pub variant: Variant,
 }
 

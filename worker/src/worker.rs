@@ -311,7 +311,8 @@ impl Worker {
                     &job.case.id,
                     skilleval::llm::benchmark::Variant::of(&job.runner),
                 )
-                .await {
+                .await
+            {
                 Ok(Some(state)) if state.is_decided() => {
                     self.metrics.settled_redeliveries.inc();
                     let event =

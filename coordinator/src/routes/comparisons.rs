@@ -10,10 +10,10 @@ use serde_json::json;
 use skilleval::compare::{self, CompareError, Comparison, GateConfig};
 
 use crate::comparing::{compare_and_store, resolve, Blind, ComparingError};
-use skilleval::llm::comparator::{default_criteria, BlindOptions};
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
 use crate::state::AppState;
+use skilleval::llm::comparator::{default_criteria, BlindOptions};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,8 +57,8 @@ pub async fn create(
         let client = clients
             .pick(None, skilleval::llm::Purpose::Judge)
             .map_err(|e| {
-                ApiError::conflict("comparator_unavailable", e.to_string())
-                    .with_details(json!({ "field": "/comparator", "rule": e.to_string() }))
+                ApiError::conflict("comparator_unavailable", e.clone())
+                    .with_details(json!({ "field": "/comparator", "rule": e }))
             })?;
         Some(Blind {
             client,

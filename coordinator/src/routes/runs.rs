@@ -9,9 +9,9 @@ use serde::Deserialize;
 use serde_json::json;
 use skilleval::compare::GateSpec;
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::llm::benchmark::{Configuration, Variant};
 use skilleval::llm::trigger_runner::{is_trigger_result, TriggerPlan};
-use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::model::RunnerSpec;
 use skilleval::plan::CaseFilter;
 use skilleval::report::{render_with, ReportContext, ReportFormat};
@@ -75,7 +75,7 @@ pub const MAX_REPEATS: i64 = 20;
 /// The most runs per trigger query a run may ask for.
 pub const MAX_TRIGGER_RUNS: i64 = 10;
 
-fn invalid_triggers(field: &str, rule: String) -> ApiError {
+fn invalid_triggers(field: &str, rule: &str) -> ApiError {
     ApiError::new(
         StatusCode::UNPROCESSABLE_ENTITY,
         "invalid_triggers",
@@ -92,7 +92,7 @@ pub(crate) fn check_trigger_runs(field: &str, runs: Option<i64>) -> Result<u32, 
         Some(n) if (1..=MAX_TRIGGER_RUNS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
         Some(_) => Err(invalid_triggers(
             field,
-            format!("must be an integer from 1 to {MAX_TRIGGER_RUNS}"),
+            &format!("must be an integer from 1 to {MAX_TRIGGER_RUNS}"),
         )),
     }
 }
@@ -107,7 +107,7 @@ pub(crate) fn trigger_plan(
     if queries.is_empty() {
         return Err(invalid_triggers(
             field,
-            "the package has no trigger evals (eval/triggers.json or evals/triggers.json)".into(),
+            "the package has no trigger evals (eval/triggers.json or evals/triggers.json)",
         ));
     }
     Ok(TriggerPlan {

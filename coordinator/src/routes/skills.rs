@@ -511,8 +511,8 @@ pub(crate) async fn inline_definition(
         .package_bytes(package_hash)
         .await?
         .ok_or_else(|| ApiError::internal(anyhow::anyhow!("package {package_hash} is gone")))?;
-    let text = serde_json::to_vec(eval_config)
-        .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    let text =
+        serde_json::to_vec(eval_config).map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
     let limits = state.limits.clone();
     let strategies = state.strategies.clone();
     let opened = tokio::task::spawn_blocking(move || -> Result<_, PackageError> {

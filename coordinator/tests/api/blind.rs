@@ -108,9 +108,16 @@ async fn the_blind_comparator_judges_each_pair_in_a_seeded_order_beside_the_stat
     let blind = &c["blind_comparator"];
     assert_eq!(blind["seed"], 7);
     assert_eq!(blind["pairs"], 4, "{blind}");
-    assert_eq!(blind["wins_b"], 4, "the head's outputs win wherever they are shown: {blind}");
+    assert_eq!(
+        blind["wins_b"], 4,
+        "the head's outputs win wherever they are shown: {blind}"
+    );
     assert_eq!(blind["wins_a"], 0);
-    assert_eq!(calls.load(Ordering::SeqCst) - before, 4, "one call per pair");
+    assert_eq!(
+        calls.load(Ordering::SeqCst) - before,
+        4,
+        "one call per pair"
+    );
     let orders: Vec<String> = blind["verdicts"]
         .as_array()
         .unwrap()
@@ -142,7 +149,11 @@ async fn the_blind_comparator_judges_each_pair_in_a_seeded_order_beside_the_stat
         .json()
         .await
         .unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst) - before, 8, "two calls per pair");
+    assert_eq!(
+        calls.load(Ordering::SeqCst) - before,
+        8,
+        "two calls per pair"
+    );
     assert_eq!(both["blind_comparator"]["position_consistent"], 4);
 
     // Stored: read again, as JSON and as Markdown.

@@ -322,7 +322,10 @@ async fn a_rescore_grades_stored_outputs_against_an_inline_eval_config() {
     assert_eq!(run["status"], "completed", "{run}");
     let after = server_cases(&app, &rescore).await;
     for id in ["c-0", "c-1", "c-2", "c-3"] {
-        assert_ne!(after[id].0, before[id].0, "{id} graded against the inline definition");
+        assert_ne!(
+            after[id].0, before[id].0,
+            "{id} graded against the inline definition"
+        );
     }
     assert_eq!(
         calls.load(Ordering::SeqCst),

@@ -291,11 +291,17 @@ async fn a_baseline_and_repeats_run_reports_the_uplift_and_pass_at_k_the_cli_rep
         .get_json(&format!("/v1/runs/{run_id}/report?format=json"))
         .await;
     let service = without_times(report["benchmark"].clone());
-    assert!(service.is_object(), "the JSON report carries benchmark.json: {report}");
+    assert!(
+        service.is_object(),
+        "the JSON report carries benchmark.json: {report}"
+    );
     let local = without_times(local);
     // Durations differ between two runs; every other number is the same.
     assert_eq!(service["run_summary"], local["run_summary"], "the uplift");
-    assert_eq!(service["repeats"], local["repeats"], "pass@k, pass^k, flaky cases");
+    assert_eq!(
+        service["repeats"], local["repeats"],
+        "pass@k, pass^k, flaky cases"
+    );
     assert_eq!(service["uplift"], local["uplift"], "per case and criterion");
     let attempts = |doc: &Value| {
         // Which of a case's attempts got which answer depends on scheduling, not on code.
@@ -336,7 +342,10 @@ async fn a_baseline_and_repeats_run_reports_the_uplift_and_pass_at_k_the_cli_rep
         .text()
         .await
         .unwrap();
-    assert!(md.contains("## Baseline: with vs without the skill"), "{md}");
+    assert!(
+        md.contains("## Baseline: with vs without the skill"),
+        "{md}"
+    );
     assert!(md.contains("### Uplift per case"), "{md}");
 
     // Results list every attempt, each saying which it is; pages cut between attempts.
@@ -385,7 +394,10 @@ async fn the_service_runs_trigger_evals_and_reports_the_clis_precision_recall_an
             .join("triggers.json"),
     );
     let m = &local["metrics"];
-    assert_eq!((m["precision"].as_f64(), m["recall"].as_f64()), (Some(0.5), Some(0.5)));
+    assert_eq!(
+        (m["precision"].as_f64(), m["recall"].as_f64()),
+        (Some(0.5), Some(0.5))
+    );
     assert_eq!(m["f1"].as_f64(), Some(0.5));
 
     let app = spawn_app_with(AppOptions {
@@ -421,7 +433,11 @@ async fn the_service_runs_trigger_evals_and_reports_the_clis_precision_recall_an
     let run_id = upload["run_id"].as_str().expect("a run").to_string();
     let run = wait_for_verdict(&app, &run_id).await;
     assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(run["counters"]["total"], 3 + 4, "3 cases and 4 trigger queries");
+    assert_eq!(
+        run["counters"]["total"],
+        3 + 4,
+        "3 cases and 4 trigger queries"
+    );
     assert_eq!(
         run["summary"]["triggers"], local,
         "the same report: queries, picks, precision, recall, F1, usage"

@@ -280,8 +280,7 @@ impl Store {
         let mut seen = HashSet::with_capacity(results.len());
         let mut cols = Columns::default();
         for r in results {
-            if !r.status.is_final()
-                || !seen.insert((r.run_id, r.test_case_id.as_str(), r.variant))
+            if !r.status.is_final() || !seen.insert((r.run_id, r.test_case_id.as_str(), r.variant))
             {
                 continue;
             }
@@ -312,8 +311,7 @@ impl Store {
         let mut seen = HashSet::with_capacity(results.len());
         let mut cols = Columns::default();
         for r in results {
-            if !r.status.is_final()
-                || !seen.insert((r.run_id, r.test_case_id.as_str(), r.variant))
+            if !r.status.is_final() || !seen.insert((r.run_id, r.test_case_id.as_str(), r.variant))
             {
                 continue;
             }

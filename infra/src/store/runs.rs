@@ -156,7 +156,14 @@ async fn run_plan_request(
     conn: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
 ) -> Result<Option<RunPlanRequest>, sqlx::Error> {
-    type Row = (Uuid, RunKind, Option<Value>, Value, Option<String>, Option<Vec<u8>>);
+    type Row = (
+        Uuid,
+        RunKind,
+        Option<Value>,
+        Value,
+        Option<String>,
+        Option<Vec<u8>>,
+    );
     let row: Option<Row> = sqlx::query_as(
         "SELECT version_id, kind, runner, request, traceparent, definition_deflate
          FROM runs WHERE id = $1",
@@ -421,10 +428,12 @@ async fn list_results(
     .bind(after_index)
     .bind(status.map(CaseStatus::as_str))
     .bind(limit)
-    .bind(CONFIGURATION_ORDER
-        .iter()
-        .position(|c| *c == after_variant.configuration)
-        .map_or(i32::MAX, |i| i32::try_from(i + 1).unwrap_or(i32::MAX)))
+    .bind(
+        CONFIGURATION_ORDER
+            .iter()
+            .position(|c| *c == after_variant.configuration)
+            .map_or(i32::MAX, |i| i32::try_from(i + 1).unwrap_or(i32::MAX)),
+    )
     .bind(i32::try_from(after_variant.run_number).unwrap_or(i32::MAX))
     .bind(CONFIGURATION_ORDER.map(Configuration::as_str).to_vec())
     .fetch_all(pool)

@@ -493,7 +493,11 @@ pub async fn compare_one_order(
         key_differentiators: j.key_differentiators.clone(),
         summary: j.summary.clone(),
     };
-    let (ab, ba) = if a_first { (&j, &mirrored) } else { (&mirrored, &j) };
+    let (ab, ba) = if a_first {
+        (&j, &mirrored)
+    } else {
+        (&mirrored, &j)
+    };
     Ok(combine(input, ab, ba, answer.usage))
 }
 
@@ -517,7 +521,15 @@ pub async fn judge_pairs(
         .iter()
         .zip(orders)
         .map(|(pair, a_first)| {
-            judge_pair(client, comparison_id, version_a, version_b, pair, a_first, opts)
+            judge_pair(
+                client,
+                comparison_id,
+                version_a,
+                version_b,
+                pair,
+                a_first,
+                opts,
+            )
         })
         .collect();
     let judged: Vec<(BlindVerdict, Usage)> = stream::iter(judging)
@@ -640,7 +652,10 @@ pub fn blind_markdown(b: &BlindSummary) -> String {
             .map(|n| format!(" Both orders agreed on {n} of {} pair(s).", b.pairs))
             .unwrap_or_default(),
     );
-    let _ = writeln!(out, "| Case | Shown first | Winner | A | B |\n|---|---|---|---|---|");
+    let _ = writeln!(
+        out,
+        "| Case | Shown first | Winner | A | B |\n|---|---|---|---|---|"
+    );
     for v in &b.verdicts {
         let _ = writeln!(
             out,

@@ -63,7 +63,9 @@ impl TriggerPlan {
             .enumerate()
             .skip(from)
             .take(limit)
-            .map(|(i, case)| trigger_job(run_id, package_hash, profile, i, case, self.runs_per_query))
+            .map(|(i, case)| {
+                trigger_job(run_id, package_hash, profile, i, case, self.runs_per_query)
+            })
             .collect()
     }
 
@@ -207,7 +209,10 @@ impl OutputRunner for TriggerRunner {
         let client = clients.pick_or_fault(req.runner.provider.as_deref(), Purpose::Produce)?;
         let path = env.package_root.join(skill_md::SKILL_MD);
         let text = std::fs::read_to_string(&path).map_err(|e| {
-            Fault::permanent(format!("trigger evals: cannot read {}: {e}", path.display()))
+            Fault::permanent(format!(
+                "trigger evals: cannot read {}: {e}",
+                path.display()
+            ))
         })?;
         let (Some(manifest), _) = skill_md::parse(&text) else {
             return Err(Fault::permanent(format!(
