@@ -10,14 +10,12 @@ use clap::{Args, ValueEnum};
 use skilleval::artifacts::{self, ArtifactError, RunRecord};
 use skilleval::compare::{self, CompareError, CompareOptions, RunSide};
 use skilleval::executor::JobResult;
-use skilleval::llm::benchmark::Configuration;
 use skilleval::llm::Purpose;
 use skilleval::package::Package;
 use skilleval::summary::Verdict;
 use uuid::Uuid;
 
 use crate::providers::LlmSetup;
-use crate::variants::Variant;
 use crate::{EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -64,6 +62,15 @@ pub struct CompareArgs {
     /// Compare cases whose definition, grader or judge model changed between the runs.
     #[arg(long)]
     pub force: bool,
+    /// With --server: also judge each pair of outputs with the server's blind comparator.
+    #[arg(long, requires = "server")]
+    pub comparator: bool,
+    /// The seed of the comparator's presentation orders (default: random, recorded).
+    #[arg(long, requires = "comparator", value_name = "N")]
+    pub comparator_seed: Option<u64>,
+    /// Judge every pair in both orders (twice the calls).
+    #[arg(long, requires = "comparator")]
+    pub both_orders: bool,
 }
 
 /// Writes `run.json` and `results.jsonl` for a finished local run: every with-skill attempt
@@ -74,19 +81,13 @@ pub fn record_run(
     run_id: Uuid,
     package: &Package,
     llm: Option<&LlmSetup>,
-    labels: &[Variant],
     results: &[JobResult],
     repeats: u32,
 ) -> Result<(), ArtifactError> {
     let judge_model = llm
         .and_then(|setup| setup.clients.pick(None, Purpose::Judge).ok())
         .map(|client| client.config().model.clone());
-    let with_skill: Vec<JobResult> = labels
-        .iter()
-        .zip(results)
-        .filter(|(v, _)| v.configuration == Configuration::WithSkill)
-        .map(|(_, r)| r.clone())
-        .collect();
+    let with_skill: Vec<JobResult> = skilleval::llm::benchmark::with_skill(results);
     let record = RunRecord {
         run_id,
         skill_name: package.manifest.name.clone(),
@@ -184,9 +185,14 @@ async fn on_server(args: &CompareArgs, server: &str) -> Result<compare::Comparis
         .user_agent(concat!("skilleval-cli/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-    let mut request = client
-        .post(&url)
-        .json(&serde_json::json!({ "base": base, "head": head, "force": args.force }));
+    let mut request = client.post(&url).json(&serde_json::json!({
+        "base": base,
+        "head": head,
+        "force": args.force,
+        "comparator": args.comparator,
+        "comparator_seed": args.comparator_seed,
+        "both_orders": args.both_orders,
+    }));
     if let Some(token) = &args.token {
         request = request.bearer_auth(token);
     }

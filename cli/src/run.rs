@@ -18,13 +18,13 @@ use chrono::Utc;
 use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use skilleval::executor::{CaseStatus, Executor, ExecutorBuilder, JobResult, RetryPolicy};
-use skilleval::llm::benchmark::Configuration;
+use skilleval::llm::benchmark;
 use skilleval::llm::budget::{self, Budget, BudgetLimits};
 use skilleval::llm::{self, triggers};
 use skilleval::model::RunnerConfig;
 use skilleval::package::{validate, Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{plan, CaseFilter, Job};
-use skilleval::report::{render, ReportContext, ReportFormat};
+use skilleval::report::{render_with, ReportContext, ReportExtras, ReportFormat};
 use skilleval::sandbox::{Sandbox, SandboxPolicy};
 use skilleval::summary::{summarize, Verdict};
 use skilleval::{artifacts, problem::Problem};
@@ -383,9 +383,7 @@ fn runnable_cases(executor: &Executor, jobs: Vec<Job>) -> Option<Vec<Job>> {
 
 /// What executing the cases produced.
 struct Executed {
-    /// What each of `all_results` is (case, with or without the skill, attempt).
-    labels: Vec<variants::Variant>,
-    /// Every attempt, baseline included, in the order of `labels`.
+    /// Every attempt, baseline included (each result says its variant).
     all_results: Vec<JobResult>,
     /// The run proper: the with-skill attempts.
     results: Vec<JobResult>,
@@ -419,9 +417,9 @@ async fn execute_cases(
         .unwrap_or(DEFAULT_CONCURRENCY)
         .max(1);
 
-    let (labels, jobs, no_baseline) = variants::expand(runnable, args.repeats, args.baseline);
+    let (jobs, no_baseline) = variants::expand(executor, runnable, args.repeats, args.baseline);
     if no_baseline > 0 {
-        eprintln!("note: --baseline skips {no_baseline} case(s) whose runner is not `llm` (there is no skill-less way to run a script)");
+        eprintln!("note: --baseline skips {no_baseline} case(s) whose runner cannot leave the skill out (there is no skill-less way to run a script)");
     }
     let budget = Budget::new(BudgetLimits {
         max_cost_usd: args.max_cost,
@@ -443,12 +441,7 @@ async fn execute_cases(
     )
     .await;
     // The run is the with-skill attempts; the baseline is only compared against.
-    let results: Vec<JobResult> = labels
-        .iter()
-        .zip(&all_results)
-        .filter(|(v, _)| v.configuration == Configuration::WithSkill)
-        .map(|(_, r)| r.clone())
-        .collect();
+    let results: Vec<JobResult> = benchmark::with_skill(&all_results);
     let mut summary = summarize(&results, &package.config.settings);
     let by_budget =
         |r: &&JobResult| skip_reason(r).is_some_and(|s| s.starts_with(budget::BUDGET_EXCEEDED));
@@ -468,7 +461,6 @@ async fn execute_cases(
         );
     }
     Executed {
-        labels,
         all_results,
         results,
         summary,
@@ -488,12 +480,12 @@ async fn report_extras(
 ) -> ReportExtras {
     let mut extras = ReportExtras::default();
     if args.baseline || args.repeats > 1 {
-        let built = variants::Extras::build(&executed.labels, &executed.all_results, args.repeats);
+        let built = benchmark::Extras::build(&executed.all_results, args.repeats);
         extras.markdown.push_str(&built.markdown());
         let mut notes = Vec::new();
         if executed.no_baseline > 0 {
             notes.push(format!(
-                "{} case(s) have no baseline: their runner is not `llm`",
+                "{} case(s) have no baseline: their runner cannot leave the skill out",
                 executed.no_baseline
             ));
         }
@@ -567,20 +559,18 @@ fn write_all_run_files(
     repeats: u32,
 ) -> Result<PathBuf, RunError> {
     let first: Vec<JobResult> = executed
-        .labels
+        .all_results
         .iter()
-        .zip(&executed.all_results)
-        .filter(|(v, _)| v.is_primary())
-        .map(|(_, r)| r.clone())
+        .filter(|r| r.variant.is_primary())
+        .cloned()
         .collect();
     let run_dir = write_run_files(out_dir, ctx, extras, &first)?;
-    variants::write_other_grading(&run_dir, &executed.labels, &executed.all_results)?;
+    variants::write_other_grading(&run_dir, &executed.all_results)?;
     crate::compare::record_run(
         &run_dir,
         ctx.run_id,
         package,
         llm,
-        &executed.labels,
         &executed.all_results,
         repeats,
     )?;
@@ -643,39 +633,6 @@ async fn run_triggers(
     let report = triggers::evaluate_triggers(&client, &skill, &package.triggers, &opts).await;
     budget.record(&report.usage);
     Some(report)
-}
-
-/// What a baseline, repeats and trigger evals add to the report.
-#[derive(Default)]
-struct ReportExtras {
-    markdown: String,
-    /// skill-creator's `benchmark.json` of this run.
-    benchmark: Option<serde_json::Value>,
-    triggers: Option<serde_json::Value>,
-}
-
-/// The report with the extra sections (Markdown) or keys (JSON: `benchmark`, `triggers`).
-fn render_with(ctx: &ReportContext<'_>, format: ReportFormat, extras: &ReportExtras) -> String {
-    let base = render(ctx, format);
-    match format {
-        ReportFormat::Markdown => format!("{base}{}", extras.markdown),
-        ReportFormat::Json if extras.benchmark.is_some() || extras.triggers.is_some() => {
-            let Ok(mut doc) = serde_json::from_str::<serde_json::Value>(&base) else {
-                return base;
-            };
-            if let Some(content) = doc.get("content").and_then(|c| c.as_str()) {
-                doc["content"] = serde_json::Value::String(format!("{content}{}", extras.markdown));
-            }
-            if let Some(b) = &extras.benchmark {
-                doc["benchmark"] = b.clone();
-            }
-            if let Some(t) = &extras.triggers {
-                doc["triggers"] = t.clone();
-            }
-            serde_json::to_string_pretty(&doc).unwrap_or(base)
-        }
-        ReportFormat::Json | ReportFormat::Html => base,
-    }
 }
 
 fn split_model_cases(executor: &Executor, jobs: Vec<Job>) -> (Vec<Job>, Vec<(Job, String)>) {

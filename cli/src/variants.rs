@@ -1,136 +1,51 @@
 //! Baseline and repeats for `skilleval run`: every planned job becomes one job per
-//! (configuration, attempt), and the results come back labelled so the run can report the
-//! skill's uplift and pass@k in skill-creator's `benchmark.json`.
+//! (configuration, attempt) ([`skilleval::llm::benchmark::expand`]), each result labelled by its
+//! [`Variant`], so the run can report the skill's uplift and pass@k in skill-creator's
+//! `benchmark.json` ([`skilleval::llm::benchmark::Extras`], the code the service reports with).
 //!
 //! The `with_skill` attempts are the run: its summary and verdict are over them (with repeats,
-//! every attempt counts). The `without_skill` attempts (`--baseline`, `llm` runner only: the
-//! same model, no SKILL.md) are only compared against. Attempt 1 with the skill writes the
-//! usual `runs/<run-id>/grading/`; the others write `runs/<run-id>/<configuration>/run-<n>/
-//! grading/`.
+//! every attempt counts). The `without_skill` attempts (`--baseline`, runners that can leave
+//! the skill out only: the same model, no SKILL.md) are only compared against. Attempt 1 with
+//! the skill writes the usual `runs/<run-id>/grading/`; the others write
+//! `runs/<run-id>/<configuration>/run-<n>/grading/`.
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
 use skilleval::artifacts;
-use skilleval::executor::JobResult;
-use skilleval::llm::benchmark::{
-    self, BaselineSummary, BenchmarkRun, Configuration, RepeatsSummary,
-};
-use skilleval::llm::runner::runner_for;
+use skilleval::executor::{Executor, JobResult};
+use skilleval::llm::benchmark;
+pub use skilleval::llm::benchmark::Variant;
 use skilleval::plan::Job;
 
-/// Which configuration and attempt a job is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Variant {
-    pub configuration: Configuration,
-    pub run_number: u32,
-}
-
-impl Variant {
-    pub fn is_primary(self) -> bool {
-        self.configuration == Configuration::WithSkill && self.run_number == 1
-    }
-}
-
 /// The jobs of a run with `repeats` attempts each and, with `baseline`, as many without the
-/// skill. With-skill attempts come first, so a budget stop cuts the comparison before the run.
-/// Returns the labels, the jobs, and how many cases got no baseline (not an `llm` runner).
-pub fn expand(jobs: &[Job], repeats: u32, baseline: bool) -> (Vec<Variant>, Vec<Job>, usize) {
-    let repeats = repeats.max(1);
-    let mut labels = Vec::new();
-    let mut out = Vec::new();
-    let is_llm = |j: &Job| j.runner.kind == "llm";
-    for configuration in [Configuration::WithSkill, Configuration::WithoutSkill] {
-        if configuration == Configuration::WithoutSkill && !baseline {
-            continue;
-        }
-        for run_number in 1..=repeats {
-            for job in jobs {
-                let without = configuration == Configuration::WithoutSkill;
-                if without && !is_llm(job) {
-                    continue;
-                }
-                let mut j = job.clone();
-                if is_llm(&j) {
-                    j.runner = runner_for(&j.runner, without, run_number);
-                }
-                labels.push(Variant {
-                    configuration,
-                    run_number,
-                });
-                out.push(j);
-            }
-        }
-    }
-    let no_baseline = if baseline {
-        jobs.iter().filter(|j| !is_llm(j)).count()
-    } else {
-        0
-    };
-    (labels, out, no_baseline)
-}
-
-/// What the baseline and repeats add to a run's outputs.
-pub struct Extras {
-    pub runs: Vec<BenchmarkRun>,
-    pub summary: BaselineSummary,
-    pub repeats: Option<RepeatsSummary>,
-}
-
-impl Extras {
-    pub fn build(labels: &[Variant], results: &[JobResult], repeats: u32) -> Extras {
-        let runs: Vec<BenchmarkRun> = labels
-            .iter()
-            .zip(results)
-            .filter_map(|(v, r)| benchmark::benchmark_run(v.configuration, v.run_number, r))
-            .collect();
-        let summary = benchmark::run_summary(&runs);
-        let repeats = (repeats > 1).then(|| {
-            let with: Vec<&JobResult> = labels
-                .iter()
-                .zip(results)
-                .filter(|(v, _)| v.configuration == Configuration::WithSkill)
-                .map(|(_, r)| r)
-                .collect();
-            benchmark::repeat_stats(repeats, &with)
-        });
-        Extras {
-            runs,
-            summary,
-            repeats,
-        }
-    }
-
-    pub fn markdown(&self) -> String {
-        benchmark::markdown(&self.summary, self.repeats.as_ref())
-    }
-
-    pub fn benchmark_json(&self, skill_name: &str, timestamp: &str, notes: &[String]) -> Value {
-        benchmark::benchmark_json(
-            skill_name,
-            timestamp,
-            &self.runs,
-            &self.summary,
-            self.repeats.as_ref(),
-            notes,
-        )
-    }
+/// skill (for the runners that can leave it out). With-skill attempts come first, so a budget
+/// stop cuts the comparison before the run. Returns the jobs and how many cases got no
+/// baseline.
+pub fn expand(
+    executor: &Executor,
+    jobs: &[Job],
+    repeats: u32,
+    baseline: bool,
+) -> (Vec<Job>, usize) {
+    benchmark::expand(jobs, repeats, baseline, |j| {
+        executor.runs_without_skill(&j.runner.kind)
+    })
 }
 
 /// Writes the grading files of the non-primary attempts; returns the folders written.
 pub fn write_other_grading(
     run_dir: &Path,
-    labels: &[Variant],
     results: &[JobResult],
 ) -> Result<Vec<PathBuf>, artifacts::ArtifactError> {
     let mut groups: Vec<(Variant, Vec<JobResult>)> = Vec::new();
-    for (v, r) in labels.iter().zip(results) {
+    for r in results {
+        let v = r.variant;
         if v.is_primary() {
             continue;
         }
-        match groups.iter_mut().find(|(g, _)| g == v) {
+        match groups.iter_mut().find(|(g, _)| *g == v) {
             Some((_, rs)) => rs.push(r.clone()),
-            None => groups.push((*v, vec![r.clone()])),
+            None => groups.push((v, vec![r.clone()])),
         }
     }
     let mut dirs = Vec::with_capacity(groups.len());
@@ -147,6 +62,8 @@ pub fn write_other_grading(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skilleval::executor::ExecutorBuilder;
+    use skilleval::llm::benchmark::Configuration;
     use skilleval::llm::runner::{repeat_of, without_skill};
     use skilleval::model::{RunnerConfig, TestCase};
 
@@ -174,13 +91,16 @@ mod tests {
     }
 
     #[test]
-    fn with_skill_attempts_come_first_and_baselines_only_for_llm() {
+    fn with_skill_attempts_come_first_and_baselines_only_for_runners_that_leave_the_skill_out() {
+        let executor = ExecutorBuilder::new().build();
         let jobs = vec![job("a", "llm"), job("b", "command")];
-        let (labels, out, no_baseline) = expand(&jobs, 2, true);
-        let shape: Vec<(&str, Configuration, u32)> = labels
+        let (out, no_baseline) = expand(&executor, &jobs, 2, true);
+        let shape: Vec<(&str, Configuration, u32)> = out
             .iter()
-            .zip(&out)
-            .map(|(v, j)| (j.case.id.as_str(), v.configuration, v.run_number))
+            .map(|j| {
+                let v = Variant::of(&j.runner);
+                (j.case.id.as_str(), v.configuration, v.run_number)
+            })
             .collect();
         use Configuration::{WithSkill as W, WithoutSkill as O};
         assert_eq!(
@@ -198,12 +118,12 @@ mod tests {
         assert!(!without_skill(&out[0].runner) && without_skill(&out[4].runner));
         assert_eq!(repeat_of(&out[2].runner), Some(2));
         assert_eq!(
-            out[3].runner.extra.len(),
-            0,
-            "a command runner is left as it is"
+            repeat_of(&out[3].runner),
+            Some(2),
+            "every runner's attempts are numbered, so each has its own result"
         );
-        let (labels, out, _) = expand(&jobs, 1, false);
-        assert_eq!((labels.len(), out.len()), (2, 2));
-        assert!(labels.iter().all(|v| v.is_primary()));
+        let (out, _) = expand(&executor, &jobs, 1, false);
+        assert_eq!(out.len(), 2);
+        assert!(out.iter().all(|j| Variant::of(&j.runner).is_primary()));
     }
 }

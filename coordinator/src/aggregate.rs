@@ -23,10 +23,15 @@ use anyhow::Context as _;
 use futures::TryStreamExt as _;
 use serde_json::{json, Value};
 use skilleval::compare::GateConfig;
+use skilleval::executor::NO_BASELINE;
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::llm::benchmark::{Configuration, Extras};
 use skilleval::llm::budget::mark_stopped;
+use skilleval::llm::trigger_runner::{is_trigger_result, trigger_report, TriggerPlan};
+use skilleval::llm::triggers::{self, SkillCard};
 use skilleval::model::EvalSettings;
 use skilleval::plan::Job;
+use skilleval::report::ReportExtras;
 use skilleval::summary::{RunSummary, Summarizer, Verdict};
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use skilleval_infra::store::lifecycle::{
@@ -180,6 +185,11 @@ impl RunAggregator {
         // Streamed row by row: memory does not grow with the run's size.
         let mut summarizer = Summarizer::default();
         let mut not_run = 0u64;
+        // Attempts per case and whether a baseline ran: the run's summary and verdict are
+        // over its with-skill attempts (as the CLI's), the rest is only compared against.
+        let mut repeats = 1u32;
+        let mut variants = false;
+        let mut trigger_queries = false;
         // A run its budget stopped did not run every case: the cases the stop wrote off
         // carry its sentence.
         let budget_stop = match run.stop_reason {
@@ -187,6 +197,12 @@ impl RunAggregator {
             _ => None,
         };
         for_each_result(&self.store, run_id, |r| {
+            repeats = repeats.max(r.variant.run_number);
+            variants |= !r.variant.is_primary();
+            trigger_queries |= is_trigger_result(&r);
+            if r.variant.configuration != Configuration::WithSkill {
+                return;
+            }
             if budget_stop.is_some()
                 && r.status == CaseStatus::Skipped
                 && r.details.get("skipped").and_then(Value::as_str) == budget_stop
@@ -217,6 +233,26 @@ impl RunAggregator {
             _ => None,
         };
         let mut summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
+        if variants {
+            // A baseline, repeats or trigger evals: skill-creator's benchmark.json and the
+            // trigger report of the run, from every attempt, through the code `skilleval run`
+            // reports with.
+            let results = load_results(&self.store, run_id).await?;
+            let triggers = if trigger_queries {
+                self.launcher.plan_of(run_id).await?.triggers().cloned()
+            } else {
+                None
+            };
+            let extras = variant_extras(&results, &run, triggers.as_ref());
+            if let Value::Object(map) = &mut summary_json {
+                if let Some(benchmark) = extras.benchmark {
+                    map.insert("benchmark".into(), benchmark);
+                }
+                if let Some(triggers) = extras.triggers {
+                    map.insert("triggers".into(), triggers);
+                }
+            }
+        }
         if let (Some(report), Value::Object(map)) = (gate, &mut summary_json) {
             map.insert(
                 "regression_gate".into(),
@@ -284,6 +320,63 @@ impl RunAggregator {
         }
         Ok(true)
     }
+}
+
+/// What a run's baseline and repeats add to its report (nothing for a run of primary
+/// attempts only): the sections and skill-creator's `benchmark.json`, built by the code
+/// `skilleval run` reports with. Its notes name the cases whose runner could not leave the
+/// skill out (their baseline attempts are recorded `skipped`).
+pub fn variant_extras(
+    results: &[JobResult],
+    run: &RunRow,
+    triggers: Option<&TriggerPlan>,
+) -> ReportExtras {
+    let mut out = ReportExtras::default();
+    let skill = SkillCard::new(&run.skill, &run.description);
+    let trigger_report = triggers.and_then(|plan| trigger_report(&skill, plan, results));
+    if let Some(report) = &trigger_report {
+        out.markdown = triggers::markdown(report);
+        out.triggers = serde_json::to_value(report).ok();
+    }
+    let cases: Vec<JobResult> = results
+        .iter()
+        .filter(|r| !is_trigger_result(r))
+        .cloned()
+        .collect();
+    if cases.iter().all(|r| r.variant.is_primary()) {
+        return out;
+    }
+    let results = &cases;
+    let repeats = results
+        .iter()
+        .map(|r| r.variant.run_number)
+        .max()
+        .unwrap_or(1);
+    let extras = Extras::build(results, repeats);
+    let no_baseline = results
+        .iter()
+        .filter(|r| {
+            r.variant.configuration == Configuration::WithoutSkill
+                && r.variant.run_number == 1
+                && r.status == CaseStatus::Skipped
+                && r.details
+                    .get("skipped")
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| s.starts_with(NO_BASELINE))
+        })
+        .count();
+    let notes: Vec<String> = (no_baseline > 0)
+        .then(|| {
+            format!(
+                "{no_baseline} case(s) have no baseline: their runner cannot leave the skill out"
+            )
+        })
+        .into_iter()
+        .collect();
+    // Baseline and repeats first, then the trigger evals, as `skilleval run` orders them.
+    out.markdown = extras.markdown() + &out.markdown;
+    out.benchmark = Some(extras.benchmark_json(&run.skill, &run.created_at.to_rfc3339(), &notes));
+    out
 }
 
 /// Every recorded result of a run in case order.

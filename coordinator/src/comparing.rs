@@ -14,6 +14,8 @@ use skilleval::compare::{
     self, CaseFingerprint, CompareError, CompareOptions, Comparison, RunSide,
 };
 use skilleval::executor::JobResult;
+use skilleval::llm::client::LlmClient;
+use skilleval::llm::comparator::{judge_pairs, BlindOptions, BlindPair};
 use skilleval::plan::CaseFilter;
 use skilleval_infra::store::comparisons::NewComparison;
 use skilleval_infra::store::lifecycle::RunStatus;
@@ -148,6 +150,7 @@ pub async fn compare_and_store(
     head: &RunRow,
     force: bool,
     gate: compare::GateConfig,
+    blind: Option<&Blind>,
 ) -> Result<Comparison, ComparingError> {
     let (base_side, head_side) = tokio::try_join!(load_side(store, base), load_side(store, head))?;
     let id = Uuid::now_v7();
@@ -155,10 +158,29 @@ pub async fn compare_and_store(
     options.force = force;
     options.gate = gate;
     // Ten thousand resamples per statistic: CPU work, off the async threads.
-    let comparison =
+    let mut comparison =
         tokio::task::spawn_blocking(move || compare::compare(&base_side, &head_side, &options))
             .await
             .context("comparing two runs")??;
+    if let Some(blind) = blind {
+        let paired: Vec<String> = comparison
+            .cases
+            .iter()
+            .map(|c| c.test_case_id.clone())
+            .collect();
+        let pairs = blind_pairs(store, base, head, &paired).await?;
+        comparison.blind_comparator = Some(
+            judge_pairs(
+                &blind.client,
+                &comparison.comparison_id,
+                &comparison.version_a,
+                &comparison.version_b,
+                &pairs,
+                &blind.options,
+            )
+            .await,
+        );
+    }
     let result = serde_json::to_value(&comparison).context("serialising a comparison")?;
     store
         .insert_comparison(&NewComparison {
@@ -173,6 +195,78 @@ pub async fn compare_and_store(
         .await
         .context("storing a comparison")?;
     Ok(comparison)
+}
+
+/// The blind comparator of a comparison: the judge and how it runs.
+pub struct Blind {
+    pub client: std::sync::Arc<LlmClient>,
+    pub options: BlindOptions,
+}
+
+/// The pairs the blind comparator judges: for each paired case (in `paired`'s order) the
+/// first with-skill attempt's output of each run, with the head's prompt as planned. Cases
+/// without an output on either side are left out.
+async fn blind_pairs(
+    store: &Store,
+    base: &RunRow,
+    head: &RunRow,
+    paired: &[String],
+) -> anyhow::Result<Vec<BlindPair>> {
+    let (a, b) = tokio::try_join!(load_results(store, base.id), load_results(store, head.id))?;
+    let outputs = |results: Vec<JobResult>| -> BTreeMap<String, String> {
+        results
+            .into_iter()
+            .filter(|r| r.variant.is_primary())
+            .filter_map(|r| Some((r.test_case_id, r.output?)))
+            .collect()
+    };
+    let (a, b) = (outputs(a), outputs(b));
+    let prompts = case_prompts(store, head.version_id).await?;
+    Ok(paired
+        .iter()
+        .filter_map(|id| {
+            Some(BlindPair {
+                test_case_id: id.clone(),
+                prompt: prompts.get(id).cloned().unwrap_or_default(),
+                output_a: a.get(id)?.clone(),
+                output_b: b.get(id)?.clone(),
+            })
+        })
+        .collect())
+}
+
+/// Every case's prompt as planned (templated), by case id, from the version's definition.
+async fn case_prompts(store: &Store, version_id: Uuid) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut conn = store
+        .pool()
+        .acquire()
+        .await
+        .context("taking a connection")?;
+    let version = store
+        .version_for_run(&mut conn, version_id)
+        .await?
+        .with_context(|| format!("version {version_id} is gone"))?;
+    drop(conn);
+    tokio::task::spawn_blocking(move || {
+        let definition = read_definition(version.config)?;
+        let mut out = BTreeMap::new();
+        definition.plan_chunks(
+            &version.package_hash,
+            Uuid::nil(),
+            &CaseFilter::default(),
+            None,
+            2_000,
+            |jobs| {
+                for job in jobs {
+                    out.insert(job.case.id, job.case.input.prompt);
+                }
+                true
+            },
+        )?;
+        Ok::<_, anyhow::Error>(out)
+    })
+    .await
+    .context("reading prompts")?
 }
 
 /// The stored comparison of `head` against `base` with the default options, or a new one
@@ -198,7 +292,16 @@ pub async fn comparison_between(
     ) else {
         return Ok(None);
     };
-    match compare_and_store(store, &base, &head, false, compare::GateConfig::default()).await {
+    match compare_and_store(
+        store,
+        &base,
+        &head,
+        false,
+        compare::GateConfig::default(),
+        None,
+    )
+    .await
+    {
         Ok(c) => Ok(Some(json!(c))),
         Err(ComparingError::Compare(_)) => Ok(None),
         Err(ComparingError::Internal(e)) => Err(e),
@@ -258,7 +361,7 @@ pub async fn regression_gate(
         .get_run(base_run)
         .await?
         .with_context(|| format!("run {base_run} is gone"))?;
-    match compare_and_store(store, &base, run, false, config).await {
+    match compare_and_store(store, &base, run, false, config, None).await {
         Ok(c) => {
             report.comparison_id = Some(c.comparison_id);
             report.verdict = c.gate.verdict;

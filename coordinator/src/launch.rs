@@ -22,6 +22,8 @@ use std::time::Duration;
 use serde_json::json;
 use skilleval::compare::{GateConfig, GateSpec, GateSpecError};
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::llm::benchmark::{Configuration, Variant};
+use skilleval::llm::trigger_runner::TriggerPlan;
 use skilleval::model::{EvalConfig, Given, RunnerConfig, RunnerSpec};
 use skilleval::monitor::{sample_job, CriteriaSelection, Monitor, Sample, SampleJobContext};
 use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
@@ -29,6 +31,7 @@ use skilleval_infra::messages::EncodedJob;
 use skilleval_infra::store::lifecycle::{
     Planning, RunKind, Transition, TransitionError, WrittenOff,
 };
+use skilleval_infra::store::runs::OwnDefinition;
 use skilleval_infra::store::{Store, StoreError};
 use skilleval_infra::topology::Lane;
 use sqlx::pool::PoolConnection;
@@ -69,6 +72,15 @@ pub struct RunRequest {
     pub gate: Option<GateSpec>,
     /// A rescore's source run: its stored outputs are graded again (kind `rescore` only).
     pub rescore_of: Option<Uuid>,
+    /// Each case also run without the skill (the runner leaves it out), to report the uplift.
+    pub baseline: bool,
+    /// Attempts per case (1: no repeats), to report pass@k and pass^k.
+    pub repeats: u32,
+    /// The package's trigger eval queries to run, one job each after the cases.
+    pub triggers: Option<TriggerPlan>,
+    /// A definition of the run's own instead of the version's (a rescore's inline
+    /// `eval_config`, validated like an upload's); the run keeps it.
+    pub definition: Option<Arc<DefinitionText>>,
 }
 
 impl RunRequest {
@@ -85,7 +97,16 @@ impl RunRequest {
             max_tokens: None,
             gate: None,
             rescore_of: None,
+            baseline: false,
+            repeats: 1,
+            triggers: None,
+            definition: None,
         }
+    }
+
+    /// The variants each planned case runs as ([`Variant::all`]).
+    pub fn variants(&self) -> Vec<Variant> {
+        Variant::all(self.repeats, self.baseline)
     }
 }
 
@@ -188,8 +209,12 @@ impl RunLauncher {
         // kept off the async threads.
         let mut filter = request.filter.clone();
         let outputs = givens.clone();
+        let own = request.definition.clone();
         let (definition, filter, total) = tokio::task::spawn_blocking(move || {
-            let definition = read_definition(version.config)?;
+            let definition = match own {
+                Some(own) => own,
+                None => Arc::new(read_definition(version.config)?),
+            };
             if let Some(outputs) = &outputs {
                 // A rescore grades the definition's cases the source run has an output for.
                 filter.case_ids = case_ids(&definition)?
@@ -209,7 +234,7 @@ impl RunLauncher {
         let planned = PlannedVersion {
             version_id: version.version_id,
             package_hash: version.package_hash,
-            definition: Arc::new(definition),
+            definition,
         };
         let mut request = request.clone();
         request.filter = filter;
@@ -247,6 +272,8 @@ impl RunLauncher {
             results
                 .into_iter()
                 .filter(|r| !matches!(r.status, CaseStatus::Skipped | CaseStatus::Queued))
+                // A run with a baseline or repeats: the with-skill first attempt is its output.
+                .filter(|r| r.variant.is_primary())
                 .filter_map(|r| {
                     let output = r.output?;
                     Some((
@@ -309,8 +336,10 @@ impl RunLauncher {
             (None, None) => None,
         };
         let run_id = Uuid::now_v7();
+        let variants = request.variants();
         Ok(PreparedRun {
             gate,
+            own_definition: request.definition.clone(),
             run_id,
             version_id: version.version_id,
             kind: request.kind,
@@ -320,7 +349,9 @@ impl RunLauncher {
             fail_fast: header.settings.fail_fast,
             max_cost_usd: request.max_cost_usd,
             max_tokens: request.max_tokens,
-            total,
+            total: total
+                .saturating_mul(variants.len())
+                .saturating_add(request.triggers.as_ref().map_or(0, |t| t.queries.len())),
             plan: Arc::new(RunPlan {
                 run_id,
                 package_hash: version.package_hash,
@@ -329,6 +360,11 @@ impl RunLauncher {
                     filter: request.filter.clone(),
                     runner,
                     rescore: None,
+                    variants: Variants {
+                        each: variants,
+                        cases: total,
+                    },
+                    triggers: request.triggers.clone(),
                 },
                 traceparent: skilleval_infra::telemetry::current_traceparent(),
             }),
@@ -342,6 +378,7 @@ impl RunLauncher {
         let run_id = Uuid::now_v7();
         PreparedRun {
             gate: None,
+            own_definition: None,
             run_id,
             version_id: samples.version_id,
             kind: RunKind::Samples,
@@ -377,6 +414,19 @@ impl RunLauncher {
         conn: &mut PgConnection,
         prepared: &PreparedRun,
     ) -> Result<RunInsert, LaunchError> {
+        let own_definition = match &prepared.own_definition {
+            Some(definition) => Some(OwnDefinition {
+                deflated: definition.deflated(),
+                profile: definition.header().profile.as_str(),
+                settings: serde_json::to_value(&definition.header().settings).map_err(|e| {
+                    LaunchError::Corrupt {
+                        run_id: prepared.run_id,
+                        what: format!("its definition's settings do not serialise: {e}"),
+                    }
+                })?,
+            }),
+            None => None,
+        };
         let new_run = NewRun {
             id: prepared.run_id,
             version_id: prepared.version_id,
@@ -391,6 +441,7 @@ impl RunLauncher {
             max_tokens: prepared.max_tokens,
             gate: prepared.gate.map(|g| json!(g)),
             traceparent: prepared.plan.traceparent.clone(),
+            definition: own_definition,
         };
         let inserted = self
             .store
@@ -553,10 +604,9 @@ impl RunLauncher {
         chunk: &[Job],
         pass: Pass,
     ) -> Result<Vec<EncodedJob>, LaunchError> {
-        let recorded: HashSet<String> = if pass == Pass::Resume {
-            let ids: Vec<&str> = chunk.iter().map(|j| j.case.id.as_str()).collect();
+        let recorded: HashSet<(String, Variant)> = if pass == Pass::Resume {
             self.store
-                .recorded_among(run_id, &ids)
+                .recorded_among(run_id, &variant_keys(chunk))
                 .await?
                 .into_iter()
                 .collect()
@@ -565,7 +615,7 @@ impl RunLauncher {
         };
         chunk
             .iter()
-            .filter(|job| !recorded.contains(&job.case.id))
+            .filter(|job| !recorded.contains(&(job.case.id.clone(), Variant::of(&job.runner))))
             .map(|job| {
                 let text = serde_json::to_string(job).map_err(|e| LaunchError::Corrupt {
                     run_id,
@@ -742,34 +792,41 @@ impl RunLauncher {
     pub async fn pending_after(
         &self,
         run_id: Uuid,
-        after: i32,
+        after: (i32, Variant),
         limit: usize,
     ) -> Result<Vec<JobResult>, LaunchError> {
         let plan = self.plan_of(run_id).await?;
         let mut planned = plan.chunks(0, usize::MAX);
         let mut found = Vec::new();
+        let after = (i64::from(after.0), after.1);
         while let Some(chunk) = planned.recv().await {
             let chunk: Vec<Job> = chunk?
                 .into_iter()
-                .filter(|job| i64::from(job.case_index) > i64::from(after))
+                .filter(|job| (i64::from(job.case_index), Variant::of(&job.runner)) > after)
                 .collect();
             if chunk.is_empty() {
                 continue;
             }
-            let ids: Vec<&str> = chunk.iter().map(|j| j.case.id.as_str()).collect();
-            let recorded: HashSet<String> = self
+            let recorded: HashSet<(String, Variant)> = self
                 .store
-                .recorded_among(run_id, &ids)
+                .recorded_among(run_id, &variant_keys(&chunk))
                 .await?
                 .into_iter()
                 .collect();
-            for job in chunk.iter().filter(|j| !recorded.contains(&j.case.id)) {
+            for job in chunk
+                .iter()
+                .filter(|j| !recorded.contains(&(j.case.id.clone(), Variant::of(&j.runner))))
+            {
                 found.push(pending(job));
-                if found.len() >= limit {
+                // The plan lists variant after variant: with variants, the first pending in
+                // (case, variant) order are known only once every one is seen.
+                if found.len() >= limit && !plan.has_variants() {
                     return Ok(found);
                 }
             }
         }
+        found.sort_by_key(|r| (r.case_index, r.variant));
+        found.truncate(limit);
         Ok(found)
     }
 
@@ -819,6 +876,18 @@ impl RunLauncher {
             Some(source) => Some((source, self.stored_outputs(source).await?)),
             None => None,
         };
+        let each = Variant::all(recorded.repeats, recorded.baseline);
+        let triggers = recorded.triggers.clone();
+        let variants = match recorded.cases {
+            Some(cases) => Variants { each, cases },
+            None if each.len() == 1 && triggers.is_none() => Variants::primary(usize::MAX),
+            None => {
+                return Err(LaunchError::Corrupt {
+                    run_id,
+                    what: "its stored request has variants but no case count".into(),
+                })
+            }
+        };
         let filter: CaseFilter = recorded.into();
         let runner: Option<RunnerConfig> = stored
             .runner
@@ -828,7 +897,11 @@ impl RunLauncher {
                 run_id,
                 what: format!("its stored runner does not parse: {e}"),
             })?;
-        let config = version.config;
+        // A run with a definition of its own (a rescore's inline eval_config) plans from it.
+        let config = match stored.definition {
+            Some(deflated) => StoredDefinition::Deflated(deflated),
+            None => version.config,
+        };
         let definition = tokio::task::spawn_blocking(move || read_definition(config)).await??;
         let plan = Arc::new(RunPlan {
             run_id,
@@ -838,6 +911,8 @@ impl RunLauncher {
                 filter,
                 runner,
                 rescore,
+                variants,
+                triggers,
             },
             traceparent: stored.traceparent,
         });
@@ -973,9 +1048,47 @@ enum PlanSource {
         runner: Option<RunnerConfig>,
         /// A rescore's source run and its recorded outputs, carried by each job.
         rescore: Option<(Uuid, Givens)>,
+        /// What each selected case runs as (baseline, repeats).
+        variants: Variants,
+        /// Trigger eval queries, planned after every case's variants.
+        triggers: Option<TriggerPlan>,
     },
     /// The run's `samples` rows and the monitor revision they were taken with.
     Samples(SamplesPlan),
+}
+
+/// The variants of a plan: every selected case runs once per variant, variant after variant
+/// ([`Variant::all`]'s order), so plan position `p` is case `p % cases` as variant
+/// `p / cases`.
+#[derive(Debug, Clone)]
+struct Variants {
+    each: Vec<Variant>,
+    /// Cases the filter selects (positions per variant).
+    cases: usize,
+}
+
+impl Variants {
+    /// Only the primary variant (no baseline, no repeats): one job per case.
+    fn primary(cases: usize) -> Self {
+        Variants {
+            each: vec![Variant::PRIMARY],
+            cases,
+        }
+    }
+
+    fn is_primary_only(&self) -> bool {
+        self.each.iter().all(Variant::is_primary)
+    }
+
+    /// The baseline and repeats these variants are: (baseline, attempts per case).
+    fn asked(&self) -> (bool, u32) {
+        let baseline = self
+            .each
+            .iter()
+            .any(|v| v.configuration == Configuration::WithoutSkill);
+        let repeats = self.each.iter().map(|v| v.run_number).max().unwrap_or(1);
+        (baseline, repeats)
+    }
 }
 
 /// What a samples run's jobs are built from.
@@ -1023,6 +1136,25 @@ impl RunPlan {
         span
     }
 
+    /// Whether its cases run as more than one variant (a baseline, repeats) or it has
+    /// trigger eval queries: its plan order is not the results' order.
+    fn has_variants(&self) -> bool {
+        match &self.source {
+            PlanSource::Definition {
+                variants, triggers, ..
+            } => !variants.is_primary_only() || triggers.is_some(),
+            PlanSource::Samples(_) => false,
+        }
+    }
+
+    /// The trigger evals it runs.
+    pub fn triggers(&self) -> Option<&TriggerPlan> {
+        match &self.source {
+            PlanSource::Definition { triggers, .. } => triggers.as_ref(),
+            PlanSource::Samples(_) => None,
+        }
+    }
+
     /// The lane its jobs are published on: samples go to the lower-priority one.
     pub fn lane(&self) -> Lane {
         match self.source {
@@ -1042,11 +1174,23 @@ impl RunPlan {
     fn recorded_request(&self) -> serde_json::Value {
         match &self.source {
             PlanSource::Definition {
-                filter, rescore, ..
-            } => json!(RecordedFilter {
-                rescore_of: rescore.as_ref().map(|(source, _)| *source),
-                ..RecordedFilter::from(filter)
-            }),
+                filter,
+                rescore,
+                variants,
+                triggers,
+                ..
+            } => {
+                let (baseline, repeats) = variants.asked();
+                json!(RecordedFilter {
+                    rescore_of: rescore.as_ref().map(|(source, _)| *source),
+                    baseline,
+                    repeats,
+                    cases: (!variants.is_primary_only() || triggers.is_some())
+                        .then_some(variants.cases),
+                    triggers: triggers.clone(),
+                    ..RecordedFilter::from(filter)
+                })
+            }
             PlanSource::Samples(samples) => json!(samples.request),
         }
     }
@@ -1057,17 +1201,21 @@ impl RunPlan {
     /// time); dropping the receiver stops the planning.
     pub fn chunks(&self, from: usize, limit: usize) -> JobChunks {
         let (tx, rx) = tokio::sync::mpsc::channel(2);
-        let (definition, filter, runner, givens) = match &self.source {
+        let (definition, filter, runner, givens, variants, triggers) = match &self.source {
             PlanSource::Definition {
                 definition,
                 filter,
                 runner,
                 rescore,
+                variants,
+                triggers,
             } => (
                 Arc::clone(definition),
                 filter.clone(),
                 runner.clone(),
                 rescore.as_ref().map(|(_, g)| Arc::clone(g)),
+                variants.clone(),
+                triggers.clone(),
             ),
             PlanSource::Samples(samples) => {
                 tokio::spawn(samples_chunks(
@@ -1087,34 +1235,67 @@ impl RunPlan {
         tokio::task::spawn_blocking(move || {
             let mut position = 0usize;
             let mut left = limit;
-            let planned = definition.plan_chunks(
-                &package_hash,
-                run_id,
-                &filter,
-                runner.as_ref(),
-                PUBLISH_CHUNK,
-                |mut jobs| {
-                    let start = position;
-                    position += jobs.len();
-                    if position <= from {
-                        return true;
-                    }
-                    if start < from {
-                        jobs.drain(..from - start);
-                    }
-                    jobs.truncate(left);
-                    left -= jobs.len();
-                    if let Some(givens) = &givens {
-                        for job in &mut jobs {
-                            job.given = givens.get(&job.case.id).cloned();
+            // One pass over the definition per variant; positions of variants wholly before
+            // `from` are skipped without reading the definition.
+            for variant in &variants.each {
+                if left == 0 {
+                    return;
+                }
+                if position.saturating_add(variants.cases) <= from {
+                    position = position.saturating_add(variants.cases);
+                    continue;
+                }
+                let mut going = true;
+                let planned = definition.plan_chunks(
+                    &package_hash,
+                    run_id,
+                    &filter,
+                    runner.as_ref(),
+                    PUBLISH_CHUNK,
+                    |mut jobs| {
+                        let start = position;
+                        position += jobs.len();
+                        if position <= from {
+                            return true;
                         }
-                    }
-                    tx.blocking_send(Ok(jobs)).is_ok() && left > 0
-                },
-            );
-            if let Err(e) = planned {
-                // The receiver may be gone; then nobody needs the error either.
-                let _ = tx.blocking_send(Err(e.into()));
+                        if start < from {
+                            jobs.drain(..from - start);
+                        }
+                        jobs.truncate(left);
+                        left -= jobs.len();
+                        for job in &mut jobs {
+                            if let Some(givens) = &givens {
+                                job.given = givens.get(&job.case.id).cloned();
+                            }
+                            if !variant.is_primary() {
+                                variant.apply(job);
+                            }
+                        }
+                        going = tx.blocking_send(Ok(jobs)).is_ok() && left > 0;
+                        going
+                    },
+                );
+                if let Err(e) = planned {
+                    // The receiver may be gone; then nobody needs the error either.
+                    let _ = tx.blocking_send(Err(e.into()));
+                    return;
+                }
+                if !going {
+                    return;
+                }
+            }
+            // The trigger eval queries, after every case's variants.
+            if let Some(triggers) = triggers {
+                let jobs = triggers.jobs(
+                    run_id,
+                    &package_hash,
+                    definition.header().profile,
+                    from.saturating_sub(position),
+                    left,
+                );
+                if !jobs.is_empty() {
+                    let _ = tx.blocking_send(Ok(jobs));
+                }
             }
         });
         rx
@@ -1144,6 +1325,27 @@ struct RecordedFilter {
     /// A rescore's source run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rescore_of: Option<Uuid>,
+    /// Each case also run without the skill.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    baseline: bool,
+    /// Attempts per case.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    repeats: u32,
+    /// Cases the filter selected at creation (the plan's positions per variant), recorded
+    /// with a baseline, repeats or trigger evals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cases: Option<usize>,
+    /// The trigger eval queries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    triggers: Option<TriggerPlan>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl From<&CaseFilter> for RecordedFilter {
@@ -1153,6 +1355,10 @@ impl From<&CaseFilter> for RecordedFilter {
             suite: filter.suite.clone(),
             test_cases: filter.case_ids.clone(),
             rescore_of: None,
+            baseline: false,
+            repeats: 1,
+            cases: None,
+            triggers: None,
         }
     }
 }
@@ -1189,6 +1395,8 @@ pub struct PreparedRun {
     max_cost_usd: Option<f64>,
     max_tokens: Option<i64>,
     gate: Option<GateConfig>,
+    /// The run's own definition (kept with the run), when it is not its version's.
+    own_definition: Option<Arc<DefinitionText>>,
     /// How many jobs the filter selects.
     pub total: usize,
     /// What its jobs are planned from.
@@ -1290,6 +1498,13 @@ fn resolve_runner(spec: &RunnerSpec, config: &EvalConfig) -> RunnerConfig {
         },
         RunnerSpec::Detailed(cfg) => cfg.clone(),
     }
+}
+
+/// Each job's (case, variant): what its result row is keyed by.
+fn variant_keys(jobs: &[Job]) -> Vec<(&str, Variant)> {
+    jobs.iter()
+        .map(|j| (j.case.id.as_str(), Variant::of(&j.runner)))
+        .collect()
 }
 
 /// A planned case not recorded yet, as the results endpoint lists it.

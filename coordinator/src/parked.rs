@@ -82,7 +82,13 @@ impl ParkingDrain {
             )
         });
         let parked = NewParked {
-            case: job.as_ref().map(|j| (j.run_id, j.case.id.as_str())),
+            case: job.as_ref().map(|j| {
+                (
+                    j.run_id,
+                    j.case.id.as_str(),
+                    skilleval::llm::benchmark::Variant::of(&j.runner),
+                )
+            }),
             from_queue,
             reason: &reason,
             body,

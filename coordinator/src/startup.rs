@@ -127,6 +127,7 @@ impl Application {
                 settings.coordinator.quotas.clone(),
             )),
             risk_policy: settings.coordinator.risk,
+            comparator: comparator_clients(&settings),
         };
         let listener = TcpListener::bind(&settings.coordinator.bind)
             .await
@@ -322,5 +323,24 @@ pub async fn sweep_samples(store: &Store, retention_days: u32) {
         Ok((0, 0)) => {}
         Ok((samples, runs)) => tracing::info!(samples, runs, "retention: old samples deleted"),
         Err(e) => tracing::warn!(error = %e, "retention sweep of samples failed"),
+    }
+}
+
+/// The providers the blind comparator judges with: `llm.providers` when any is configured.
+/// Comparisons are rare and asked for one at a time, so no response cache and in-process
+/// rate limits (the workers' fleet-wide limits are for the jobs). Providers that do not
+/// connect here (a key variable only the workers have) leave the comparator off, with a
+/// warning: the coordinator's other work needs no model.
+fn comparator_clients(settings: &Settings) -> Option<Arc<skilleval::llm::ProviderClients>> {
+    if settings.llm.providers.is_empty() {
+        return None;
+    }
+    let cache: Arc<dyn skilleval::llm::ResponseCache> = Arc::new(skilleval::llm::cache::NoCache);
+    match skilleval::llm::ProviderClients::connect(&settings.llm.providers, &cache, None) {
+        Ok(clients) => Some(Arc::new(clients)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the blind comparator is off: its model providers (llm.providers) do not connect");
+            None
+        }
     }
 }

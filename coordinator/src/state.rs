@@ -39,6 +39,9 @@ pub struct AppState {
     pub access: Arc<Access>,
     /// `coordinator.risk`: which package risk findings refuse an upload.
     pub risk_policy: RiskPolicy,
+    /// The model providers (`llm.providers`) the blind comparator of `POST /v1/comparisons`
+    /// judges with; `None` when none is configured.
+    pub comparator: Option<Arc<skilleval::llm::ProviderClients>>,
 }
 
 impl std::fmt::Debug for AppState {

@@ -57,6 +57,13 @@ pub struct SummaryView {
     pub pass_rate: f64,
     pub verdict: &'static str,
     pub verdict_reasons: Vec<String>,
+    /// With a baseline or repeats: skill-creator's `benchmark.json` of the run (uplift,
+    /// pass@k, pass^k, flaky cases).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub benchmark: Option<Value>,
+    /// The trigger evals' report (precision, recall, F1), when they ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub triggers: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -95,6 +102,8 @@ impl RunView {
                 pass_rate: s.pass_rate,
                 verdict: s.verdict.as_str(),
                 verdict_reasons: s.verdict_reasons,
+                benchmark: r.summary.as_ref().and_then(|v| v.get("benchmark")).cloned(),
+                triggers: r.summary.as_ref().and_then(|v| v.get("triggers")).cloned(),
             })
         } else {
             None
@@ -134,6 +143,10 @@ pub struct ResultView {
     pub test_case_id: String,
     pub name: String,
     pub case_index: i32,
+    /// `with_skill`, or `without_skill` for a baseline attempt.
+    pub configuration: &'static str,
+    /// The attempt (1 unless the run asked for repeats).
+    pub run_number: u32,
     pub status: String,
     pub strategy: String,
     pub score: Option<f64>,
@@ -165,6 +178,8 @@ impl ResultView {
             test_case_id: r.test_case_id,
             name: r.name,
             case_index: r.case_index,
+            configuration: r.variant.configuration.as_str(),
+            run_number: r.variant.run_number,
             status: r.status.as_str().to_string(),
             strategy: r.strategy,
             score: result.get("score").and_then(Value::as_f64),

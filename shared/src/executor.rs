@@ -22,6 +22,7 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::grade::{Fault, Grade, SchemaError, Usage};
+use crate::llm::benchmark::Variant;
 use crate::llm::ProviderClients;
 use crate::model::{Profile, TestCase};
 use crate::plan::Job;
@@ -97,6 +98,10 @@ pub struct Attempt {
     pub error: Option<String>,
 }
 
+/// How the reason of a baseline attempt its runner cannot run begins (it is recorded
+/// `skipped`).
+pub const NO_BASELINE: &str = "no baseline";
+
 /// The result of one job: what is stored per test case.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct JobResult {
@@ -142,6 +147,10 @@ pub struct JobResult {
     pub critical: bool,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
+    /// Which configuration (with or without the skill) and attempt this is; a run without
+    /// baseline or repeats has only the primary one (written only when it is not that).
+    #[serde(default, skip_serializing_if = "crate::llm::benchmark::skip_primary")]
+    pub variant: Variant,
 }
 
 impl JobResult {
@@ -209,6 +218,7 @@ impl JobResult {
             critical: job.case.is_critical(),
             started_at,
             finished_at: started_at,
+            variant: Variant::of(&job.runner),
         }
     }
 }
@@ -330,6 +340,11 @@ impl Executor {
         self
     }
 
+    /// Whether the runner named `kind` can run a job without the skill (a baseline).
+    pub fn runs_without_skill(&self, kind: &str) -> bool {
+        self.runners.runs_without_skill(kind)
+    }
+
     pub fn strategies(&self) -> &StrategyRegistry {
         &self.strategies
     }
@@ -414,10 +429,23 @@ impl Executor {
         Ok(grader)
     }
 
+    /// Why `job` cannot run: it asks for the baseline (no skill) of a runner that cannot
+    /// leave the skill out ([`crate::runner::OutputRunner::runs_without_skill`]).
+    pub fn no_baseline(&self, job: &Job) -> Option<String> {
+        let kind = &job.runner.kind;
+        (crate::llm::runner::without_skill(&job.runner)
+            && self.runners.get(kind).is_some()
+            && !self.runners.runs_without_skill(kind))
+        .then(|| format!("{NO_BASELINE}: runner `{kind}` cannot run without the skill"))
+    }
+
     /// Produces and grades one job. Never panics and never returns without a result: faults
     /// become an `errored` result whose `error` says whether a retry could help.
     #[tracing::instrument(skip_all, fields(run_id = %job.run_id, test_case_id = %job.case.id))]
     pub async fn execute(&self, job: &Job, package_root: &Path) -> JobResult {
+        if let Some(reason) = self.no_baseline(job) {
+            return JobResult::skipped(job, &reason);
+        }
         let started = Utc::now();
         let mut result = JobResult::base(job, started);
         let env = GradeEnv {
@@ -707,6 +735,7 @@ pub(crate) fn test_result(id: &str, status: CaseStatus, score: Option<f64>) -> J
         critical: false,
         started_at: now,
         finished_at: now,
+        variant: Variant::PRIMARY,
     }
 }
 

@@ -304,7 +304,15 @@ impl Worker {
         publisher: Option<&Publisher>,
     ) -> Result<Disposition, HandleError> {
         if info.redelivered || info.delivery_count > 0 {
-            match self.store.case_state(job.run_id, &job.case.id).await {
+            match self
+                .store
+                .case_state(
+                    job.run_id,
+                    &job.case.id,
+                    skilleval::llm::benchmark::Variant::of(&job.runner),
+                )
+                .await
+            {
                 Ok(Some(state)) if state.is_decided() => {
                     self.metrics.settled_redeliveries.inc();
                     let event =

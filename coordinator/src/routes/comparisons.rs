@@ -10,10 +10,11 @@ use serde_json::json;
 use skilleval::compare::{self, CompareError, Comparison, GateConfig};
 
 use crate::auth::Principal;
-use crate::comparing::{compare_and_store, resolve, ComparingError};
+use crate::comparing::{compare_and_store, resolve, Blind, ComparingError};
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
 use crate::state::AppState;
+use skilleval::llm::comparator::{default_criteria, BlindOptions};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +25,16 @@ pub struct CreateComparisonBody {
     /// Compare cases whose definition, grader or judge model changed too.
     #[serde(default)]
     pub force: bool,
+    /// Also judge each pair's outputs with the blind comparator (needs a model provider on
+    /// the coordinator, `llm.providers`).
+    #[serde(default)]
+    pub comparator: bool,
+    /// Seeds which output the comparator sees first in each pair (default: random, recorded).
+    #[serde(default)]
+    pub comparator_seed: Option<u64>,
+    /// Judge every pair in both orders (twice the calls) instead of one shuffled order.
+    #[serde(default)]
+    pub both_orders: bool,
 }
 
 /// `POST /v1/comparisons`: 201 with the comparison (`comparison.json` shape).
@@ -48,12 +59,37 @@ pub async fn create(
     let head = resolve(&state.store, body.head)
         .await
         .map_err(|e| comparing_error(e, "/head"))?;
+    let blind = if body.comparator {
+        let Some(clients) = &state.comparator else {
+            let rule = "the blind comparator needs a model provider configured on the coordinator (llm.providers; see docs/providers.md)";
+            return Err(ApiError::conflict("comparator_unavailable", rule)
+                .with_details(json!({ "field": "/comparator", "rule": rule })));
+        };
+        let client = clients
+            .pick(None, skilleval::llm::Purpose::Judge)
+            .map_err(|e| {
+                ApiError::conflict("comparator_unavailable", e.clone())
+                    .with_details(json!({ "field": "/comparator", "rule": e }))
+            })?;
+        Some(Blind {
+            client,
+            options: BlindOptions {
+                seed: body.comparator_seed.unwrap_or_else(rand::random),
+                both_orders: body.both_orders,
+                criteria: default_criteria(),
+                concurrency: 4,
+            },
+        })
+    } else {
+        None
+    };
     let comparison = compare_and_store(
         &state.store,
         &base,
         &head,
         body.force,
         GateConfig::default(),
+        blind.as_ref(),
     )
     .await
     .map_err(|e| comparing_error(e, ""))?;

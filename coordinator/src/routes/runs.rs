@@ -10,13 +10,15 @@ use serde_json::json;
 use skilleval::compare::GateSpec;
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
+use skilleval::llm::benchmark::{Configuration, Variant};
+use skilleval::llm::trigger_runner::{is_trigger_result, TriggerPlan};
 use skilleval::model::RunnerSpec;
 use skilleval::package::RiskReport;
 use skilleval::plan::CaseFilter;
-use skilleval::report::{render, ReportContext, ReportFormat};
+use skilleval::report::{render_with, ReportContext, ReportFormat};
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
 
-use crate::aggregate::{load_results, stored_summary};
+use crate::aggregate::{load_results, stored_summary, variant_extras};
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
@@ -55,6 +57,107 @@ pub struct CreateRunBody {
     /// The regression gate: `"no_regression"` or `{"rule", "alpha", "score_margin"}`.
     #[serde(default)]
     pub gate: Option<GateSpec>,
+    /// Also run each case without the skill (the runner leaves it out) and report the uplift.
+    #[serde(default)]
+    pub baseline: bool,
+    /// Attempts per case (pass@k, pass^k, flaky cases); 1 to [`MAX_REPEATS`]. Signed so that
+    /// a negative value reaches the range check and its message, not a type error.
+    #[serde(default)]
+    pub repeats: Option<i64>,
+    /// Also run the package's trigger evals (precision, recall, F1 of selecting the skill).
+    #[serde(default)]
+    pub triggers: bool,
+    /// Runs per trigger query (1 to [`MAX_TRIGGER_RUNS`]; default 3); implies `triggers`.
+    #[serde(default)]
+    pub trigger_runs: Option<i64>,
+}
+
+/// The most attempts per case a run may ask for.
+pub const MAX_REPEATS: i64 = 20;
+/// The most runs per trigger query a run may ask for.
+pub const MAX_TRIGGER_RUNS: i64 = 10;
+
+fn invalid_triggers(field: &str, rule: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_triggers",
+        format!("`{field}`: {rule}"),
+    )
+    .with_details(json!({ "field": field, "rule": rule }))
+}
+
+/// Runs per trigger query in range (1 to [`MAX_TRIGGER_RUNS`]; absent: the CLI's default), or
+/// a 422 naming `field` and the rule.
+pub(crate) fn check_trigger_runs(field: &str, runs: Option<i64>) -> Result<u32, ApiError> {
+    match runs {
+        None => Ok(skilleval::llm::triggers::DEFAULT_RUNS_PER_QUERY),
+        Some(n) if (1..=MAX_TRIGGER_RUNS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
+        Some(_) => Err(invalid_triggers(
+            field,
+            &format!("must be an integer from 1 to {MAX_TRIGGER_RUNS}"),
+        )),
+    }
+}
+
+/// The trigger evals over the package's `queries`, or a 422 naming `field` when the package
+/// has no trigger file.
+pub(crate) fn trigger_plan(
+    field: &str,
+    runs_per_query: u32,
+    queries: Vec<skilleval::package::TriggerCase>,
+) -> Result<TriggerPlan, ApiError> {
+    if queries.is_empty() {
+        return Err(invalid_triggers(
+            field,
+            "the package has no trigger evals (eval/triggers.json or evals/triggers.json)",
+        ));
+    }
+    Ok(TriggerPlan {
+        queries,
+        runs_per_query,
+    })
+}
+
+/// The trigger eval queries of a stored version's package (opened from its stored ZIP).
+async fn stored_triggers(
+    state: &AppState,
+    version_id: uuid::Uuid,
+) -> Result<Vec<skilleval::package::TriggerCase>, ApiError> {
+    let version = {
+        let mut conn = state.store.pool().acquire().await?;
+        state.store.version_for_run(&mut conn, version_id).await?
+    }
+    .ok_or_else(|| ApiError::not_found("version", version_id))?;
+    let bytes = state
+        .store
+        .package_bytes(&version.package_hash)
+        .await?
+        .ok_or_else(|| ApiError::not_found("version", version_id))?;
+    let limits = state.limits.clone();
+    let package = tokio::task::spawn_blocking(move || {
+        skilleval::package::Package::from_zip_bytes_streamed(&bytes, &limits)
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("the stored package does not open: {e}")))?;
+    Ok(package.triggers)
+}
+
+/// `repeats` in range (1 to [`MAX_REPEATS`]; absent: 1), or a 422 naming `field` and the rule.
+pub(crate) fn check_repeats(field: &str, repeats: Option<i64>) -> Result<u32, ApiError> {
+    match repeats {
+        None => Ok(1),
+        Some(n) if (1..=MAX_REPEATS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
+        Some(_) => {
+            let rule = format!("must be an integer from 1 to {MAX_REPEATS}");
+            Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_repeats",
+                format!("`{field}`: {rule}"),
+            )
+            .with_details(json!({ "field": field, "rule": rule })))
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,6 +206,14 @@ pub async fn create(
     {
         return Err(ApiError::not_found("version", body.version_id));
     }
+    let repeats = check_repeats("/repeats", body.repeats)?;
+    let trigger_runs = check_trigger_runs("/trigger_runs", body.trigger_runs)?;
+    let triggers = if body.triggers || body.trigger_runs.is_some() {
+        let queries = stored_triggers(&state, body.version_id).await?;
+        Some(trigger_plan("/triggers", trigger_runs, queries)?)
+    } else {
+        None
+    };
     let request = RunRequest {
         version_id: body.version_id,
         runner: body.runner,
@@ -118,6 +229,10 @@ pub async fn create(
         max_tokens: body.max_tokens,
         gate: body.gate,
         rescore_of: None,
+        baseline: body.baseline,
+        repeats,
+        triggers,
+        definition: None,
     };
     if query.dry_run {
         return Ok(Json(dry_run(&state, &request).await?).into_response());
@@ -155,7 +270,13 @@ async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::V
     let mut chunks = prepared.plan.chunks(0, usize::MAX);
     while let Some(chunk) = chunks.recv().await {
         let jobs = chunk.map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
-        counts.add(&jobs, &registry);
+        // The cases once each: the shape below multiplies them by the repeats and baseline
+        // (and adds the trigger queries), as `skilleval plan` does.
+        let primary: Vec<skilleval::plan::Job> = jobs
+            .into_iter()
+            .filter(|j| Variant::of(&j.runner).is_primary())
+            .collect();
+        counts.add(&primary, &registry);
     }
     let last_run = match state.store.latest_completed_run(request.version_id).await? {
         Some(run) => Some(run),
@@ -177,12 +298,14 @@ async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::V
         }
         None => None,
     };
-    // The service runs each case once, with the skill, and no trigger evals yet.
     let shape = Shape {
-        repeats: 1,
-        baseline: false,
-        trigger_queries: 0,
-        trigger_runs: 0,
+        repeats: request.repeats.max(1),
+        baseline: request.baseline,
+        trigger_queries: request
+            .triggers
+            .as_ref()
+            .map_or(0, |t| t.queries.len() as u64),
+        trigger_runs: request.triggers.as_ref().map_or(0, |t| t.runs_per_query),
     };
     let f = forecast(&counts, shape, measured.as_ref())
         .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
@@ -268,8 +391,8 @@ pub async fn results(
         ));
     }
     let after = match &query.cursor {
-        None => -1,
-        Some(c) => c.parse::<i32>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+        None => (-1, Variant::PRIMARY),
+        Some(c) => parse_cursor(c).ok_or_else(|| {
             ApiError::invalid_field(
                 "invalid_query",
                 "cursor",
@@ -296,20 +419,17 @@ pub async fn results(
     {
         let pending = state.launcher.pending_after(run_id, after, wanted).await?;
         rows.extend(pending.iter().map(pending_row));
-        rows.sort_by_key(|r| r.case_index);
+        rows.sort_by_key(|r| (r.case_index, r.variant));
         rows.truncate(wanted);
     }
     let more = rows.len() > wanted - 1;
-    let mut results: Vec<ResultView> = rows
-        .into_iter()
-        .take(wanted - 1)
-        .map(ResultView::from_row)
-        .collect();
+    rows.truncate(wanted - 1);
     let next_cursor = if more {
-        results.last().map(|r| r.case_index.to_string())
+        rows.last().map(|r| cursor_of(r.case_index, r.variant))
     } else {
         None
     };
+    let mut results: Vec<ResultView> = rows.into_iter().map(ResultView::from_row).collect();
     results.shrink_to_fit();
     Ok(Json(ResultPage {
         results,
@@ -317,9 +437,40 @@ pub async fn results(
     }))
 }
 
+/// A page's cursor: the last row's key, `<case index>` for a case's primary attempt (what
+/// every row of a run without baseline or repeats is), else
+/// `<case index>:<configuration>:<attempt>`.
+fn cursor_of(case_index: i32, variant: Variant) -> String {
+    if variant.is_primary() {
+        case_index.to_string()
+    } else {
+        format!(
+            "{case_index}:{}:{}",
+            variant.configuration.as_str(),
+            variant.run_number
+        )
+    }
+}
+
+/// The key a cursor of [`cursor_of`] names.
+fn parse_cursor(cursor: &str) -> Option<(i32, Variant)> {
+    let mut parts = cursor.split(':');
+    let index = parts.next()?.parse::<i32>().ok().filter(|n| *n >= 0)?;
+    let variant = match (parts.next(), parts.next(), parts.next()) {
+        (None, _, _) => Variant::PRIMARY,
+        (Some(configuration), Some(n), None) => Variant {
+            configuration: Configuration::parse(configuration)?,
+            run_number: n.parse::<u32>().ok().filter(|n| *n >= 1)?,
+        },
+        _ => return None,
+    };
+    Some((index, variant))
+}
+
 /// A planned case without an outcome, as a results row.
 fn pending_row(r: &JobResult) -> ResultRow {
     ResultRow {
+        variant: r.variant,
         case_index: i32::try_from(r.case_index).unwrap_or(i32::MAX),
         test_case_id: r.test_case_id.clone(),
         name: r.name.clone(),
@@ -371,7 +522,15 @@ pub async fn report(
         )
         .with_details(json!({ "status": run.status })));
     };
-    let results = load_results(&state.store, run_id).await?;
+    let all = load_results(&state.store, run_id).await?;
+    // The run proper is its with-skill attempts; a baseline and repeats add their sections.
+    let triggers = if all.iter().any(is_trigger_result) {
+        state.launcher.plan_of(run_id).await?.triggers().cloned()
+    } else {
+        None
+    };
+    let extras = variant_extras(&all, &run, triggers.as_ref());
+    let results = skilleval::llm::benchmark::with_skill(&all);
     // A version stored before risk reports existed has none; an unreadable one is left out.
     let risk: Option<RiskReport> = run
         .risk_report
@@ -389,7 +548,7 @@ pub async fn report(
         summary: &summary,
         risk: risk.as_ref(),
     };
-    let body = render(&ctx, format);
+    let body = render_with(&ctx, format, &extras);
     let content_type = match format {
         ReportFormat::Markdown => "text/markdown; charset=utf-8",
         ReportFormat::Json => "application/json",
@@ -439,6 +598,10 @@ pub struct RescoreBody {
     /// The version whose definition grades the outputs (default: the source run's).
     #[serde(default)]
     pub version_id: Option<uuid::Uuid>,
+    /// A definition given inline instead (the `eval/tests.json` shape), validated like an
+    /// upload's; the source run's package supplies everything else.
+    #[serde(default)]
+    pub eval_config: Option<serde_json::Value>,
     /// Answer the case count and the estimated judge cost, creating nothing.
     #[serde(default)]
     pub dry_run: bool,
@@ -478,6 +641,21 @@ pub async fn rescore(
         )
         .with_details(json!({ "field": "id", "rule": "only a completed run's outputs can be rescored", "status": source.status })));
     }
+    if body.version_id.is_some() && body.eval_config.is_some() {
+        let rule = "give `version_id` or `eval_config`, not both";
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            format!("`/eval_config`: {rule}"),
+        )
+        .with_details(json!({ "field": "/eval_config", "rule": rule })));
+    }
+    let definition = match &body.eval_config {
+        Some(config) => Some(std::sync::Arc::new(
+            crate::routes::skills::inline_definition(&state, &source.package_hash, config).await?,
+        )),
+        None => None,
+    };
     let version_id = body.version_id.unwrap_or(source.version_id);
     if !state
         .store
@@ -514,6 +692,11 @@ pub async fn rescore(
         max_tokens: body.max_tokens,
         gate: None,
         rescore_of: Some(source_id),
+        // A rescore grades the recorded outputs once: no new attempts, no baseline.
+        baseline: false,
+        repeats: 1,
+        triggers: None,
+        definition,
     };
     if body.dry_run {
         let prepared = {

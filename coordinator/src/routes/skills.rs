@@ -78,6 +78,18 @@ pub struct UploadQuery {
     pub gate_alpha: Option<f64>,
     #[serde(default)]
     pub gate_score_margin: Option<f64>,
+    /// Also run each case without the skill (the uplift).
+    #[serde(default)]
+    pub baseline: bool,
+    /// Attempts per case (pass@k, pass^k); 1 to 20.
+    #[serde(default)]
+    pub repeats: Option<i64>,
+    /// Also run the package's trigger evals.
+    #[serde(default)]
+    pub triggers: bool,
+    /// Runs per trigger query (1 to 10; default 3); implies `triggers`.
+    #[serde(default)]
+    pub trigger_runs: Option<i64>,
 }
 
 fn yes() -> bool {
@@ -96,6 +108,8 @@ pub async fn upload(
         check_callback_url("callback_url", url)?;
     }
     let gate = upload_gate(&query)?;
+    let repeats = crate::routes::runs::check_repeats("repeats", query.repeats)?;
+    let trigger_runs = crate::routes::runs::check_trigger_runs("trigger_runs", query.trigger_runs)?;
     let headers = request.headers().clone();
     let body = read_limited(request.into_body(), &headers, state.max_upload_bytes)
         .await
@@ -121,6 +135,15 @@ pub async fn upload(
         Err(Opening::Failed(e)) => return Err(e),
     };
     let validated = started.elapsed();
+    let triggers = if query.triggers || query.trigger_runs.is_some() {
+        Some(crate::routes::runs::trigger_plan(
+            "triggers",
+            trigger_runs,
+            package.triggers.clone(),
+        )?)
+    } else {
+        None
+    };
     // Counted once the package is valid and allowed: a refused package costs no upload.
     refuse_by_policy(&state, &risk)?;
     crate::access::reserve_upload(&state, &principal).await?;
@@ -208,6 +231,10 @@ pub async fn upload(
             max_tokens: None,
             gate,
             rescore_of: None,
+            baseline: query.baseline,
+            repeats,
+            triggers,
+            definition: None,
         };
         // Planned from the definition in hand (the one just stored, or the identical one of
         // the version with the same content), not read back from the database.
@@ -559,5 +586,78 @@ pub async fn validate(
             })))
         }
         Err(Opening::Failed(e)) => Err(e),
+    }
+}
+
+/// The file name an inline definition's problems are reported against.
+pub const INLINE_DEFINITION: &str = "eval_config";
+
+/// An inline eval definition (a rescore's `eval_config`), validated exactly as an upload's: it
+/// replaces the definition in the stored package `package_hash` (so custom graders and
+/// referenced files resolve as in the package), which is then opened and checked by the
+/// upload's code. Problems are a **422** listing each as `{file: "eval_config", pointer,
+/// message}`; the definition as text otherwise.
+pub(crate) async fn inline_definition(
+    state: &AppState,
+    package_hash: &str,
+    eval_config: &serde_json::Value,
+) -> Result<DefinitionText, ApiError> {
+    let bytes = state
+        .store
+        .package_bytes(package_hash)
+        .await?
+        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("package {package_hash} is gone")))?;
+    let text =
+        serde_json::to_vec(eval_config).map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+    let limits = state.limits.clone();
+    let strategies = state.strategies.clone();
+    let opened = tokio::task::spawn_blocking(move || -> Result<_, PackageError> {
+        let dir = tempfile::tempdir().map_err(|e| PackageError::Io {
+            path: std::env::temp_dir(),
+            source: e,
+        })?;
+        let root = Package::extract_files(&bytes, &limits, dir.path())?;
+        for file in skilleval::package::EVAL_FILES {
+            let path = root.join(file);
+            if path.is_file() {
+                std::fs::remove_file(&path).map_err(|source| PackageError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+        }
+        let target = root.join("eval/tests.json");
+        std::fs::create_dir_all(root.join("eval"))
+            .and_then(|()| std::fs::write(&target, &text))
+            .map_err(|source| PackageError::Io {
+                path: target.clone(),
+                source,
+            })?;
+        let mut package = Package::open_dir(&root, &limits)?;
+        let mut writer = DefinitionWriter::new();
+        let validation = check_in_chunks(&mut package, &strategies, CHECK_CHUNK, |cases| {
+            writer.write_cases(cases);
+        })?;
+        if !validation.is_ok() {
+            return Err(PackageError::Invalid(validation.problems));
+        }
+        Ok(writer.finish(&package.config))
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("validating eval_config failed: {e}")))?;
+    match opened {
+        Ok(definition) => definition.map_err(|e| ApiError::internal(anyhow::Error::from(e))),
+        Err(PackageError::Invalid(problems)) => Err(package_error(PackageError::Invalid(
+            problems
+                .into_iter()
+                .map(|mut p| {
+                    if p.file == "eval/tests.json" {
+                        p.file = INLINE_DEFINITION.into();
+                    }
+                    p
+                })
+                .collect(),
+        ))),
+        Err(e) => Err(package_error(e)),
     }
 }

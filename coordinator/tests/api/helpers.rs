@@ -33,6 +33,8 @@ pub struct AppOptions {
     pub auth_tokens: Vec<String>,
     /// `coordinator.risk`.
     pub risk: skilleval::package::risk::RiskPolicy,
+    /// Model providers of the coordinator itself (`llm.providers`: the blind comparator).
+    pub providers: Option<skilleval::llm::Providers>,
 }
 
 impl Default for AppOptions {
@@ -44,6 +46,7 @@ impl Default for AppOptions {
             sweep_interval_secs: 1,
             auth_tokens: Vec::new(),
             risk: skilleval::package::risk::RiskPolicy::default(),
+            providers: None,
         }
     }
 }
@@ -82,6 +85,9 @@ pub fn test_settings(db_name: &str, prefix: &str, options: &AppOptions) -> Setti
     settings.coordinator.risk = options.risk;
     if let Some(n) = options.max_upload_bytes {
         settings.coordinator.max_upload_bytes = n;
+    }
+    if let Some(providers) = &options.providers {
+        settings.llm.providers = providers.clone();
     }
     settings
 }

@@ -7,6 +7,7 @@
 
 mod aggregate;
 mod browser;
+mod blind;
 mod budget;
 mod cache_sweep;
 mod deploy;
@@ -29,5 +30,6 @@ mod tenancy;
 mod tls;
 mod ui;
 mod upload;
+mod variants;
 mod versions;
 mod webhooks;

@@ -219,3 +219,141 @@ async fn a_rescore_grades_stored_outputs_again_without_producing_them() {
     model.abort();
     app.cleanup().await;
 }
+
+/// The v2 definition of [`llm_package`]'s four cases expecting `expected`.
+fn inline_tests(prefix: &str, expected: &str) -> Value {
+    let cases: Vec<Value> = (0..4)
+        .map(|i| {
+            let parity = if i % 2 == 0 { "even" } else { "odd" };
+            json!({
+                "id": format!("{prefix}-{i}"),
+                "name": format!("Case {i}"),
+                "input": { "prompt": format!("Answer ({parity})") },
+                "expected": { "output": expected },
+                "evaluation": { "strategy": "exact_match" },
+            })
+        })
+        .collect();
+    json!({
+        "version": "2.0", "profile": "deterministic",
+        "settings": { "runner": "llm" },
+        "testCases": cases,
+    })
+}
+
+#[tokio::test]
+async fn a_rescore_grades_stored_outputs_against_an_inline_eval_config() {
+    let (addr, calls, model) = start_model().await;
+    let mut providers = Providers::default();
+    providers.insert(
+        ProviderConfig {
+            base_url: format!("http://{addr}/v1"),
+            ..ProviderConfig::new("gen", ProviderKind::Openai, "gen-model")
+        },
+        true,
+    );
+    let app = spawn_app_with(AppOptions {
+        background: true,
+        sweep_interval_secs: 1,
+        ..AppOptions::default()
+    })
+    .await;
+    let mut settings = app.settings.clone();
+    settings.llm.providers = providers;
+    let package_cache = tempfile::tempdir().unwrap();
+    let (stop, worker) = start_worker_with(settings, package_cache.path()).await;
+
+    let upload: Value = app
+        .upload_zip(llm_package("One.", "c", "ok"), "")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let source = upload["run_id"].as_str().unwrap().to_string();
+    let run = wait_for_verdict(&app, &source).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let produced = calls.load(Ordering::SeqCst);
+    assert_eq!(produced, 4);
+    let before = server_cases(&app, &source).await;
+    let (_, versions_before) = app.get_json("/v1/skills/rescored/versions").await;
+
+    // An invalid definition is refused like an upload's: every problem, with its pointer.
+    let mut bad = inline_tests("c", "no");
+    bad["testCases"][1]["evaluation"]["strategy"] = json!("no_such_strategy");
+    let response = app
+        .post_json(
+            &format!("/v1/runs/{source}/rescore"),
+            &json!({ "eval_config": bad }),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 422);
+    let body: Value = response.json().await.unwrap();
+    let problems = body["error"]["details"]["problems"].as_array().unwrap();
+    assert!(
+        problems.iter().any(|p| p["file"] == "eval_config"
+            && p["pointer"]
+                .as_str()
+                .unwrap()
+                .starts_with("/testCases/1/evaluation/strategy")),
+        "{body}"
+    );
+    let response = app
+        .post_json(
+            &format!("/v1/runs/{source}/rescore"),
+            &json!({ "eval_config": inline_tests("c", "no"), "version_id": upload["version_id"] }),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 422);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["details"]["field"], "/eval_config", "{body}");
+
+    // A valid one grades the stored outputs: every verdict flips, nothing is produced.
+    let response = app
+        .post_json(
+            &format!("/v1/runs/{source}/rescore"),
+            &json!({ "eval_config": inline_tests("c", "no") }),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 202);
+    let created: Value = response.json().await.unwrap();
+    let rescore = created["run_id"].as_str().unwrap().to_string();
+    let run = wait_for_verdict(&app, &rescore).await;
+    assert_eq!(run["kind"], "rescore");
+    assert_eq!(run["status"], "completed", "{run}");
+    let after = server_cases(&app, &rescore).await;
+    for id in ["c-0", "c-1", "c-2", "c-3"] {
+        assert_ne!(
+            after[id].0, before[id].0,
+            "{id} graded against the inline definition"
+        );
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        produced,
+        "the rescore made no generation call"
+    );
+    // The run keeps its definition: listing its plan again reads it, not the version's.
+    let (_, page) = app
+        .get_json(&format!("/v1/runs/{rescore}/results?status=queued"))
+        .await;
+    assert_eq!(page["results"], json!([]));
+    let (_, versions_after) = app.get_json("/v1/skills/rescored/versions").await;
+    let ids = |doc: &Value| -> Vec<Value> {
+        doc["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["version_id"].clone())
+            .collect()
+    };
+    assert_eq!(
+        ids(&versions_after),
+        ids(&versions_before),
+        "an inline definition is no new version"
+    );
+
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+    model.abort();
+    app.cleanup().await;
+}

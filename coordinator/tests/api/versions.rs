@@ -622,6 +622,9 @@ async fn skilleval_compare_with_a_server_prints_the_comparison_and_exits_by_the_
         output: Some(out.clone()),
         gate: Gate::NoRegression,
         force,
+        comparator: false,
+        comparator_seed: None,
+        both_orders: false,
     };
     // v1 (a version id) against r2: six pass→fail flips, the gate fails: exit 1.
     assert_eq!(

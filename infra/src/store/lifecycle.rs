@@ -25,6 +25,7 @@
 //! the run's state is read back to say why.
 
 use serde_json::Value;
+use skilleval::llm::benchmark::Variant;
 use uuid::Uuid;
 
 use super::{Store, StoreError};
@@ -354,12 +355,16 @@ impl Store {
                  FOR NO KEY UPDATE
              ), added AS (
                  INSERT INTO eval_results (run_id, test_case_id, name, case_index, strategy,
-                                           weight, status, details, result, finished_at)
+                                           weight, status, details, result, finished_at,
+                                           configuration, run_number)
                  SELECT run.id, t.id, t.name, t.idx, t.strategy, t.weight, 'skipped',
-                        jsonb_build_object('skipped', run.why), t.result, now()
+                        jsonb_build_object('skipped', run.why), t.result, now(),
+                        t.configuration, t.run_number
                  FROM run, UNNEST($2::text[], $3::text[], $4::int4[], $5::text[], $6::float8[],
-                                  $7::text[]) AS t(id, name, idx, strategy, weight, result)
-                 ON CONFLICT (run_id, test_case_id) DO NOTHING
+                                  $7::text[], $8::text[], $9::int4[])
+                          AS t(id, name, idx, strategy, weight, result, configuration,
+                               run_number)
+                 ON CONFLICT (run_id, test_case_id, configuration, run_number) DO NOTHING
                  RETURNING 1
              ), n AS (SELECT count(*)::int AS n FROM added)
              UPDATE runs SET completed = completed + n.n, skipped = skipped + n.n
@@ -373,6 +378,8 @@ impl Store {
         .bind(&cases.strategies)
         .bind(&cases.weights)
         .bind(&cases.results)
+        .bind(&cases.configurations)
+        .bind(&cases.run_numbers)
         .fetch_optional(self.pool())
         .await
         .map_err(StoreError::query("writing off a stopped run's cases"))?;
@@ -425,6 +432,7 @@ impl Store {
         conn: &mut sqlx::PgConnection,
         run_id: Uuid,
         test_case_id: &str,
+        variant: Variant,
     ) -> Result<bool, TransitionError> {
         let reopened: Option<i32> = sqlx::query_scalar(
             "WITH run AS (
@@ -435,6 +443,7 @@ impl Store {
              ), gone AS (
                  DELETE FROM eval_results e USING run
                  WHERE e.run_id = run.id AND e.test_case_id = $2 AND e.status = 'errored'
+                   AND e.configuration = $3 AND e.run_number = $4
                  RETURNING e.run_id
              )
              UPDATE runs r
@@ -446,6 +455,8 @@ impl Store {
         )
         .bind(run_id)
         .bind(test_case_id)
+        .bind(variant.configuration.as_str())
+        .bind(i32::try_from(variant.run_number).unwrap_or(i32::MAX))
         .fetch_optional(&mut *conn)
         .await
         .map_err(StoreError::query("reopening a run for a requeued case"))?;
@@ -496,6 +507,8 @@ pub struct WrittenOff<'a> {
     strategies: Vec<&'a str>,
     weights: Vec<f64>,
     results: Vec<String>,
+    configurations: Vec<&'static str>,
+    run_numbers: Vec<i32>,
 }
 
 impl<'a> WrittenOff<'a> {
@@ -508,6 +521,10 @@ impl<'a> WrittenOff<'a> {
         self.strategies.push(&result.strategy);
         self.weights.push(result.weight);
         self.results.push(text);
+        self.configurations
+            .push(result.variant.configuration.as_str());
+        self.run_numbers
+            .push(i32::try_from(result.variant.run_number).unwrap_or(i32::MAX));
     }
 
     pub fn is_empty(&self) -> bool {

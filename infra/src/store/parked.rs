@@ -21,6 +21,7 @@
 
 use chrono::{DateTime, Utc};
 use skilleval::executor::JobResult;
+use skilleval::llm::benchmark::{Configuration, Variant};
 use uuid::Uuid;
 
 use super::lifecycle::TransitionError;
@@ -46,8 +47,8 @@ pub enum ParkedState {
 /// A message taken off the parking queue.
 #[derive(Debug, Clone)]
 pub struct NewParked<'a> {
-    /// The job's run and case, when the body is a job.
-    pub case: Option<(Uuid, &'a str)>,
+    /// The job's run, case and variant, when the body is a job.
+    pub case: Option<(Uuid, &'a str, Variant)>,
     pub from_queue: &'a str,
     pub reason: &'a str,
     pub body: &'a [u8],
@@ -98,8 +99,16 @@ pub struct Requeued {
     pub reopened: bool,
 }
 
-/// A parked row locked for a requeue: run, case, queue, body, state.
-type LockedParked = (Option<Uuid>, Option<String>, String, Vec<u8>, ParkedState);
+/// A parked row locked for a requeue: run, case, queue, body, state, configuration, attempt.
+type LockedParked = (
+    Option<Uuid>,
+    Option<String>,
+    String,
+    Vec<u8>,
+    ParkedState,
+    String,
+    i32,
+);
 
 const PARKED_COLUMNS: &str =
     "id, run_id, test_case_id, from_queue, reason, state, parked_at, requeued_at";
@@ -130,16 +139,19 @@ impl Store {
         } else {
             ParkedState::Errored
         };
-        let (run_id, test_case_id) = match parked.case {
-            Some((run_id, case)) => (Some(run_id), Some(case)),
-            None => (None, None),
+        let (run_id, test_case_id, variant) = match parked.case {
+            Some((run_id, case, variant)) => (Some(run_id), Some(case), variant),
+            None => (None, None, Variant::PRIMARY),
         };
         // A run that is gone cannot be referenced: the row keeps no run then.
         let id: Option<Uuid> = sqlx::query_scalar(
-            "INSERT INTO parked_jobs (id, run_id, test_case_id, from_queue, reason, body, state)
-             SELECT $1, r.id, CASE WHEN r.id IS NULL THEN NULL ELSE $3 END, $4, $5, $6, $7
+            "INSERT INTO parked_jobs (id, run_id, test_case_id, from_queue, reason, body, state,
+                                      configuration, run_number)
+             SELECT $1, r.id, CASE WHEN r.id IS NULL THEN NULL ELSE $3 END, $4, $5, $6, $7,
+                    $8, $9
              FROM (SELECT (SELECT id FROM runs WHERE id = $2) AS id) r
-             ON CONFLICT (run_id, test_case_id) WHERE run_id IS NOT NULL AND state <> 'requeued'
+             ON CONFLICT (run_id, test_case_id, configuration, run_number)
+                WHERE run_id IS NOT NULL AND state <> 'requeued'
              DO NOTHING
              RETURNING id",
         )
@@ -150,6 +162,8 @@ impl Store {
         .bind(parked.reason)
         .bind(parked.body)
         .bind(state)
+        .bind(variant.configuration.as_str())
+        .bind(i32::try_from(variant.run_number).unwrap_or(i32::MAX))
         .fetch_optional(&mut *tx)
         .await
         .map_err(StoreError::query("recording a parked job"))?;
@@ -200,20 +214,26 @@ impl Store {
         id: Uuid,
     ) -> Result<Requeued, RequeueError> {
         let row: Option<LockedParked> = sqlx::query_as(
-            "SELECT run_id, test_case_id, from_queue, body, state FROM parked_jobs
-                 WHERE id = $1 FOR UPDATE",
+            "SELECT run_id, test_case_id, from_queue, body, state, configuration, run_number
+             FROM parked_jobs WHERE id = $1 FOR UPDATE",
         )
         .bind(id)
         .fetch_optional(&mut *conn)
         .await
         .map_err(StoreError::query("locking a parked job"))?;
-        let Some((run_id, test_case_id, from_queue, body, state)) = row else {
+        let Some((run_id, test_case_id, from_queue, body, state, configuration, run_number)) = row
+        else {
             return Err(RequeueError::NotFound(id));
+        };
+        let variant = Variant {
+            // The column's CHECK admits exactly the two configurations.
+            configuration: Configuration::parse(&configuration).unwrap_or(Configuration::WithSkill),
+            run_number: u32::try_from(run_number).unwrap_or(1).max(1),
         };
         let reopened = match (state, run_id, test_case_id.as_deref()) {
             (ParkedState::Requeued, ..) => return Err(RequeueError::AlreadyRequeued(id)),
             (ParkedState::Errored, Some(run_id), Some(case)) => {
-                self.reopen_for_case(conn, run_id, case).await?
+                self.reopen_for_case(conn, run_id, case, variant).await?
             }
             _ => false,
         };

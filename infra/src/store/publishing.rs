@@ -2,6 +2,7 @@
 //! which cases are recorded, the room `maxConcurrentTests` leaves, the sweeper's list of runs
 //! to resume, and the session lock that serialises a run's publishers.
 
+use skilleval::llm::benchmark::{Configuration, Variant};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -22,19 +23,46 @@ async fn advance_published(
     Ok(())
 }
 
-/// The cases among `ids` the run has a row for (their outcome is recorded).
+/// The (case, variant) keys among `keys` the run has a row for (their outcome is recorded).
 async fn recorded_among(
     conn: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
-    ids: &[&str],
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT test_case_id FROM eval_results WHERE run_id = $1 AND test_case_id = ANY($2)",
+    keys: &[(&str, Variant)],
+) -> Result<Vec<(String, Variant)>, sqlx::Error> {
+    let ids: Vec<&str> = keys.iter().map(|(id, _)| *id).collect();
+    let configurations: Vec<&str> = keys.iter().map(|(_, v)| v.configuration.as_str()).collect();
+    let run_numbers: Vec<i32> = keys
+        .iter()
+        .map(|(_, v)| i32::try_from(v.run_number).unwrap_or(i32::MAX))
+        .collect();
+    let rows: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT e.test_case_id, e.configuration, e.run_number
+         FROM eval_results e
+         JOIN UNNEST($2::text[], $3::text[], $4::int4[]) AS k(id, configuration, run_number)
+           ON e.test_case_id = k.id AND e.configuration = k.configuration
+          AND e.run_number = k.run_number
+         WHERE e.run_id = $1",
     )
     .bind(run_id)
     .bind(ids)
+    .bind(configurations)
+    .bind(run_numbers)
     .fetch_all(conn)
-    .await
+    .await?;
+    rows.into_iter()
+        .map(|(id, configuration, run_number)| {
+            let configuration = Configuration::parse(&configuration).ok_or_else(|| {
+                sqlx::Error::Decode(format!("unknown configuration `{configuration}`").into())
+            })?;
+            Ok((
+                id,
+                Variant {
+                    configuration,
+                    run_number: u32::try_from(run_number).unwrap_or(1),
+                },
+            ))
+        })
+        .collect()
 }
 
 /// Live runs with plan positions not yet confirmed, created more than `grace_secs` ago: a
@@ -155,13 +183,13 @@ impl Store {
             .map_err(StoreError::query("recording publisher confirms"))
     }
 
-    /// The cases among `ids` the run has a row for.
+    /// The (case, variant) keys among `keys` the run has a row for.
     pub async fn recorded_among(
         &self,
         run_id: Uuid,
-        ids: &[&str],
-    ) -> Result<Vec<String>, StoreError> {
-        recorded_among(self.pool(), run_id, ids)
+        keys: &[(&str, Variant)],
+    ) -> Result<Vec<(String, Variant)>, StoreError> {
+        recorded_among(self.pool(), run_id, keys)
             .await
             .map_err(StoreError::query("reading which cases are recorded"))
     }

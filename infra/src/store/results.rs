@@ -15,6 +15,7 @@ use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::llm::benchmark::Variant;
 use skilleval::llm::budget::BUDGET_EXCEEDED;
 use uuid::Uuid;
 
@@ -52,13 +53,14 @@ WITH input AS (
         $8::text[], $9::bool[], $10::text[], $11::text[], $12::text[], $13::int8[], $14::text[],
         $15::text[], $16::int8[], $17::int8[], $18::float8[], $19::int8[], $20::int8[],
         $21::float8[], $22::text[], $23::text[], $24::text[], $25::float8[], $26::bool[],
-        $27::text[], $28::timestamptz[], $29::timestamptz[], $30::text[], $31::int4[]
+        $27::text[], $28::timestamptz[], $29::timestamptz[], $30::text[], $31::int4[],
+        $32::text[], $33::int4[]
     ) AS t(run_id, test_case_id, status, strategy, score, rubric_scores, feedback,
            output, output_truncated, expected_output, matched_patterns, schema_errors,
            duration_ms, attempts, error, produce_input_tokens, produce_output_tokens,
            produce_cost_usd, grade_input_tokens, grade_output_tokens, grade_cost_usd,
            details, tags, suites, weight, critical, result, started_at, finished_at,
-           name, case_index)
+           name, case_index, configuration, run_number)
 ),
 -- The batch's runs that still take results (live: not stopped, not finalised), locked in id
 -- order before anything is written: a stop or cancel (which updates the run's row) waits for
@@ -77,7 +79,8 @@ added AS (
         feedback, output, output_truncated, expected_output, matched_patterns, schema_errors,
         duration_ms, attempts, error, produce_input_tokens, produce_output_tokens,
         produce_cost_usd, grade_input_tokens, grade_output_tokens, grade_cost_usd, details,
-        tags, suites, weight, critical, result, started_at, finished_at)
+        tags, suites, weight, critical, result, started_at, finished_at, configuration,
+        run_number)
     SELECT i.run_id, i.test_case_id, i.name, i.case_index, i.status, i.strategy, i.score,
            i.rubric_scores::jsonb, i.feedback, i.output, i.output_truncated, i.expected_output,
            CASE WHEN i.matched_patterns IS NULL THEN NULL
@@ -87,11 +90,13 @@ added AS (
            i.grade_input_tokens, i.grade_output_tokens, i.grade_cost_usd, i.details::jsonb,
            ARRAY(SELECT jsonb_array_elements_text(i.tags::jsonb)),
            ARRAY(SELECT jsonb_array_elements_text(i.suites::jsonb)),
-           i.weight, i.critical, i.result, i.started_at, i.finished_at
+           i.weight, i.critical, i.result, i.started_at, i.finished_at, i.configuration,
+           i.run_number
     -- Positions outside the plan are not the run's cases.
     FROM input i JOIN live l ON l.id = i.run_id AND i.case_index < l.total
-    -- A redelivered job, or the same case finished by two workers: the first row stays.
-    ON CONFLICT (run_id, test_case_id) DO NOTHING
+    -- A redelivered job, or the same case (and variant) finished by two workers: the first
+    -- row stays.
+    ON CONFLICT (run_id, test_case_id, configuration, run_number) DO NOTHING
     RETURNING run_id, test_case_id, status,
               produce_input_tokens + produce_output_tokens
                 + grade_input_tokens + grade_output_tokens AS tokens,
@@ -198,6 +203,8 @@ struct Columns<'a> {
     finished_at: Vec<DateTime<Utc>>,
     name: Vec<&'a str>,
     case_index: Vec<i32>,
+    configuration: Vec<&'static str>,
+    run_number: Vec<i32>,
 }
 
 fn int8(n: u64) -> i64 {
@@ -256,6 +263,9 @@ impl<'a> Columns<'a> {
         self.name.push(&r.name);
         self.case_index
             .push(i32::try_from(r.case_index).unwrap_or(i32::MAX));
+        self.configuration.push(r.variant.configuration.as_str());
+        self.run_number
+            .push(i32::try_from(r.variant.run_number).unwrap_or(i32::MAX));
         Ok(())
     }
 }
@@ -270,7 +280,8 @@ impl Store {
         let mut seen = HashSet::with_capacity(results.len());
         let mut cols = Columns::default();
         for r in results {
-            if !r.status.is_final() || !seen.insert((r.run_id, r.test_case_id.as_str())) {
+            if !r.status.is_final() || !seen.insert((r.run_id, r.test_case_id.as_str(), r.variant))
+            {
                 continue;
             }
             cols.push(r)?;
@@ -300,7 +311,8 @@ impl Store {
         let mut seen = HashSet::with_capacity(results.len());
         let mut cols = Columns::default();
         for r in results {
-            if !r.status.is_final() || !seen.insert((r.run_id, r.test_case_id.as_str())) {
+            if !r.status.is_final() || !seen.insert((r.run_id, r.test_case_id.as_str(), r.variant))
+            {
                 continue;
             }
             cols.push(r)?;
@@ -350,6 +362,8 @@ async fn record_columns(
             .bind(cols.finished_at)
             .bind(cols.name)
             .bind(cols.case_index)
+            .bind(cols.configuration)
+            .bind(cols.run_number)
             .fetch_all(&mut *tx)
             .await
             .map_err(StoreError::query("recording results"))?;
@@ -408,21 +422,25 @@ impl Store {
         Ok(cancelled.unwrap_or(false))
     }
 
-    /// Whether the run takes results and the case's recorded outcome, or `None` when the
-    /// run does not exist.
+    /// Whether the run takes results and the recorded outcome of the case's `variant`, or
+    /// `None` when the run does not exist.
     pub async fn case_state(
         &self,
         run_id: Uuid,
         test_case_id: &str,
+        variant: Variant,
     ) -> Result<Option<CaseState>, StoreError> {
         let Some(run) = self.run_state(run_id).await? else {
             return Ok(None);
         };
         let status: Option<String> = sqlx::query_scalar(
-            "SELECT status FROM eval_results WHERE run_id = $1 AND test_case_id = $2",
+            "SELECT status FROM eval_results
+             WHERE run_id = $1 AND test_case_id = $2 AND configuration = $3 AND run_number = $4",
         )
         .bind(run_id)
         .bind(test_case_id)
+        .bind(variant.configuration.as_str())
+        .bind(i32::try_from(variant.run_number).unwrap_or(i32::MAX))
         .fetch_optional(self.pool())
         .await
         .map_err(StoreError::query("reading a case's state"))?;

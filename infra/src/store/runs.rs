@@ -22,6 +22,7 @@ use super::{Store, StoreError};
 use uuid::Uuid;
 
 use skilleval::executor::CaseStatus;
+use skilleval::llm::benchmark::{Configuration, Variant};
 
 use super::lifecycle::{RunKind, RunState, RunStatus, StopReason};
 
@@ -47,6 +48,17 @@ pub struct NewRun<'a> {
     pub gate: Option<Value>,
     /// The creating request's W3C trace context, kept so later work on the run joins its trace.
     pub traceparent: Option<String>,
+    /// The run's own definition (a rescore's inline `eval_config`): deflated text, profile and
+    /// settings; `None`: its version's.
+    pub definition: Option<OwnDefinition<'a>>,
+}
+
+/// A definition a run keeps itself (not its version's).
+#[derive(Debug, Clone)]
+pub struct OwnDefinition<'a> {
+    pub deflated: &'a [u8],
+    pub profile: &'a str,
+    pub settings: Value,
 }
 
 /// Whether [`insert_run`] created the run or found the one with the same idempotency key.
@@ -79,8 +91,9 @@ async fn insert_run(
         "INSERT INTO runs
             (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
              max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens, gate,
-             traceparent)
-         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+             traceparent, definition_deflate, definition_profile, definition_settings)
+         VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                 $16, $17)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
     )
@@ -98,6 +111,9 @@ async fn insert_run(
     .bind(run.max_tokens)
     .bind(&run.gate)
     .bind(run.traceparent.as_deref())
+    .bind(run.definition.as_ref().map(|d| d.deflated))
+    .bind(run.definition.as_ref().map(|d| d.profile))
+    .bind(run.definition.as_ref().map(|d| &d.settings))
     .fetch_optional(&mut *conn)
     .await?;
     let Some(run_id) = inserted else {
@@ -132,26 +148,37 @@ pub struct RunPlanRequest {
     pub request: Value,
     /// The creating request's W3C trace context.
     pub traceparent: Option<String>,
+    /// The run's own definition, deflated (a rescore's inline `eval_config`).
+    pub definition: Option<Vec<u8>>,
 }
 
 async fn run_plan_request(
     conn: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
 ) -> Result<Option<RunPlanRequest>, sqlx::Error> {
-    type Row = (Uuid, RunKind, Option<Value>, Value, Option<String>);
+    type Row = (
+        Uuid,
+        RunKind,
+        Option<Value>,
+        Value,
+        Option<String>,
+        Option<Vec<u8>>,
+    );
     let row: Option<Row> = sqlx::query_as(
-        "SELECT version_id, kind, runner, request, traceparent FROM runs WHERE id = $1",
+        "SELECT version_id, kind, runner, request, traceparent, definition_deflate
+         FROM runs WHERE id = $1",
     )
     .bind(run_id)
     .fetch_optional(conn)
     .await?;
     Ok(row.map(
-        |(version_id, kind, runner, request, traceparent)| RunPlanRequest {
+        |(version_id, kind, runner, request, traceparent, definition)| RunPlanRequest {
             version_id,
             kind,
             runner,
             request,
             traceparent,
+            definition,
         },
     ))
 }
@@ -303,8 +330,9 @@ async fn get_run(
     run_id: Uuid,
 ) -> Result<Option<RunRow>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash, c.profile,
-                c.settings, r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
+        "SELECT r.id, r.version_id, s.name, v.version, v.description, v.package_hash,
+                COALESCE(r.definition_profile, c.profile),
+                COALESCE(r.definition_settings, c.settings), r.kind, r.status, r.total, r.completed, r.passed, r.failed, r.errored, r.skipped,
                 r.summary, r.verdict, r.callback_url, r.finalised, r.created_at, r.finished_at,
                 r.tokens, r.cost_usd, r.budget_max_tokens, r.budget_max_cost_usd, r.stop_reason,
                 r.stop_detail, r.gate, r.traceparent, v.risk_report
@@ -361,6 +389,8 @@ async fn get_run(
 #[derive(Debug, Clone)]
 pub struct ResultRow {
     pub case_index: i32,
+    /// Which configuration and attempt of the case the row is.
+    pub variant: Variant,
     pub test_case_id: String,
     pub name: String,
     pub status: CaseStatus,
@@ -370,29 +400,60 @@ pub struct ResultRow {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-/// A page of recorded results after `after_index`, optionally of one status.
+/// Configurations in listing order (`Configuration`'s), positions from 1 as SQL numbers them.
+const CONFIGURATION_ORDER: [Configuration; 3] = [
+    Configuration::WithSkill,
+    Configuration::WithoutSkill,
+    Configuration::Trigger,
+];
+
+/// A page of recorded results after the row keyed `after` (case index, variant), in
+/// (case index, variant) order, optionally of one status.
 async fn list_results(
     pool: &PgPool,
     run_id: Uuid,
     status: Option<CaseStatus>,
-    after_index: i32,
+    after: (i32, Variant),
     limit: i64,
 ) -> Result<Vec<ResultRow>, sqlx::Error> {
+    // Variants in `Variant`'s order: with the skill, without, trigger queries, then by attempt
+    // (an integer, not the text, so no collation can reorder them).
+    let (after_index, after_variant) = after;
     let rows = sqlx::query(
-        "SELECT case_index, test_case_id, name, status, strategy, result, details, finished_at
+        "SELECT case_index, test_case_id, name, status, strategy, result, details, finished_at,
+                configuration, run_number
          FROM eval_results
-         WHERE run_id = $1 AND case_index > $2 AND ($3::text IS NULL OR status = $3)
-         ORDER BY case_index LIMIT $4",
+         WHERE run_id = $1 AND case_index >= $2 AND ($3::text IS NULL OR status = $3)
+           AND (case_index, array_position($7::text[], configuration), run_number) > ($2, $5, $6)
+         ORDER BY case_index, array_position($7::text[], configuration), run_number LIMIT $4",
     )
     .bind(run_id)
     .bind(after_index)
     .bind(status.map(CaseStatus::as_str))
     .bind(limit)
+    .bind(
+        CONFIGURATION_ORDER
+            .iter()
+            .position(|c| *c == after_variant.configuration)
+            .map_or(i32::MAX, |i| i32::try_from(i + 1).unwrap_or(i32::MAX)),
+    )
+    .bind(i32::try_from(after_variant.run_number).unwrap_or(i32::MAX))
+    .bind(CONFIGURATION_ORDER.map(Configuration::as_str).to_vec())
     .fetch_all(pool)
     .await?;
     rows.into_iter()
         .map(|r| {
+            let configuration: String = r.try_get(8)?;
+            let run_number: i32 = r.try_get(9)?;
             Ok(ResultRow {
+                variant: Variant {
+                    configuration: Configuration::parse(&configuration).ok_or_else(|| {
+                        sqlx::Error::Decode(
+                            format!("unknown configuration `{configuration}`").into(),
+                        )
+                    })?,
+                    run_number: u32::try_from(run_number).unwrap_or(1),
+                },
                 case_index: r.try_get(0)?,
                 test_case_id: r.try_get(1)?,
                 name: r.try_get(2)?,
@@ -511,10 +572,10 @@ impl Store {
         &self,
         run_id: Uuid,
         status: Option<CaseStatus>,
-        after_index: i32,
+        after: (i32, Variant),
         limit: i64,
     ) -> Result<Vec<ResultRow>, StoreError> {
-        list_results(self.pool(), run_id, status, after_index, limit)
+        list_results(self.pool(), run_id, status, after, limit)
             .await
             .map_err(StoreError::query("listing a run's results"))
     }

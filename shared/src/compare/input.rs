@@ -231,7 +231,12 @@ impl RunSide {
     ) -> RunSide {
         let mut cases: Vec<CaseRecord> = Vec::new();
         let mut index: BTreeMap<&str, usize> = BTreeMap::new();
-        for r in results {
+        // A run's baseline (its cases run without the skill) is not the run: only the
+        // with-skill attempts are compared.
+        let with_skill = results
+            .iter()
+            .filter(|r| r.variant.configuration == crate::llm::benchmark::Configuration::WithSkill);
+        for r in with_skill {
             let i = *index.entry(r.test_case_id.as_str()).or_insert_with(|| {
                 cases.push(CaseRecord {
                     test_case_id: r.test_case_id.clone(),

@@ -186,6 +186,9 @@ pub fn markdown(c: &Comparison) -> String {
          docs/comparing.md says what each statistic means.</sub>",
         c.resamples, c.seed
     );
+    if let Some(blind) = &c.blind_comparator {
+        out.push_str(&crate::llm::comparator::blind_markdown(blind));
+    }
     out
 }
 

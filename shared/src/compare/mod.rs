@@ -373,6 +373,9 @@ pub struct Comparison {
     pub seed: u64,
     pub resamples: u32,
     pub confidence: f64,
+    /// The blind comparator's verdicts beside the statistics, when it was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blind_comparator: Option<crate::llm::comparator::BlindSummary>,
 }
 
 /// Compares `head` (B) with `base` (A).
@@ -532,6 +535,7 @@ pub fn compare(
         seed: options.seed,
         resamples: options.resamples,
         confidence: options.confidence,
+        blind_comparator: None,
     })
 }
 

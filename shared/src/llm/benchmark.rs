@@ -22,12 +22,14 @@ use crate::artifacts::{expectations, Expectation};
 use crate::executor::{CaseStatus, JobResult};
 use crate::summary::ratio;
 
-/// With or without the skill loaded.
+/// With or without the skill loaded; or a trigger eval query (a job of the run that is no
+/// case: it asks whether the skill's description gets it selected).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Configuration {
     WithSkill,
     WithoutSkill,
+    Trigger,
 }
 
 impl Configuration {
@@ -35,8 +37,131 @@ impl Configuration {
         match self {
             Configuration::WithSkill => "with_skill",
             Configuration::WithoutSkill => "without_skill",
+            Configuration::Trigger => "trigger",
         }
     }
+
+    /// The configuration [`Configuration::as_str`] names.
+    pub fn parse(s: &str) -> Option<Configuration> {
+        match s {
+            "with_skill" => Some(Configuration::WithSkill),
+            "without_skill" => Some(Configuration::WithoutSkill),
+            "trigger" => Some(Configuration::Trigger),
+            _ => None,
+        }
+    }
+}
+
+/// Which configuration and attempt a job (and its result) is: what a baseline and repeats
+/// add to a case. Carried by the job as runner options ([`super::runner::WITHOUT_SKILL_OPTION`],
+/// [`super::runner::REPEAT_OPTION`]), which the runner interprets, and recorded with the
+/// result, so a case's row is one per (configuration, attempt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Variant {
+    pub configuration: Configuration,
+    /// 1-based attempt number.
+    pub run_number: u32,
+}
+
+impl Default for Variant {
+    fn default() -> Self {
+        Variant::PRIMARY
+    }
+}
+
+impl Variant {
+    /// With the skill, attempt 1: the only variant of a run without baseline or repeats.
+    pub const PRIMARY: Variant = Variant {
+        configuration: Configuration::WithSkill,
+        run_number: 1,
+    };
+
+    pub fn is_primary(&self) -> bool {
+        *self == Variant::PRIMARY
+    }
+
+    /// The variant a job's runner options ask for.
+    pub fn of(runner: &crate::model::RunnerConfig) -> Variant {
+        if super::trigger_runner::is_trigger(runner) {
+            return Variant {
+                configuration: Configuration::Trigger,
+                run_number: 1,
+            };
+        }
+        Variant {
+            configuration: if super::runner::without_skill(runner) {
+                Configuration::WithoutSkill
+            } else {
+                Configuration::WithSkill
+            },
+            run_number: super::runner::repeat_of(runner)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(1)
+                .max(1),
+        }
+    }
+
+    /// The variants of a run, in planning order: every with-skill attempt, then (with
+    /// `baseline`) every without-skill one, so a budget stop cuts the comparison first.
+    pub fn all(repeats: u32, baseline: bool) -> Vec<Variant> {
+        let repeats = repeats.max(1);
+        let mut out = Vec::new();
+        for configuration in [Configuration::WithSkill, Configuration::WithoutSkill] {
+            if configuration == Configuration::WithoutSkill && !baseline {
+                continue;
+            }
+            for run_number in 1..=repeats {
+                out.push(Variant {
+                    configuration,
+                    run_number,
+                });
+            }
+        }
+        out
+    }
+
+    /// `job` set to run as this variant (its runner options say so; the runner interprets
+    /// them, see [`crate::runner::OutputRunner::runs_without_skill`]).
+    pub fn apply(self, job: &mut crate::plan::Job) {
+        job.runner = super::runner::runner_for(
+            &job.runner,
+            self.configuration == Configuration::WithoutSkill,
+            self.run_number,
+        );
+    }
+}
+
+/// Serde helper: a result's variant is written only when it is not the primary one.
+pub fn skip_primary(v: &Variant) -> bool {
+    v.is_primary()
+}
+
+/// The jobs of a run with `repeats` attempts each and, with `baseline`, as many without the
+/// skill for the jobs `can_baseline` accepts, each set to its variant, in [`Variant::all`]'s
+/// order. Returns the jobs and how many cases got no baseline.
+pub fn expand(
+    jobs: &[crate::plan::Job],
+    repeats: u32,
+    baseline: bool,
+    can_baseline: impl Fn(&crate::plan::Job) -> bool,
+) -> (Vec<crate::plan::Job>, usize) {
+    let mut out = Vec::new();
+    for variant in Variant::all(repeats, baseline) {
+        for job in jobs {
+            if variant.configuration == Configuration::WithoutSkill && !can_baseline(job) {
+                continue;
+            }
+            let mut j = job.clone();
+            variant.apply(&mut j);
+            out.push(j);
+        }
+    }
+    let no_baseline = if baseline {
+        jobs.iter().filter(|j| !can_baseline(j)).count()
+    } else {
+        0
+    };
+    (out, no_baseline)
 }
 
 /// One run's numbers (skill-creator's `runs[].result`).
@@ -78,7 +203,9 @@ pub fn benchmark_run(
     run_number: u32,
     r: &JobResult,
 ) -> Option<BenchmarkRun> {
-    if matches!(r.status, CaseStatus::Skipped | CaseStatus::Queued) {
+    if matches!(r.status, CaseStatus::Skipped | CaseStatus::Queued)
+        || configuration == Configuration::Trigger
+    {
         return None;
     }
     let exps = expectations(r);
@@ -239,6 +366,23 @@ pub fn pass_at_k(n: u64, c: u64, k: u64) -> Option<f64> {
     Some(1.0 - none)
 }
 
+/// The unbiased estimator of pass^k (all of `k` attempts pass; Yao et al., 2024, τ-bench):
+/// `C(c, k) / C(n, k)` for `c` passes out of `n`, as a product. `None` when `k` is 0,
+/// `k > n` or `c > n`.
+pub fn pass_hat_k(n: u64, c: u64, k: u64) -> Option<f64> {
+    if k == 0 || k > n || c > n {
+        return None;
+    }
+    if c < k {
+        return Some(0.0);
+    }
+    let mut all = 1.0f64;
+    for i in 0..k {
+        all *= (c - i) as f64 / (n - i) as f64;
+    }
+    Some(all)
+}
+
 /// The k values reported for `n` attempts: 1, 3, 5, 10 up to `n`, and `n`.
 pub fn reported_ks(n: u64) -> Vec<u64> {
     let mut ks: Vec<u64> = [1, 3, 5, 10].into_iter().filter(|k| *k <= n).collect();
@@ -259,6 +403,9 @@ pub struct CaseRepeats {
     pub errored: u64,
     /// `"pass@1"`, `"pass@3"`, ... -> estimate.
     pub pass_at: BTreeMap<String, f64>,
+    /// `"pass^1"`, `"pass^3"`, ... -> estimate of every one of k attempts passing.
+    #[serde(default)]
+    pub pass_all: BTreeMap<String, f64>,
     /// Spread of the graded attempts' scores.
     pub score: Stat,
     /// Passed in some attempts and not in others.
@@ -272,6 +419,9 @@ pub struct RepeatsSummary {
     pub cases: Vec<CaseRepeats>,
     /// Mean over cases of each pass@k (cases with fewer attempts than k are left out).
     pub mean_pass_at: BTreeMap<String, f64>,
+    /// Mean over cases of each pass^k, likewise.
+    #[serde(default)]
+    pub mean_pass_all: BTreeMap<String, f64>,
     pub flaky_cases: Vec<String>,
 }
 
@@ -290,14 +440,22 @@ pub fn repeat_stats(repeats: u32, attempts: &[&JobResult]) -> RepeatsSummary {
     }
     let mut cases = Vec::with_capacity(by_case.len());
     let mut sums: BTreeMap<u64, (f64, u64)> = BTreeMap::new();
+    let mut sums_all: BTreeMap<u64, (f64, u64)> = BTreeMap::new();
     for ((_, id), rs) in by_case {
         let n = rs.len() as u64;
         let c = rs.iter().filter(|r| r.status == CaseStatus::Passed).count() as u64;
         let mut pass_at = BTreeMap::new();
+        let mut pass_all = BTreeMap::new();
         for k in reported_ks(n) {
             if let Some(p) = pass_at_k(n, c, k) {
                 pass_at.insert(format!("pass@{k}"), p);
                 let e = sums.entry(k).or_default();
+                e.0 += p;
+                e.1 += 1;
+            }
+            if let Some(p) = pass_hat_k(n, c, k) {
+                pass_all.insert(format!("pass^{k}"), p);
+                let e = sums_all.entry(k).or_default();
                 e.0 += p;
                 e.1 += 1;
             }
@@ -312,6 +470,7 @@ pub fn repeat_stats(repeats: u32, attempts: &[&JobResult]) -> RepeatsSummary {
                 .filter(|r| r.status == CaseStatus::Errored)
                 .count() as u64,
             pass_at,
+            pass_all,
             score: stat(&scores),
             flaky: c > 0 && c < n,
         });
@@ -326,6 +485,10 @@ pub fn repeat_stats(repeats: u32, attempts: &[&JobResult]) -> RepeatsSummary {
         mean_pass_at: sums
             .into_iter()
             .map(|(k, (sum, count))| (format!("pass@{k}"), sum / count as f64))
+            .collect(),
+        mean_pass_all: sums_all
+            .into_iter()
+            .map(|(k, (sum, count))| (format!("pass^{k}"), sum / count as f64))
             .collect(),
         cases,
     }
@@ -391,6 +554,228 @@ pub fn benchmark_json(
         doc["repeats"] = json!(rep);
     }
     doc
+}
+
+/// One side (with or without the skill) of a case over its attempts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseSide {
+    /// Attempts that ran (skipped ones excluded).
+    pub attempts: u64,
+    /// Share of the attempts that passed.
+    pub pass_rate: f64,
+    /// Mean score of the graded attempts; `None` when every attempt errored.
+    pub score: Option<f64>,
+    /// Mean of each rubric criterion (normalised to [0, 1]) where the strategy has them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub criteria: BTreeMap<String, f64>,
+}
+
+/// A case's uplift: with minus without the skill, over its attempts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseUplift {
+    pub test_case_id: String,
+    pub with_skill: CaseSide,
+    pub without_skill: CaseSide,
+    pub pass_rate: f64,
+    /// `None` when a side has no score.
+    pub score: Option<f64>,
+    /// Per criterion both sides have.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub criteria: BTreeMap<String, f64>,
+}
+
+/// The uplift per case (cases that ran both with and without the skill, in case order) and
+/// per criterion (the mean over those cases of each criterion's uplift).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpliftByCase {
+    pub cases: Vec<CaseUplift>,
+    pub criteria: BTreeMap<String, f64>,
+}
+
+fn case_side(attempts: &[&JobResult]) -> Option<CaseSide> {
+    let outcomes: Vec<_> = attempts
+        .iter()
+        .filter_map(|r| crate::compare::AttemptOutcome::from_result(r))
+        .collect();
+    if outcomes.is_empty() {
+        return None;
+    }
+    let n = outcomes.len() as u64;
+    let scores: Vec<f64> = outcomes.iter().filter_map(|o| o.score).collect();
+    let mut sums: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+    for o in &outcomes {
+        for (name, v) in &o.criteria {
+            let e = sums.entry(name.clone()).or_default();
+            e.0 += v;
+            e.1 += 1;
+        }
+    }
+    Some(CaseSide {
+        attempts: n,
+        pass_rate: ratio(outcomes.iter().filter(|o| o.passed).count() as u64, n),
+        score: (!scores.is_empty()).then(|| scores.iter().sum::<f64>() / scores.len() as f64),
+        criteria: sums
+            .into_iter()
+            .map(|(k, (sum, count))| (k, sum / count as f64))
+            .collect(),
+    })
+}
+
+/// Per case and per criterion uplift from every attempt's result.
+pub fn uplift_by_case(results: &[JobResult]) -> UpliftByCase {
+    type Sides<'a> = (Vec<&'a JobResult>, Vec<&'a JobResult>);
+    let mut by_case: BTreeMap<(u32, &str), Sides<'_>> = BTreeMap::new();
+    for r in results {
+        let e = by_case
+            .entry((r.case_index, r.test_case_id.as_str()))
+            .or_default();
+        match r.variant.configuration {
+            Configuration::WithSkill => e.0.push(r),
+            Configuration::WithoutSkill => e.1.push(r),
+            Configuration::Trigger => {}
+        }
+    }
+    let mut cases = Vec::new();
+    let mut sums: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+    for ((_, id), (with, without)) in by_case {
+        let (Some(w), Some(wo)) = (case_side(&with), case_side(&without)) else {
+            continue;
+        };
+        let criteria: BTreeMap<String, f64> = w
+            .criteria
+            .iter()
+            .filter_map(|(name, a)| wo.criteria.get(name).map(|b| (name.clone(), a - b)))
+            .collect();
+        for (name, d) in &criteria {
+            let e = sums.entry(name.clone()).or_default();
+            e.0 += d;
+            e.1 += 1;
+        }
+        cases.push(CaseUplift {
+            test_case_id: id.to_string(),
+            pass_rate: w.pass_rate - wo.pass_rate,
+            score: w.score.zip(wo.score).map(|(a, b)| a - b),
+            criteria,
+            with_skill: w,
+            without_skill: wo,
+        });
+    }
+    UpliftByCase {
+        cases,
+        criteria: sums
+            .into_iter()
+            .map(|(k, (sum, count))| (k, sum / count as f64))
+            .collect(),
+    }
+}
+
+/// What a baseline and repeats add to a run's outputs, built from every attempt's result
+/// (each labelled by its [`Variant`]). The CLI and the service both report through this.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Extras {
+    pub runs: Vec<BenchmarkRun>,
+    pub summary: BaselineSummary,
+    pub repeats: Option<RepeatsSummary>,
+    /// With a baseline: the uplift per case and per criterion.
+    pub uplift: Option<UpliftByCase>,
+}
+
+impl Extras {
+    /// From every attempt (with and without the skill); `repeats` is the attempts per case the
+    /// run asked for.
+    pub fn build(results: &[JobResult], repeats: u32) -> Extras {
+        let runs: Vec<BenchmarkRun> = results
+            .iter()
+            .filter_map(|r| benchmark_run(r.variant.configuration, r.variant.run_number, r))
+            .collect();
+        let summary = run_summary(&runs);
+        let repeats = (repeats > 1).then(|| {
+            let with: Vec<&JobResult> = results
+                .iter()
+                .filter(|r| r.variant.configuration == Configuration::WithSkill)
+                .collect();
+            repeat_stats(repeats, &with)
+        });
+        let uplift = results
+            .iter()
+            .any(|r| r.variant.configuration == Configuration::WithoutSkill)
+            .then(|| uplift_by_case(results));
+        Extras {
+            runs,
+            summary,
+            repeats,
+            uplift,
+        }
+    }
+
+    /// The report's sections (Markdown).
+    pub fn markdown(&self) -> String {
+        let mut out = markdown(&self.summary, self.repeats.as_ref());
+        if let Some(uplift) = &self.uplift {
+            out.push_str(&uplift_markdown(uplift));
+        }
+        out
+    }
+
+    /// skill-creator's `benchmark.json` of the run, with `uplift` (per case and criterion)
+    /// where a baseline ran.
+    pub fn benchmark_json(&self, skill_name: &str, timestamp: &str, notes: &[String]) -> Value {
+        let mut doc = benchmark_json(
+            skill_name,
+            timestamp,
+            &self.runs,
+            &self.summary,
+            self.repeats.as_ref(),
+            notes,
+        );
+        if let Some(uplift) = &self.uplift {
+            doc["uplift"] = json!(uplift);
+        }
+        doc
+    }
+}
+
+/// The run proper: the with-skill attempts (its summary and verdict are over them; the
+/// without-skill ones are only compared against).
+pub fn with_skill(results: &[JobResult]) -> Vec<JobResult> {
+    results
+        .iter()
+        .filter(|r| r.variant.configuration == Configuration::WithSkill)
+        .cloned()
+        .collect()
+}
+
+/// The per-case and per-criterion uplift as Markdown tables.
+fn uplift_markdown(uplift: &UpliftByCase) -> String {
+    let mut out = String::new();
+    if uplift.cases.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "### Uplift per case\n");
+    let _ = writeln!(
+        out,
+        "| Case | Pass rate with | without | Delta | Score delta |\n|---|---|---|---|---|"
+    );
+    for c in &uplift.cases {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} pts | {} |",
+            c.test_case_id,
+            pct(c.with_skill.pass_rate),
+            pct(c.without_skill.pass_rate),
+            signed(c.pass_rate * 100.0, 1),
+            c.score.map_or_else(|| "-".to_string(), |d| signed(d, 3)),
+        );
+    }
+    if !uplift.criteria.is_empty() {
+        let _ = writeln!(out, "\n### Uplift per criterion\n");
+        let _ = writeln!(out, "| Criterion | Mean delta |\n|---|---|");
+        for (name, d) in &uplift.criteria {
+            let _ = writeln!(out, "| {name} | {} |", signed(*d, 3));
+        }
+    }
+    out.push('\n');
+    out
 }
 
 fn pct(v: f64) -> String {
@@ -462,12 +847,13 @@ pub fn markdown(summary: &BaselineSummary, repeats: Option<&RepeatsSummary>) -> 
     if let Some(rep) = repeats {
         let _ = writeln!(out, "## Repeats: {} attempts per case\n", rep.repeats);
         let ks: Vec<&String> = rep.mean_pass_at.keys().collect();
+        let hats: Vec<&String> = rep.mean_pass_all.keys().collect();
         let _ = write!(out, "| Case | Passed | Score mean ± sd (min–max) |");
-        for k in &ks {
+        for k in ks.iter().chain(&hats) {
             let _ = write!(out, " {k} |");
         }
         let _ = write!(out, "\n|---|---|---|");
-        for _ in &ks {
+        for _ in ks.iter().chain(&hats) {
             out.push_str("---|");
         }
         out.push('\n');
@@ -478,8 +864,12 @@ pub fn markdown(summary: &BaselineSummary, repeats: Option<&RepeatsSummary>) -> 
                 "| `{}`{flag} | {}/{} | {:.3} ± {:.3} ({:.3}–{:.3}) |",
                 c.test_case_id, c.c, c.n, c.score.mean, c.score.stddev, c.score.min, c.score.max
             );
-            for k in &ks {
-                match c.pass_at.get(*k) {
+            let cells = ks
+                .iter()
+                .map(|k| c.pass_at.get(*k))
+                .chain(hats.iter().map(|k| c.pass_all.get(*k)));
+            for cell in cells {
+                match cell {
                     Some(p) => {
                         let _ = write!(out, " {p:.3} |");
                     }
@@ -491,6 +881,9 @@ pub fn markdown(summary: &BaselineSummary, repeats: Option<&RepeatsSummary>) -> 
         let _ = write!(out, "| **mean** | | |");
         for k in &ks {
             let _ = write!(out, " **{:.3}** |", rep.mean_pass_at[*k]);
+        }
+        for k in &hats {
+            let _ = write!(out, " **{:.3}** |", rep.mean_pass_all[*k]);
         }
         out.push_str("\n\n");
         if !rep.flaky_cases.is_empty() {
@@ -620,5 +1013,78 @@ mod tests {
         assert_eq!(s.flaky_cases, vec!["a"]);
         let md = markdown(&run_summary(&[]), Some(&s));
         assert!(md.contains("| `a` (flaky) | 2/3 |"), "{md}");
+    }
+
+    #[test]
+    fn pass_hat_k_is_the_chance_that_all_k_attempts_pass() {
+        // n = 5, c = 3: pass^1 = 3/5; pass^2 = C(3,2)/C(5,2) = 3/10; pass^3 = 1/10.
+        assert!((pass_hat_k(5, 3, 1).unwrap() - 0.6).abs() < 1e-12);
+        assert!((pass_hat_k(5, 3, 2).unwrap() - 0.3).abs() < 1e-12);
+        assert!((pass_hat_k(5, 3, 3).unwrap() - 0.1).abs() < 1e-12);
+        assert_eq!(pass_hat_k(5, 3, 4), Some(0.0), "fewer passes than k");
+        assert_eq!(pass_hat_k(4, 4, 4), Some(1.0));
+        assert_eq!(pass_hat_k(3, 1, 4), None);
+        assert_eq!(pass_hat_k(3, 1, 0), None);
+        let attempts = [
+            result("a", 0, CaseStatus::Passed, Some(1.0), 0, 1),
+            result("a", 0, CaseStatus::Failed, Some(0.0), 0, 1),
+            result("a", 0, CaseStatus::Passed, Some(1.0), 0, 1),
+        ];
+        let refs: Vec<&JobResult> = attempts.iter().collect();
+        let s = repeat_stats(3, &refs);
+        assert_eq!(s.cases[0].pass_all["pass^3"], 0.0, "one attempt failed");
+        assert!((s.mean_pass_all["pass^1"] - 2.0 / 3.0).abs() < 1e-12);
+        let md = markdown(&run_summary(&[]), Some(&s));
+        assert!(md.contains("pass^3"), "{md}");
+    }
+
+    fn variant(mut r: JobResult, configuration: Configuration, run_number: u32) -> JobResult {
+        r.variant = Variant {
+            configuration,
+            run_number,
+        };
+        r
+    }
+
+    #[test]
+    fn uplift_per_case_and_criterion_pairs_the_attempts_of_each_case() {
+        use Configuration::{WithSkill as W, WithoutSkill as O};
+        let rubric = |clarity: f64| json!({"clarity": {"score": 4, "normalized": clarity}});
+        let mut a1 = variant(result("a", 0, CaseStatus::Passed, Some(0.9), 0, 1), W, 1);
+        a1.rubric_scores = Some(rubric(0.9));
+        let mut a2 = variant(result("a", 0, CaseStatus::Failed, Some(0.5), 0, 1), W, 2);
+        a2.rubric_scores = Some(rubric(0.5));
+        let mut a3 = variant(result("a", 0, CaseStatus::Failed, Some(0.2), 0, 1), O, 1);
+        a3.rubric_scores = Some(rubric(0.2));
+        let mut a4 = variant(result("a", 0, CaseStatus::Failed, Some(0.4), 0, 1), O, 2);
+        a4.rubric_scores = Some(rubric(0.4));
+        let results = vec![
+            a1,
+            a2,
+            variant(result("b", 1, CaseStatus::Passed, Some(1.0), 0, 1), W, 1),
+            variant(result("b", 1, CaseStatus::Passed, Some(1.0), 0, 1), W, 2),
+            a3,
+            a4,
+            // b's baseline was not run (its runner cannot leave the skill out).
+            variant(result("b", 1, CaseStatus::Skipped, None, 0, 1), O, 1),
+        ];
+        let u = uplift_by_case(&results);
+        assert_eq!(u.cases.len(), 1, "b has no baseline attempt that ran");
+        let a = &u.cases[0];
+        assert_eq!(a.test_case_id, "a");
+        assert!((a.pass_rate - 0.5).abs() < 1e-12, "1/2 with, 0/2 without");
+        assert!((a.score.unwrap() - (0.7 - 0.3)).abs() < 1e-12);
+        assert!((a.criteria["clarity"] - 0.4).abs() < 1e-12);
+        assert!((u.criteria["clarity"] - 0.4).abs() < 1e-12);
+        let extras = Extras::build(&results, 2);
+        assert_eq!(extras.uplift.as_ref(), Some(&u));
+        let doc = extras.benchmark_json("s", "t", &[]);
+        assert_eq!(doc["uplift"]["cases"][0]["test_case_id"], "a");
+        assert!(extras.markdown().contains("### Uplift per criterion"));
+        assert_eq!(
+            extras.repeats.as_ref().unwrap().cases.len(),
+            2,
+            "repeats are over the with-skill attempts"
+        );
     }
 }

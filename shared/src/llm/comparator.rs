@@ -397,6 +397,284 @@ pub async fn compare(client: &LlmClient, input: &CompareInput<'_>) -> Result<Com
     Ok(combine(input, &ab.value, &ba.value, usage))
 }
 
+/// One pair a comparison's blind comparator judges: the two runs' outputs for one case.
+#[derive(Debug, Clone)]
+pub struct BlindPair {
+    pub test_case_id: String,
+    pub prompt: String,
+    pub output_a: String,
+    pub output_b: String,
+}
+
+/// How the blind comparator runs over a comparison's pairs.
+#[derive(Debug, Clone)]
+pub struct BlindOptions {
+    /// Seeds which output is shown first in each pair (ChaCha8: the same seed, the same
+    /// orders, on every platform).
+    pub seed: u64,
+    /// Judge every pair in both orders (twice the calls; position bias cancels).
+    pub both_orders: bool,
+    pub criteria: Vec<ComparisonCriterion>,
+    /// Pairs judged at once.
+    pub concurrency: usize,
+}
+
+/// One pair's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlindVerdict {
+    pub test_case_id: String,
+    /// `both`, or which output was shown first: `A` (the base) or `B` (the head).
+    pub shown_first: String,
+    /// `A`, `B` or `tie`; `error` when the judge gave no usable answer.
+    pub winner: String,
+    pub total_score_a: f64,
+    pub total_score_b: f64,
+    /// With both orders: whether they picked the same winner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position_consistent: Option<bool>,
+    pub summary: String,
+}
+
+/// The blind comparator's verdicts over a comparison's pairs, summarised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlindSummary {
+    pub seed: u64,
+    pub both_orders: bool,
+    pub judge_model: String,
+    pub pairs: u64,
+    /// Pairs whose winner is A (the base), B (the head), or neither.
+    pub wins_a: u64,
+    pub wins_b: u64,
+    pub ties: u64,
+    pub errors: u64,
+    /// With both orders: pairs whose two orders agreed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position_consistent: Option<u64>,
+    /// Share of the decided pairs (not tied, not errored) the head won.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_win_rate: Option<f64>,
+    pub verdicts: Vec<BlindVerdict>,
+    pub usage: Usage,
+}
+
+/// Judges A against B once, in the order given (`a_first`: A is shown as Response 1).
+pub async fn compare_one_order(
+    client: &LlmClient,
+    input: &CompareInput<'_>,
+    a_first: bool,
+) -> Result<Comparison, Fault> {
+    let (first, second) = if a_first {
+        (input.output_a, input.output_b)
+    } else {
+        (input.output_b, input.output_a)
+    };
+    let req = ChatRequest {
+        system: Some(JUDGE_SYSTEM.to_string()),
+        messages: vec![Message::user(compare_prompt(input, first, second))],
+        temperature: Some(0.0),
+        schema: Some(OutputSchema::new(
+            "record_comparison",
+            answer_schema(input.criteria),
+        )),
+        ..ChatRequest::default()
+    };
+    let criteria = input.criteria;
+    let answer = ask_json(client, &req, |v| interpret(v, criteria)).await?;
+    // The one order, as both: `combine` averages a judgement with itself, mirrored.
+    let j = answer.value;
+    let mirrored = PositionalJudgement {
+        scores: j
+            .scores
+            .iter()
+            .map(|s| PositionalScore {
+                criterion: s.criterion.clone(),
+                first: s.second,
+                second: s.first,
+                justification_first: s.justification_second.clone(),
+                justification_second: s.justification_first.clone(),
+            })
+            .collect(),
+        winner: match j.winner {
+            Position::First => Position::Second,
+            Position::Second => Position::First,
+            Position::Tie => Position::Tie,
+        },
+        key_differentiators: j.key_differentiators.clone(),
+        summary: j.summary.clone(),
+    };
+    let (ab, ba) = if a_first {
+        (&j, &mirrored)
+    } else {
+        (&mirrored, &j)
+    };
+    Ok(combine(input, ab, ba, answer.usage))
+}
+
+/// Judges every pair blind: the order each is shown in is drawn from `opts.seed` (or both
+/// orders), and the verdicts are summarised. A pair the judge gives no usable answer for is
+/// counted as an error, never as a verdict.
+pub async fn judge_pairs(
+    client: &LlmClient,
+    comparison_id: &str,
+    version_a: &Value,
+    version_b: &Value,
+    pairs: &[BlindPair],
+    opts: &BlindOptions,
+) -> BlindSummary {
+    use futures::stream::{self, StreamExt};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(opts.seed);
+    let orders: Vec<bool> = pairs.iter().map(|_| rng.gen_bool(0.5)).collect();
+    // Futures made by an `async fn` (not a closure), so the whole is `Send` wherever it runs.
+    let judging: Vec<_> = pairs
+        .iter()
+        .zip(orders)
+        .map(|(pair, a_first)| {
+            judge_pair(
+                client,
+                comparison_id,
+                version_a,
+                version_b,
+                pair,
+                a_first,
+                opts,
+            )
+        })
+        .collect();
+    let judged: Vec<(BlindVerdict, Usage)> = stream::iter(judging)
+        .buffered(opts.concurrency.max(1))
+        .collect()
+        .await;
+    let mut usage = Usage::default();
+    let mut verdicts = Vec::with_capacity(judged.len());
+    for (v, u) in judged {
+        usage.add(&u);
+        verdicts.push(v);
+    }
+    let count = |w: &str| verdicts.iter().filter(|v| v.winner == w).count() as u64;
+    let (wins_a, wins_b, ties, errors) = (count("A"), count("B"), count("tie"), count("error"));
+    BlindSummary {
+        seed: opts.seed,
+        both_orders: opts.both_orders,
+        judge_model: client.config().model.clone(),
+        pairs: verdicts.len() as u64,
+        wins_a,
+        wins_b,
+        ties,
+        errors,
+        position_consistent: opts.both_orders.then(|| {
+            verdicts
+                .iter()
+                .filter(|v| v.position_consistent == Some(true))
+                .count() as u64
+        }),
+        head_win_rate: (wins_a + wins_b > 0).then(|| wins_b as f64 / (wins_a + wins_b) as f64),
+        verdicts,
+        usage,
+    }
+}
+
+/// One pair's verdict, in the order drawn (`a_first`) or both.
+async fn judge_pair(
+    client: &LlmClient,
+    comparison_id: &str,
+    version_a: &Value,
+    version_b: &Value,
+    pair: &BlindPair,
+    a_first: bool,
+    opts: &BlindOptions,
+) -> (BlindVerdict, Usage) {
+    let input = CompareInput {
+        comparison_id: comparison_id.to_string(),
+        test_case_id: &pair.test_case_id,
+        prompt: &pair.prompt,
+        context: None,
+        output_a: &pair.output_a,
+        output_b: &pair.output_b,
+        version_a: version_a.clone(),
+        version_b: version_b.clone(),
+        criteria: &opts.criteria,
+    };
+    let shown_first = if opts.both_orders {
+        "both"
+    } else if a_first {
+        "A"
+    } else {
+        "B"
+    };
+    let outcome = if opts.both_orders {
+        compare(client, &input).await
+    } else {
+        compare_one_order(client, &input, a_first).await
+    };
+    match outcome {
+        Ok(c) => (
+            BlindVerdict {
+                test_case_id: pair.test_case_id.clone(),
+                shown_first: shown_first.into(),
+                winner: c.winner.clone(),
+                total_score_a: c.total_score_a,
+                total_score_b: c.total_score_b,
+                position_consistent: opts.both_orders.then_some(c.position_consistent),
+                summary: c.summary.clone(),
+            },
+            c.usage,
+        ),
+        Err(fault) => (
+            BlindVerdict {
+                test_case_id: pair.test_case_id.clone(),
+                shown_first: shown_first.into(),
+                winner: "error".into(),
+                total_score_a: 0.0,
+                total_score_b: 0.0,
+                position_consistent: None,
+                summary: fault.to_string(),
+            },
+            Usage::default(),
+        ),
+    }
+}
+
+/// The blind comparator's section of a comparison's Markdown.
+pub fn blind_markdown(b: &BlindSummary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n### Blind comparator ({})\n", b.judge_model);
+    let _ = writeln!(
+        out,
+        "{} pair(s) judged {} (seed {}): head (B) won {}, base (A) won {}, {} tie(s){}.{}\n",
+        b.pairs,
+        if b.both_orders {
+            "in both orders"
+        } else {
+            "once each, the order shuffled"
+        },
+        b.seed,
+        b.wins_b,
+        b.wins_a,
+        b.ties,
+        if b.errors > 0 {
+            format!(", {} without a usable answer", b.errors)
+        } else {
+            String::new()
+        },
+        b.position_consistent
+            .map(|n| format!(" Both orders agreed on {n} of {} pair(s).", b.pairs))
+            .unwrap_or_default(),
+    );
+    let _ = writeln!(
+        out,
+        "| Case | Shown first | Winner | A | B |\n|---|---|---|---|---|"
+    );
+    for v in &b.verdicts {
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {:.2} | {:.2} |",
+            v.test_case_id, v.shown_first, v.winner, v.total_score_a, v.total_score_b
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -41,6 +41,7 @@ pub mod json;
 pub mod limit;
 mod openai;
 pub mod runner;
+pub mod trigger_runner;
 pub mod triggers;
 
 #[cfg(test)]

@@ -276,6 +276,10 @@ impl OutputRunner for LlmRunner {
         "llm"
     }
 
+    fn runs_without_skill(&self) -> bool {
+        true
+    }
+
     fn missing_provider(&self) -> bool {
         self.clients.is_none()
     }

@@ -97,6 +97,9 @@ pub struct TriggerMetrics {
     /// `None` when no query should trigger.
     pub recall: Option<f64>,
     pub accuracy: Option<f64>,
+    /// Harmonic mean of precision and recall; `None` when either is.
+    #[serde(default)]
+    pub f1: Option<f64>,
     pub errored: u64,
 }
 
@@ -139,6 +142,11 @@ pub fn metrics(results: &[QueryResult]) -> TriggerMetrics {
         m.true_positives + m.true_negatives,
         m.true_positives + m.true_negatives + m.false_positives + m.false_negatives,
     );
+    m.f1 = match (m.precision, m.recall) {
+        (Some(p), Some(r)) if p + r > 0.0 => Some(2.0 * p * r / (p + r)),
+        (Some(_), Some(_)) => Some(0.0),
+        _ => None,
+    };
     m
 }
 
@@ -208,7 +216,9 @@ fn chosen(v: &Value, skills: &[SkillCard]) -> Result<String, String> {
         .ok_or(format!("`{pick}` is not one of the listed skills"))
 }
 
-/// Runs every query `runs_per_query` times and scores the selections.
+/// Runs every query `runs_per_query` times and scores the selections (what `skilleval run`
+/// does; the service runs one query per job with [`evaluate_query`] and assembles the same
+/// report with [`report`]).
 #[tracing::instrument(skip_all, fields(skill = %skill.name, queries = cases.len()))]
 pub async fn evaluate_triggers(
     client: &LlmClient,
@@ -216,17 +226,38 @@ pub async fn evaluate_triggers(
     cases: &[TriggerCase],
     opts: &TriggerOptions,
 ) -> TriggerReport {
-    let runs = opts.runs_per_query.max(1);
-    let jobs: Vec<(usize, u32)> = (0..cases.len())
-        .flat_map(|q| (1..=runs).map(move |r| (q, r)))
+    let queries: Vec<(QueryResult, Usage)> = stream::iter(cases)
+        .map(|case| evaluate_query(client, skill, case, opts))
+        .buffered(opts.concurrency.max(1))
+        .collect()
+        .await;
+    let mut usage = Usage::default();
+    let queries = queries
+        .into_iter()
+        .map(|(q, u)| {
+            usage.add(&u);
+            q
+        })
         .collect();
-    let outcomes: Vec<(usize, RunOutcome)> = stream::iter(jobs)
-        .map(|(q, run)| async move {
+    report(skill, opts, queries, usage)
+}
+
+/// One query, `runs_per_query` times (at most `opts.concurrency` in flight): what each run
+/// picked, whether the query triggered, and what asking cost.
+pub async fn evaluate_query(
+    client: &LlmClient,
+    skill: &SkillCard,
+    case: &TriggerCase,
+    opts: &TriggerOptions,
+) -> (QueryResult, Usage) {
+    let runs = opts.runs_per_query.max(1);
+    let mut outcomes: Vec<(u32, RunOutcome)> = stream::iter(1..=runs)
+        .map(|run| async move {
             let skills = lineup(skill, &opts.decoys, run);
-            let req = selection_request(&cases[q].query, &skills, run);
+            let req = selection_request(&case.query, &skills, run);
             let answer = ask_json(client, &req, |v| chosen(v, &skills)).await;
             (
-                q,
+                run,
                 answer
                     .map(|a| (a.value, a.usage))
                     .map_err(|f| f.to_string()),
@@ -235,21 +266,19 @@ pub async fn evaluate_triggers(
         .buffer_unordered(opts.concurrency.max(1))
         .collect()
         .await;
+    // In run order, whichever answered first.
+    outcomes.sort_by_key(|(run, _)| *run);
     let mut usage = Usage::default();
-    let mut queries: Vec<QueryResult> = cases
-        .iter()
-        .map(|c| QueryResult {
-            query: c.query.clone(),
-            should_trigger: c.should_trigger,
-            runs: 0,
-            selected: 0,
-            triggered: None,
-            choices: Vec::new(),
-            errors: Vec::new(),
-        })
-        .collect();
-    for (q, outcome) in outcomes {
-        let r = &mut queries[q];
+    let mut r = QueryResult {
+        query: case.query.clone(),
+        should_trigger: case.should_trigger,
+        runs: 0,
+        selected: 0,
+        triggered: None,
+        choices: Vec::new(),
+        errors: Vec::new(),
+    };
+    for (_, outcome) in outcomes {
         match outcome {
             Ok((pick, u)) => {
                 usage.add(&u);
@@ -262,12 +291,20 @@ pub async fn evaluate_triggers(
             Err(e) => r.errors.push(e),
         }
     }
-    for r in &mut queries {
-        r.triggered = triggered(r.selected, r.runs);
-    }
+    r.triggered = triggered(r.selected, r.runs);
+    (r, usage)
+}
+
+/// The report of a skill's queries, each evaluated by [`evaluate_query`] with `opts`.
+pub fn report(
+    skill: &SkillCard,
+    opts: &TriggerOptions,
+    queries: Vec<QueryResult>,
+    usage: Usage,
+) -> TriggerReport {
     TriggerReport {
         skill: skill.name.clone(),
-        runs_per_query: runs,
+        runs_per_query: opts.runs_per_query.max(1),
         skills_offered: lineup(skill, &opts.decoys, 1).len(),
         metrics: metrics(&queries),
         queries,
@@ -284,12 +321,13 @@ pub fn markdown(report: &TriggerReport) -> String {
     let m = &report.metrics;
     let mut out = format!(
         "## Trigger evals\n\nDoes the description make a model pick `{}` among {} skills? {} run(s) per query; triggered when picked in at least half.\n\n\
-         Precision {} · recall {} · accuracy {} (TP {}, FP {}, FN {}, TN {}{}).\n\n| Query | Should trigger | Picked | Triggered |\n|---|---|---|---|\n",
+         Precision {} · recall {} · F1 {} · accuracy {} (TP {}, FP {}, FN {}, TN {}{}).\n\n| Query | Should trigger | Picked | Triggered |\n|---|---|---|---|\n",
         report.skill,
         report.skills_offered,
         report.runs_per_query,
         opt_pct(m.precision),
         opt_pct(m.recall),
+        opt_pct(m.f1),
         opt_pct(m.accuracy),
         m.true_positives,
         m.false_positives,
@@ -357,6 +395,10 @@ mod tests {
         );
         assert_eq!(m.precision, Some(0.5));
         assert_eq!(m.recall, Some(0.5));
+        assert_eq!(m.f1, Some(0.5));
+        let m = metrics(&[q(true, 3, 3), q(true, 0, 3), q(false, 3, 3), q(false, 3, 3)]);
+        // Precision 1/3, recall 1/2: F1 = 2 * (1/6) / (5/6) = 0.4.
+        assert!((m.f1.unwrap() - 0.4).abs() < 1e-12);
         assert_eq!(metrics(&[q(false, 0, 3)]).precision, None);
     }
 

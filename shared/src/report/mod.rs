@@ -71,3 +71,39 @@ pub fn render(ctx: &ReportContext<'_>, format: ReportFormat) -> String {
             .unwrap_or_else(|e| format!("{{\"error\":\"report serialisation failed: {e}\"}}")),
     }
 }
+
+/// What a baseline, repeats and trigger evals add to a run's report: Markdown sections
+/// appended to the report (and to the JSON report's `content`), and the JSON report's
+/// `benchmark` and `triggers` keys. `skilleval run` and the service report through this.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReportExtras {
+    pub markdown: String,
+    /// skill-creator's `benchmark.json` of the run.
+    pub benchmark: Option<serde_json::Value>,
+    /// The trigger evals' report.
+    pub triggers: Option<serde_json::Value>,
+}
+
+/// The report with the extra sections (Markdown) or keys (JSON: `benchmark`, `triggers`).
+pub fn render_with(ctx: &ReportContext<'_>, format: ReportFormat, extras: &ReportExtras) -> String {
+    let base = render(ctx, format);
+    match format {
+        ReportFormat::Markdown => format!("{base}{}", extras.markdown),
+        ReportFormat::Json if extras.benchmark.is_some() || extras.triggers.is_some() => {
+            let Ok(mut doc) = serde_json::from_str::<serde_json::Value>(&base) else {
+                return base;
+            };
+            if let Some(content) = doc.get("content").and_then(|c| c.as_str()) {
+                doc["content"] = serde_json::Value::String(format!("{content}{}", extras.markdown));
+            }
+            if let Some(b) = &extras.benchmark {
+                doc["benchmark"] = b.clone();
+            }
+            if let Some(t) = &extras.triggers {
+                doc["triggers"] = t.clone();
+            }
+            serde_json::to_string_pretty(&doc).unwrap_or(base)
+        }
+        ReportFormat::Json => base,
+    }
+}

@@ -61,6 +61,15 @@ pub trait OutputRunner: Send + Sync {
         false
     }
 
+    /// Whether this runner honours the "without the skill" option
+    /// ([`crate::llm::runner::WITHOUT_SKILL_OPTION`], a baseline's variant): produces the
+    /// output with the skill left out (the bare model, an agent without it in its catalogue).
+    /// A runner that cannot (a script is the skill) gets no baseline: such a job is recorded
+    /// `skipped` with the reason, never run with the skill in disguise.
+    fn runs_without_skill(&self) -> bool {
+        false
+    }
+
     async fn produce(&self, req: &ProduceRequest<'_>, env: &GradeEnv) -> Result<Produced, Fault>;
 }
 
@@ -91,6 +100,9 @@ impl RunnerRegistry {
             .with(Arc::new(given::GivenRunner))
             .with(Arc::new(command::CommandRunner))
             .with(Arc::new(LlmRunner::new(providers.cloned())))
+            .with(Arc::new(crate::llm::trigger_runner::TriggerRunner::new(
+                providers.cloned(),
+            )))
     }
 
     pub fn with(mut self, runner: Arc<dyn OutputRunner>) -> Self {
@@ -100,6 +112,11 @@ impl RunnerRegistry {
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn OutputRunner>> {
         self.by_name.get(name)
+    }
+
+    /// Whether the runner named `kind` can run a job without the skill (a baseline).
+    pub fn runs_without_skill(&self, kind: &str) -> bool {
+        self.get(kind).is_some_and(|r| r.runs_without_skill())
     }
 
     pub fn names(&self) -> Vec<&'static str> {
