@@ -39,7 +39,7 @@ pub fn expand(jobs: &[Job], repeats: u32, baseline: bool) -> (Vec<Variant>, Vec<
     let repeats = repeats.max(1);
     let mut labels = Vec::new();
     let mut out = Vec::new();
-    let is_llm = |j: &Job| j.runner.kind == "llm";
+    let is_llm = |j: &Job| skilleval::llm::runner::has_baseline(&j.runner.kind);
     for configuration in [Configuration::WithSkill, Configuration::WithoutSkill] {
         if configuration == Configuration::WithoutSkill && !baseline {
             continue;

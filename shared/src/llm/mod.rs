@@ -40,6 +40,7 @@ pub mod json;
 pub mod limit;
 mod openai;
 pub mod runner;
+pub mod tools;
 pub mod triggers;
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use crate::problem::{escape_token, Problem};
 use crate::strategy::{CompileContext, DefinitionKey, Grader, StrategyRegistry};
 
 /// Runner names `settings.runner` accepts.
-pub const RUNNERS: &[&str] = &["command", "given", "llm"];
+pub const RUNNERS: &[&str] = &["agent", "command", "given", "llm"];
 
 /// The outcome of validating a package.
 #[derive(Debug, Default)]

@@ -519,6 +519,7 @@ mod tests {
             context: None,
             tool_calls: None,
             case: &case,
+            files: &[],
         };
         let p = judge_prompt(&input, &rubric());
         assert!(
