@@ -269,7 +269,7 @@ pub fn confine(path: &str, roots: &[&str]) -> Result<String, String> {
     } else {
         Err(format!(
             "`{path}` is outside {}",
-            roots.join(" and ").replace('/', "/")
+            roots.join(" and ")
         ))
     }
 }
