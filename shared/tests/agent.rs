@@ -3,7 +3,11 @@
 //! the tools running in a real bubblewrap sandbox. Needs bubblewrap and python3, like
 //! `tests/sandbox.rs`: a host without them fails loudly rather than skipping.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_pass_by_value)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::needless_pass_by_value
+)]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -267,10 +267,7 @@ pub fn confine(path: &str, roots: &[&str]) -> Result<String, String> {
     {
         Ok(norm)
     } else {
-        Err(format!(
-            "`{path}` is outside {}",
-            roots.join(" and ")
-        ))
+        Err(format!("`{path}` is outside {}", roots.join(" and ")))
     }
 }
 
