@@ -30,7 +30,8 @@ fn step(body: &Value) -> Value {
         .and_then(|m| m["content"].as_str())
         .unwrap_or_default()
         .to_string();
-    let input = if prompt.contains("empty") {
+    // The prompt's first line only: the file list the runner appends names both files.
+    let input = if prompt.lines().next().unwrap_or_default().contains("empty") {
         "empty.csv"
     } else {
         "sales.csv"
