@@ -612,3 +612,65 @@ async fn agent_mode_triggers_count_an_opened_skill_md_and_nothing_else() {
     assert!(system.contains("<name>sales-report</name>"), "{system}");
     let _ = BTreeMap::<String, String>::new();
 }
+
+#[tokio::test]
+async fn the_sales_report_example_passes_when_the_agent_runs_its_script() {
+    // The agent follows the example's SKILL.md; judge requests (structured output) get a
+    // top verdict, and the test checks the judge was shown the file.
+    let model = ScriptedModel::start(|body, turn| {
+        if body.get("response_format").is_some() {
+            return Step::Answer(
+                r#"{"criteria": [{"name": "accuracy", "score": 5, "reasoning": "totals match"}, {"name": "completeness", "score": 5, "reasoning": "every field"}]}"#,
+            );
+        }
+        match turn {
+            1 => Step::Call(vec![("list_files", json!({}))]),
+            2 => Step::Call(vec![("read_file", json!({"path": "/skill/SKILL.md"}))]),
+            3 => Step::Call(vec![(
+                "bash",
+                json!({"command": "python3 /skill/scripts/build_report.py sales-q3.csv report.json"}),
+            )]),
+            _ => Step::Answer("7 rows, total 5596.50, top region north. The report is in report.json."),
+        }
+    })
+    .await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/skills/sales-report");
+    let pkg = tempfile::tempdir().unwrap();
+    copy_tree(&root, pkg.path());
+    let clients = model.clients(ProviderKind::Openai);
+    let results = run_package(pkg.path(), clients, |j| {
+        j.runner.provider = Some("mock".into());
+    })
+    .await;
+    let by_id = |id: &str| results.iter().find(|r| r.test_case_id == id).unwrap();
+    let schema = by_id("q3-report-schema");
+    assert_eq!(schema.status, CaseStatus::Passed, "{schema:#?}");
+    let tools = by_id("q3-report-tools");
+    assert_eq!(tools.status, CaseStatus::Passed, "{:#}", tools.details);
+    let judged = by_id("q3-report-judged");
+    // The judge saw the file's text, not the agent's answer.
+    let judge_request = model
+        .requests()
+        .into_iter()
+        .find(|(_, b)| b.get("response_format").is_some())
+        .expect("the judge was asked")
+        .1;
+    let shown = judge_request.to_string();
+    assert!(shown.contains("by_product"), "{shown}");
+    assert_eq!(judged.status, CaseStatus::Passed, "{judged:#?}");
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
