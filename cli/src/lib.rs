@@ -154,6 +154,17 @@ pub struct RunArgs {
     /// Runs per trigger query (0: skip the trigger evals).
     #[arg(long, default_value_t = skilleval::llm::triggers::DEFAULT_RUNS_PER_QUERY, value_name = "N")]
     pub trigger_runs: u32,
+    /// How trigger evals decide "triggered": `select` asks the model to name a skill from the
+    /// catalogue; `agent` gives the query to the `agent` runner and counts an opened SKILL.md.
+    #[arg(long, value_enum, default_value_t = TriggerMode::Select)]
+    pub trigger_mode: TriggerMode,
+}
+
+/// See [`RunArgs::trigger_mode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TriggerMode {
+    Select,
+    Agent,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -390,7 +390,7 @@ struct Executed {
     summary: skilleval::summary::RunSummary,
     started: chrono::DateTime<Utc>,
     budget: Budget,
-    /// Cases with no baseline because their runner is not `llm`.
+    /// Cases with no baseline because their runner is neither `llm` nor `agent`.
     no_baseline: usize,
     /// Attempts (baseline included) the budget stopped.
     stopped: usize,
@@ -604,6 +604,9 @@ fn skip_reason(r: &JobResult) -> Option<&str> {
         .flatten()
 }
 
+/// Model turns of one agent-mode trigger run: enough to look around and open a skill.
+const AGENT_TRIGGER_TURNS: u32 = 4;
+
 /// Trigger evals, when the package has trigger queries and the budget allows.
 async fn run_triggers(
     args: &RunArgs,
@@ -626,8 +629,18 @@ async fn run_triggers(
         }
     };
     let skill = triggers::SkillCard::new(&package.manifest.name, &package.manifest.description);
+    let agent = (args.trigger_mode == crate::TriggerMode::Agent).then(|| triggers::AgentTriggers {
+        sandbox: std::sync::Arc::new(Sandbox::detect(SandboxPolicy {
+            allow_unsandboxed: args.allow_unsandboxed,
+            ..SandboxPolicy::default()
+        })),
+        package_root: package.root().to_path_buf(),
+        max_turns: AGENT_TRIGGER_TURNS,
+        timeout: std::time::Duration::from_secs(120),
+    });
     let opts = triggers::TriggerOptions {
         runs_per_query: args.trigger_runs,
+        agent,
         ..triggers::TriggerOptions::default()
     };
     let report = triggers::evaluate_triggers(&client, &skill, &package.triggers, &opts).await;

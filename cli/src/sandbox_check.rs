@@ -11,8 +11,8 @@ const LISTED: usize = 5;
 
 /// What in a job runs untrusted code, if anything.
 pub fn untrusted_code(job: &Job) -> Option<String> {
-    if job.runner.kind == "command" {
-        return Some("runner `command`".to_string());
+    if job.runner.kind == "command" || job.runner.kind == "agent" {
+        return Some(format!("runner `{}`", job.runner.kind));
     }
     let custom = job.strategy() == "custom"
         || (job.strategy() == "hybrid" && job.case.evaluation.weights.contains_key("custom"));

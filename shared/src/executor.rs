@@ -540,12 +540,35 @@ impl Executor {
         self.record_produced(&span, job, &produced);
         drop(span);
         let usage = produced.usage;
+        // Files the case expects, and the file it grades, before the strategy runs: a missing
+        // or unreadable file fails the case (the skill did not deliver), it is not an error.
+        let file_checks = crate::extract::check_files(&job.case.expected.files, &produced.files);
+        let target = crate::extract::target_text(&job.case, &produced.files);
+        let failed_checks: Vec<&(String, bool, String)> =
+            file_checks.iter().filter(|c| !c.1).collect();
+        if !failed_checks.is_empty() || target.is_err() {
+            let mut problems: Vec<String> = failed_checks
+                .iter()
+                .map(|(p, _, d)| format!("expected file `{p}`: {d}"))
+                .collect();
+            if let Err(e) = &target {
+                problems.push(e.clone());
+            }
+            let grade = Grade::new(
+                0.0,
+                false,
+                serde_json::json!({"files": file_checks_json(&file_checks), "problems": problems}),
+            );
+            return (usage, Ok((produced, grade, 0)));
+        }
+        let graded_text = target.ok().flatten();
         let input = GradeInput {
-            output: &produced.output,
+            output: graded_text.as_deref().unwrap_or(&produced.output),
             prompt: &job.case.input.prompt,
             context: job.case.input.context.as_ref(),
             tool_calls: produced.tool_calls.as_deref(),
             case: &job.case,
+            files: &produced.files,
         };
         let grading = Instant::now();
         let span = tracing::info_span!(
@@ -574,6 +597,14 @@ impl Executor {
         }
         drop(span);
         let grade_ms = duration_ms(grading.elapsed());
+        let graded = graded.map(|mut g| {
+            if !file_checks.is_empty() {
+                if let Value::Object(map) = &mut g.details {
+                    map.insert("files".into(), file_checks_json(&file_checks));
+                }
+            }
+            g
+        });
         (usage, graded.map(|g| (produced, g, grade_ms)))
     }
 
@@ -645,6 +676,15 @@ fn record_tokens(span: &tracing::Span, usage: &Usage) {
 fn record_fault(span: &tracing::Span, fault: &Fault) {
     span.record("otel.status_code", "ERROR");
     span.record("error.type", fault.kind());
+}
+
+fn file_checks_json(checks: &[(String, bool, String)]) -> Value {
+    Value::Array(
+        checks
+            .iter()
+            .map(|(path, passed, detail)| serde_json::json!({"path": path, "passed": passed, "detail": detail}))
+            .collect(),
+    )
 }
 
 fn apply_grade(result: &mut JobResult, produced: Produced, grade: Grade, elapsed: u64) {

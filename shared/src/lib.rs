@@ -21,6 +21,7 @@
 pub mod artifacts;
 pub mod compare;
 pub mod executor;
+pub mod extract;
 pub mod forecast;
 pub mod grade;
 mod json_stream;

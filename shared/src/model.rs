@@ -112,7 +112,7 @@ pub struct EvalSettings {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(untagged)]
 pub enum RunnerSpec {
-    /// `"command"`, `"given"`, `"llm"`.
+    /// `"agent"`, `"command"`, `"given"`, `"llm"`.
     Name(String),
     Detailed(RunnerConfig),
 }
@@ -120,7 +120,7 @@ pub enum RunnerSpec {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RunnerConfig {
-    /// `command`, `given` or `llm`.
+    /// `agent`, `command`, `given` or `llm`.
     #[serde(rename = "type")]
     pub kind: String,
     /// For `command`: the package-relative script, e.g. `scripts/run.py`.
@@ -244,6 +244,9 @@ pub struct Expected {
     pub patterns: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json_schema: Option<Value>,
+    /// Files the runner must leave, checked before grading (the `agent` runner's workspace).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<ExpectedFile>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub semantic_threshold: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -257,6 +260,21 @@ pub struct Expected {
     /// Strategy-specific options that have no field of their own (keywords, rules, tools...).
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
+}
+
+/// A file the runner must produce: its path (relative to the workspace) and, optionally, its
+/// size bounds and SHA-256.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExpectedFile {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<u64>,
+    /// Hex SHA-256 the file must have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// LLM-judge rubric.
@@ -331,6 +349,10 @@ pub struct Evaluation {
     /// Strategy options (case sensitivity, algorithm, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub options: BTreeMap<String, Value>,
+    /// What is graded: the final answer (absent, or `"output"`), or a file the runner left,
+    /// `"file:report.json"` (its extracted text; see [`crate::extract`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -371,6 +371,16 @@ impl Sandbox {
     /// Runs one process to completion, timeout, or output limit, and reaps everything it
     /// started.
     pub async fn run(&self, req: SandboxRequest) -> Result<SandboxOutput, SandboxError> {
+        self.run_with_binds(req, &[]).await
+    }
+
+    /// [`Sandbox::run`] with extra directories mounted (bubblewrap only: an unsandboxed run
+    /// sees the host, so the caller passes host paths instead).
+    pub async fn run_with_binds(
+        &self,
+        req: SandboxRequest,
+        binds: &[SandboxBind],
+    ) -> Result<SandboxOutput, SandboxError> {
         // One view of the host for the whole run, even if a probe replaces it meanwhile.
         let host = self.host();
         let mode = self.mode_of(&host);
@@ -414,6 +424,7 @@ impl Sandbox {
             &package,
             uid,
             scratch.as_ref().map(tempfile::TempDir::path),
+            binds,
         )?;
         tracing::debug!(argv = ?plan.argv, "sandbox: spawning");
         let out = self.execute(&host, plan, &req, lease).await;
@@ -920,7 +931,7 @@ impl Host {
         };
         let program = find_tool("true").unwrap_or_else(|| PathBuf::from("/bin/true"));
         let plan = self
-            .plan(policy, &req, &program, Path::new("/usr"), uid, scratch)
+            .plan(policy, &req, &program, Path::new("/usr"), uid, scratch, &[])
             .map_err(|e| e.to_string())?;
         let (program, args) = plan.argv.split_first().ok_or("empty command line")?;
         let out = std::process::Command::new(program)
@@ -965,6 +976,9 @@ impl Host {
         }
     }
 
+    // Each argument is one independent input of the command line; a struct of them would only
+    // be built to be taken apart here.
+    #[allow(clippy::too_many_arguments)]
     fn plan(
         &self,
         policy: &SandboxPolicy,
@@ -973,6 +987,7 @@ impl Host {
         package: &Path,
         uid: Option<u32>,
         scratch: Option<&Path>,
+        binds: &[SandboxBind],
     ) -> Result<Plan, SandboxError> {
         let prlimit = self
             .prlimit
@@ -1046,6 +1061,12 @@ impl Host {
                     "--ro-bind".into(),
                     package.into(),
                     SANDBOX_PACKAGE_DIR.into(),
+                ]);
+                for b in binds {
+                    let kind = if b.writable { "--bind" } else { "--ro-bind" };
+                    argv.extend([kind.into(), b.source.clone().into(), b.dest.into()]);
+                }
+                argv.extend([
                     "--size".into(),
                     policy.tmp_bytes.to_string().into(),
                     "--tmpfs".into(),
@@ -1578,9 +1599,328 @@ impl Sandbox {
             Identity::Inherit => None,
         };
         let scratch = (self.mode() == SandboxMode::Unsandboxed).then_some(Path::new("$SCRATCH"));
-        let plan = host.plan(&self.policy, req, &program, &req.package_root, uid, scratch)?;
+        let plan = host.plan(
+            &self.policy,
+            req,
+            &program,
+            &req.package_root,
+            uid,
+            scratch,
+            &[],
+        )?;
         Ok(display_argv(&plan.argv))
     }
+}
+
+/// An extra host directory bubblewrap mounts into a session (see [`Sandbox::open_session`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxBind {
+    pub source: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub dest: &'static str,
+    /// Mounted read-write (and, when the sandbox has a uid of its own, handed to that uid).
+    pub writable: bool,
+}
+
+/// Where a session's control directory is mounted: the commands to run and their output
+/// pass through it.
+pub const SESSION_CONTROL_DIR: &str = "/run/skilleval";
+
+/// The long-lived process of a session: a shell loop that reads `ID SECONDS` lines, runs the
+/// command file `ID.sh` of the control directory under `timeout` with its output in `ID.out`,
+/// and answers `ID EXIT_CODE`. One sandbox (namespaces, uid, limits) serves every call, so a
+/// call costs a `timeout` + `sh` fork instead of a whole bubblewrap start.
+const SESSION_DRIVER: &str = r#"cd /workspace 2>/dev/null || cd /
+echo ready
+while read -r id secs; do
+  timeout -k 1 "$secs" sh "/run/skilleval/$id.sh" </dev/null >"/run/skilleval/$id.out" 2>&1
+  echo "$id $?"
+done
+"#;
+
+/// Slack on top of a call's own time limit before the host gives up on the session.
+const SESSION_CALL_SLACK: Duration = Duration::from_secs(5);
+/// How long a session may take to start.
+const SESSION_START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// What one command of a session did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionOutput {
+    /// Exit code (124 or 137 after the time limit, 128 + N after signal N).
+    pub exit_code: i32,
+    /// Stdout and stderr, interleaved, cut at the session's output limit.
+    pub output: Vec<u8>,
+    pub truncated: bool,
+    pub timed_out: bool,
+    pub duration: Duration,
+}
+
+/// A sandbox that stays up across many commands (the `agent` runner's tools): one bubblewrap,
+/// one leased uid, one set of limits for its whole life; everything in it is killed when it is
+/// dropped or [`SandboxSession::close`]d.
+pub struct SandboxSession {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::BufReader<tokio::process::ChildStdout>,
+    ctl: PathBuf,
+    guard: Reaper,
+    next: u64,
+    max_output: usize,
+    stderr: Arc<Mutex<Tail>>,
+    broken: bool,
+}
+
+impl fmt::Debug for SandboxSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SandboxSession")
+            .field("ctl", &self.ctl)
+            .field("calls", &self.next)
+            .finish()
+    }
+}
+
+impl Sandbox {
+    /// Starts a long-lived sandbox: `package_root` read-only at `/skill`, each of `binds`
+    /// where it says, and `control` (an empty host directory) at [`SESSION_CONTROL_DIR`].
+    /// Bubblewrap only: without it a session would run the model's commands on the host, so
+    /// it is refused even when the policy allows unsandboxed runs.
+    pub async fn open_session(
+        &self,
+        package_root: &Path,
+        binds: &[SandboxBind],
+        control: &Path,
+        env: BTreeMap<String, String>,
+    ) -> Result<SandboxSession, SandboxError> {
+        let host = self.host();
+        if self.mode_of(&host) != SandboxMode::Bubblewrap {
+            return Err(SandboxError::NoSandbox);
+        }
+        let package = std::fs::canonicalize(package_root)?;
+        let lease = host.lease()?;
+        let uid = lease.as_ref().map(|l| l.uid);
+        let mut all = binds.to_vec();
+        all.push(SandboxBind {
+            source: control.to_path_buf(),
+            dest: SESSION_CONTROL_DIR,
+            writable: true,
+        });
+        if let Some(uid) = uid {
+            check_world_readable(&package).map_err(|reason| SandboxError::PackageNotReadable {
+                path: package.clone(),
+                reason: format!("{reason} (the sandbox runs as uid {uid})"),
+            })?;
+            for b in all.iter().filter(|b| b.writable) {
+                chown_tree(&b.source, uid)?;
+            }
+        }
+        let req = SandboxRequest {
+            argv: vec!["sh".into(), "-c".into(), SESSION_DRIVER.into()],
+            package_root: package.clone(),
+            stdin: Vec::new(),
+            timeout: Duration::MAX,
+            env,
+        };
+        let program = host.resolve_program("sh")?;
+        let plan = host.plan(&self.policy, &req, &program, &package, uid, None, &all)?;
+        let (program, args) = plan.argv.split_first().ok_or_else(|| SandboxError::Spawn {
+            program: String::new(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command line"),
+        })?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(plan.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
+            program: program.to_string_lossy().into_owned(),
+            source,
+        })?;
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
+        let guard = Reaper {
+            pgid,
+            sweep: host.sweep_command(lease.as_ref()),
+            lease,
+            armed: true,
+        };
+        let io_missing = || {
+            SandboxError::Io(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the session's pipes were not set up",
+            ))
+        };
+        let stdin = child.stdin.take().ok_or_else(io_missing)?;
+        let stdout = child.stdout.take().ok_or_else(io_missing)?;
+        let stderr_tail = Arc::new(Mutex::new(Tail::with_marker(STDERR_KEEP, STARTED_MARKER)));
+        if let Some(mut err) = child.stderr.take() {
+            let tail = stderr_tail.clone();
+            tokio::spawn(async move {
+                let mut chunk = vec![0u8; 4096];
+                while let Ok(n) = err.read(&mut chunk).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut t) = tail.lock() {
+                        t.push(&chunk[..n]);
+                    }
+                }
+            });
+        }
+        let mut session = SandboxSession {
+            child,
+            stdin,
+            stdout: tokio::io::BufReader::new(stdout),
+            ctl: control.to_path_buf(),
+            guard,
+            next: 0,
+            max_output: self.policy.max_output_bytes,
+            stderr: stderr_tail,
+            broken: false,
+        };
+        let mut line = String::new();
+        let ready = tokio::time::timeout(
+            SESSION_START_TIMEOUT,
+            tokio::io::AsyncBufReadExt::read_line(&mut session.stdout, &mut line),
+        )
+        .await;
+        if !matches!(ready, Ok(Ok(_)) if line.trim() == "ready") {
+            let diagnostics = session.diagnostics();
+            session.close().await;
+            return Err(SandboxError::Machinery {
+                status: "the session did not start".to_string(),
+                diagnostics,
+            });
+        }
+        Ok(session)
+    }
+}
+
+impl SandboxSession {
+    /// The host directory mounted at [`SESSION_CONTROL_DIR`].
+    pub fn control_dir(&self) -> &Path {
+        &self.ctl
+    }
+
+    /// Runs `script` with `sh` in the session (working directory `/workspace`), killing its
+    /// whole process group after `timeout`. `Err` when the session itself is gone (killed by a
+    /// limit, or it stopped answering): the case cannot go on.
+    pub async fn run(
+        &mut self,
+        script: &str,
+        timeout: Duration,
+    ) -> Result<SessionOutput, SandboxError> {
+        if self.broken {
+            return Err(self.gone("the session was stopped after an earlier failure"));
+        }
+        self.next += 1;
+        let id = self.next;
+        let script_path = self.ctl.join(format!("{id}.sh"));
+        let out_path = self.ctl.join(format!("{id}.out"));
+        std::fs::write(&script_path, script)?;
+        std::fs::set_permissions(&script_path, std::fs::Permissions::from_mode(0o644))?;
+        let secs = timeout.as_secs_f64().max(0.1);
+        let start = Instant::now();
+        let sent = self
+            .stdin
+            .write_all(format!("{id} {secs:.3}\n").as_bytes())
+            .await;
+        if let Err(e) = sent {
+            self.broken = true;
+            return Err(self.gone(&format!("could not send the command: {e}")));
+        }
+        let mut line = String::new();
+        let answer = tokio::time::timeout(
+            timeout + SESSION_CALL_SLACK,
+            tokio::io::AsyncBufReadExt::read_line(&mut self.stdout, &mut line),
+        )
+        .await;
+        let duration = start.elapsed();
+        let code = match answer {
+            Ok(Ok(n)) if n > 0 => line
+                .trim()
+                .split_once(' ')
+                .filter(|(got, _)| *got == id.to_string())
+                .and_then(|(_, code)| code.parse::<i32>().ok()),
+            _ => None,
+        };
+        let Some(exit_code) = code else {
+            self.broken = true;
+            let _ = std::fs::remove_file(&script_path);
+            return Err(self.gone("the session stopped answering"));
+        };
+        let (output, truncated) = read_prefix(&out_path, self.max_output)?;
+        let _ = std::fs::remove_file(&script_path);
+        let _ = std::fs::remove_file(&out_path);
+        let timed_out = exit_code == 124 || (exit_code == 137 && duration >= timeout);
+        Ok(SessionOutput {
+            exit_code,
+            output,
+            truncated,
+            timed_out,
+            duration,
+        })
+    }
+
+    /// Kills everything in the session and gives its uid back.
+    pub async fn close(mut self) {
+        self.guard.kill().await;
+        let _ = self.child.wait().await;
+        self.guard.finish().await;
+    }
+
+    fn diagnostics(&self) -> String {
+        let text = self
+            .stderr
+            .lock()
+            .map(|t| String::from_utf8_lossy(&t.pre).trim().to_string())
+            .unwrap_or_default();
+        if text.is_empty() {
+            "(no diagnostics)".to_string()
+        } else {
+            text
+        }
+    }
+
+    fn gone(&self, why: &str) -> SandboxError {
+        SandboxError::Io(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            format!(
+                "the agent's sandbox is gone ({why}; a per-case limit may have killed it): {}",
+                self.diagnostics()
+            ),
+        ))
+    }
+}
+
+/// Up to `limit` bytes of a file, and whether there was more.
+fn read_prefix(path: &Path, limit: usize) -> Result<(Vec<u8>, bool), SandboxError> {
+    use std::io::Read;
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), false)),
+        Err(e) => return Err(e.into()),
+    };
+    let size = file.metadata()?.len();
+    let mut buf = Vec::new();
+    file.take(limit as u64).read_to_end(&mut buf)?;
+    Ok((buf, size > limit as u64))
+}
+
+/// Hands a host directory tree to the sandbox's uid, so the sandboxed process may write it.
+fn chown_tree(dir: &Path, uid: u32) -> Result<(), SandboxError> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(uid))?;
+    if dir.is_dir() && !dir.is_symlink() {
+        for entry in std::fs::read_dir(dir)? {
+            chown_tree(&entry?.path(), uid)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -193,6 +193,7 @@ fn main() -> anyhow::Result<()> {
             context: None,
             tool_calls: None,
             case,
+            files: &[],
         };
         let (graded, elapsed, passed) = runtime.block_on(async {
             // Warm up (lazy DFA caches, allocator).

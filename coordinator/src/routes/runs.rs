@@ -189,11 +189,11 @@ pub async fn create(
         }
     }
     if let Some(RunnerSpec::Name(name)) = &body.runner {
-        if !matches!(name.as_str(), "command" | "given" | "llm") {
+        if !matches!(name.as_str(), "agent" | "command" | "given" | "llm") {
             return Err(ApiError::invalid_field(
                 "invalid_body",
                 "/runner",
-                format!("unknown runner `{name}`: use `command`, `given` or `llm`"),
+                format!("unknown runner `{name}`: use `agent`, `command`, `given` or `llm`"),
             ));
         }
     }

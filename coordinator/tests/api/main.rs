@@ -12,6 +12,7 @@ mod budget;
 mod cache_sweep;
 mod deploy;
 mod e2e;
+mod e2e_agent;
 mod e2e_llm;
 mod helpers;
 mod lifecycle;

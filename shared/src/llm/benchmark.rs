@@ -183,6 +183,10 @@ pub struct RunResult {
     pub case_passed: bool,
     /// Producing and grading, in USD.
     pub cost_usd: f64,
+    /// A with-skill `agent` run whose agent never opened the skill's `SKILL.md`: whatever it
+    /// scored is not the skill's doing, so it is flagged rather than credited as uplift.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skill_unused: bool,
 }
 
 /// One (case, configuration, attempt) (skill-creator's `runs[]`).
@@ -232,6 +236,11 @@ pub fn benchmark_run(
             score: r.score,
             case_passed: r.status == CaseStatus::Passed,
             cost_usd: cost.cost_usd,
+            skill_unused: configuration == Configuration::WithSkill
+                && r.details
+                    .pointer("/runner/skill_used")
+                    .and_then(Value::as_bool)
+                    == Some(false),
         },
         expectations: exps,
     })
@@ -280,6 +289,9 @@ pub struct ConfigSummary {
     pub runs: u64,
     pub errors: u64,
     pub cost_usd: f64,
+    /// Runs flagged [`RunResult::skill_unused`].
+    #[serde(default)]
+    pub skill_unused: u64,
 }
 
 /// With minus without.
@@ -319,6 +331,7 @@ fn summarise(runs: &[&BenchmarkRun]) -> Option<ConfigSummary> {
         runs: runs.len() as u64,
         errors: runs.iter().map(|r| r.result.errors).sum(),
         cost_usd: runs.iter().map(|r| r.result.cost_usd).sum(),
+        skill_unused: runs.iter().filter(|r| r.result.skill_unused).count() as u64,
     })
 }
 
@@ -843,6 +856,13 @@ pub fn markdown(summary: &BaselineSummary, repeats: Option<&RepeatsSummary>) -> 
             "the skill does not change the pass rate"
         };
         let _ = writeln!(out, "\nUplift: {} ({verdict}).\n", signed(d.pass_rate, 2));
+        if w.skill_unused > 0 {
+            let _ = writeln!(
+                out,
+                "Warning: in {} of {} with-skill run(s) the agent never opened SKILL.md; their results are not the skill's doing.\n",
+                w.skill_unused, w.runs
+            );
+        }
     }
     if let Some(rep) = repeats {
         let _ = writeln!(out, "## Repeats: {} attempts per case\n", rep.repeats);

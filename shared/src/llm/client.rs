@@ -344,6 +344,62 @@ impl LlmClient {
         Ok(resp)
     }
 
+    /// One turn of a tool-using agent, in the provider's native tool-use protocol (see
+    /// [`super::tools`]). Never cached: each turn depends on what the tools did.
+    #[tracing::instrument(skip_all, fields(provider = %self.config.name, model = %self.config.model))]
+    pub async fn agent_turn(
+        &self,
+        req: &super::tools::AgentRequest,
+    ) -> Result<(super::tools::AgentReply, Usage), Fault> {
+        let chars: usize = req.system.len()
+            + req
+                .messages
+                .iter()
+                .map(|m| match m {
+                    super::tools::AgentMessage::User(t) => t.len(),
+                    super::tools::AgentMessage::Assistant { text, .. } => text.len() + 64,
+                    super::tools::AgentMessage::ToolResults(r) => {
+                        r.iter().map(|x| x.content.len()).sum()
+                    }
+                })
+                .sum::<usize>();
+        let estimate =
+            chars as u64 / 4 + u64::from(req.max_tokens.unwrap_or(self.config.max_tokens));
+        let reply = self
+            .with_retries(
+                estimate,
+                |r: &super::tools::AgentReply| r.input_tokens + r.output_tokens,
+                || self.send_agent_turn(req),
+            )
+            .await?;
+        let usage = self.config.usage(reply.input_tokens, reply.output_tokens);
+        Ok((reply, usage))
+    }
+
+    async fn send_agent_turn(
+        &self,
+        req: &super::tools::AgentRequest,
+    ) -> Result<(super::tools::AgentReply, bool), SendError> {
+        let temperature = self.config.temperature;
+        let (path, body) = match self.config.kind {
+            ProviderKind::Anthropic => (
+                "messages",
+                super::tools::anthropic_body(&self.config, req, temperature),
+            ),
+            ProviderKind::Openai => (
+                "chat/completions",
+                super::tools::openai_body(&self.config, req, temperature),
+            ),
+        };
+        let answer = self.post(path, &body).await?;
+        let parsed = match self.config.kind {
+            ProviderKind::Anthropic => super::tools::parse_anthropic(&answer.body),
+            ProviderKind::Openai => super::tools::parse_openai(&answer.body),
+        }
+        .map_err(|p| SendError::shape(&self.config.name, "tool-use", &p))?;
+        Ok((parsed, answer.headroom_low))
+    }
+
     /// Embeds texts with the provider's `embedding_model`; each vector is cached on its own.
     #[tracing::instrument(skip_all, fields(provider = %self.config.name, texts = texts.len()))]
     pub async fn embed(&self, texts: &[&str]) -> Result<Embeddings, Fault> {

@@ -42,6 +42,7 @@ pub mod limit;
 mod openai;
 pub mod runner;
 pub mod trigger_runner;
+pub mod tools;
 pub mod triggers;
 
 #[cfg(test)]

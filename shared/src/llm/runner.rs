@@ -43,6 +43,12 @@ pub const MAX_INPUT_BYTES: usize = 256 * 1024;
 /// Package roots whose system prompt is kept.
 const PROMPT_CACHE_CAPACITY: usize = 256;
 
+/// Whether a runner kind asks a model, so it has a baseline without the skill and repeats
+/// that differ: `llm` (no system prompt) and `agent` (the skill left out of the catalogue).
+pub fn has_baseline(kind: &str) -> bool {
+    matches!(kind, "llm" | "agent")
+}
+
 /// Whether a runner configuration asks for the baseline (no skill).
 pub fn without_skill(runner: &RunnerConfig) -> bool {
     runner
@@ -328,6 +334,7 @@ impl OutputRunner for LlmRunner {
             usage: resp.usage,
             output: resp.text,
             tool_calls: None,
+            files: Vec::new(),
         })
     }
 }

@@ -250,6 +250,7 @@ async fn grade_with(
         context: case.input.context.as_ref(),
         tool_calls: None,
         case,
+        files: &[],
     };
     grader.grade(&input, &env(dir.path())).await
 }

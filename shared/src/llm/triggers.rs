@@ -7,6 +7,12 @@
 //! recall are those of "triggered" against `should_trigger`. Runs that fail are reported and
 //! left out; a query none of whose runs answered is reported as errored and left out of the
 //! metrics.
+//!
+//! **Agent mode** ([`TriggerOptions::agent`]): instead of asking the model to name a skill,
+//! each run gives the query to the `agent` runner ([`crate::runner::agent`]) with the skill and
+//! the decoys in its catalogue, and the run picked the skill when the agent opened this skill's
+//! `SKILL.md` (opening a decoy's, or any other file, does not count). That observes what skill
+//! authors care about: does an agent actually load the skill for this query.
 
 use std::fmt::Write;
 
@@ -57,6 +63,76 @@ pub struct TriggerOptions {
     pub decoys: Vec<SkillCard>,
     /// Model calls in flight at once.
     pub concurrency: usize,
+    /// Agent mode (see the module docs); `None`: the model names a skill.
+    pub agent: Option<AgentTriggers>,
+}
+
+/// What agent-mode trigger runs need besides the model.
+#[derive(Debug, Clone)]
+pub struct AgentTriggers {
+    pub sandbox: std::sync::Arc<crate::sandbox::Sandbox>,
+    /// The skill package on disk.
+    pub package_root: std::path::PathBuf,
+    /// Model requests per run: the agent only has to get as far as opening a skill.
+    pub max_turns: u32,
+    pub timeout: std::time::Duration,
+}
+
+/// One agent-mode run: the skill's name when the agent opened its `SKILL.md`, else `none`.
+async fn agent_run(
+    client: &LlmClient,
+    agent: &AgentTriggers,
+    skill: &SkillCard,
+    query: &str,
+    decoys: &[SkillCard],
+    run: u32,
+) -> RunOutcome {
+    use crate::runner::agent::{agent_runner_config, run_agent};
+    let decoys: Vec<Value> = decoys
+        .iter()
+        .filter(|d| d.name != skill.name)
+        .map(|d| json!({"name": d.name, "description": d.description}))
+        .collect();
+    let runner = agent_runner_config(
+        Some(client.name()),
+        [
+            ("maxTurns".to_string(), json!(agent.max_turns)),
+            ("onLimit".to_string(), json!("grade")),
+            ("decoys".to_string(), Value::Array(decoys)),
+            ("repeat".to_string(), json!(run)),
+        ]
+        .into(),
+    );
+    let case = crate::model::TestCase {
+        id: format!("trigger-{run}"),
+        input: crate::model::Input {
+            prompt: query.to_string(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let environment = std::collections::BTreeMap::new();
+    let req = crate::runner::ProduceRequest {
+        case: &case,
+        runner: &runner,
+        given: None,
+        environment: &environment,
+        timeout: agent.timeout,
+    };
+    let env = crate::strategy::GradeEnv {
+        sandbox: agent.sandbox.clone(),
+        package_root: std::sync::Arc::from(agent.package_root.as_path()),
+    };
+    let produced = run_agent(client, &req, &env)
+        .await
+        .map_err(|f| f.to_string())?;
+    let opened = produced.details.get("skill_used").and_then(Value::as_bool) == Some(true);
+    let pick = if opened {
+        skill.name.clone()
+    } else {
+        "none".to_string()
+    };
+    Ok((pick, produced.usage))
 }
 
 impl Default for TriggerOptions {
@@ -65,6 +141,7 @@ impl Default for TriggerOptions {
             runs_per_query: DEFAULT_RUNS_PER_QUERY,
             decoys: default_decoys(),
             concurrency: 4,
+            agent: None,
         }
     }
 }
@@ -253,6 +330,11 @@ pub async fn evaluate_query(
     let runs = opts.runs_per_query.max(1);
     let mut outcomes: Vec<(u32, RunOutcome)> = stream::iter(1..=runs)
         .map(|run| async move {
+            if let Some(agent) = &opts.agent {
+                let outcome =
+                    agent_run(client, agent, skill, &case.query, &opts.decoys, run).await;
+                return (run, outcome);
+            }
             let skills = lineup(skill, &opts.decoys, run);
             let req = selection_request(&case.query, &skills, run);
             let answer = ask_json(client, &req, |v| chosen(v, &skills)).await;

@@ -27,7 +27,7 @@ use crate::problem::{escape_token, Problem};
 use crate::strategy::{CompileContext, DefinitionKey, Grader, StrategyRegistry};
 
 /// Runner names `settings.runner` accepts.
-pub const RUNNERS: &[&str] = &["command", "given", "llm"];
+pub const RUNNERS: &[&str] = &["agent", "command", "given", "llm"];
 
 /// The outcome of validating a package.
 #[derive(Debug, Default)]
@@ -335,6 +335,34 @@ impl Validator<'_> {
                     "/evaluation/passingThreshold",
                     format!("must be between 0 and 1, not {t}"),
                 );
+            }
+        }
+        if let Some(target) = &case.evaluation.target {
+            let file = target.strip_prefix("file:").map(str::trim);
+            if target != "output" && !file.is_some_and(|f| !f.is_empty() && !f.contains("..")) {
+                self.case_error(
+                    i,
+                    "/evaluation/target",
+                    format!("must be `output` or `file:PATH` (a path relative to the workspace, no `..`), not `{target}`"),
+                );
+            }
+        }
+        for (k, f) in case.expected.files.iter().enumerate() {
+            if f.path.trim().is_empty() || f.path.contains("..") || f.path.starts_with('/') {
+                self.case_error(
+                    i,
+                    &format!("/expected/files/{k}/path"),
+                    "must be a path relative to the workspace, without `..`",
+                );
+            }
+            if let (Some(min), Some(max)) = (f.min_size, f.max_size) {
+                if min > max {
+                    self.case_error(
+                        i,
+                        &format!("/expected/files/{k}/minSize"),
+                        format!("minSize {min} is over maxSize {max}"),
+                    );
+                }
             }
         }
     }

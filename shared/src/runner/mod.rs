@@ -2,7 +2,8 @@
 //!
 //! `given` takes a recorded output supplied with the case or the job; `command` runs a package
 //! script in the sandbox with the test input as JSON on stdin; `llm` ([`crate::llm::runner`])
-//! asks a model provider. All three are registered by name in [`RunnerRegistry::with_providers`].
+//! asks a model provider; `agent` ([`agent`]) runs a tool-calling loop in a sandbox. All four are
+//! registered by name in [`RunnerRegistry::with_providers`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +18,7 @@ use crate::llm::ProviderClients;
 use crate::model::{Given, RunnerConfig, TestCase};
 use crate::strategy::GradeEnv;
 
+pub mod agent;
 pub mod command;
 pub mod given;
 pub mod transcript;
@@ -48,6 +50,21 @@ pub struct Produced {
     pub truncated: bool,
     /// Extra facts for the result's details (stderr tail, exit code...).
     pub details: Value,
+    /// Files the runner left behind (the `agent` runner's `/workspace`), for graders that
+    /// read files.
+    pub files: Vec<ProducedFile>,
+}
+
+/// A file a runner produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProducedFile {
+    /// Relative to the workspace.
+    pub path: String,
+    pub size: u64,
+    /// Hex SHA-256 of the whole file.
+    pub sha256: String,
+    /// The bytes, when within the kept-content budget.
+    pub content: Option<Vec<u8>>,
 }
 
 /// Produces a test case's output.
@@ -103,6 +120,7 @@ impl RunnerRegistry {
             .with(Arc::new(crate::llm::trigger_runner::TriggerRunner::new(
                 providers.cloned(),
             )))
+            .with(Arc::new(agent::AgentRunner::new(providers.cloned())))
     }
 
     pub fn with(mut self, runner: Arc<dyn OutputRunner>) -> Self {

@@ -5,7 +5,10 @@
 //! and the file must exist. At grade it runs in the [`crate::sandbox`] with the package as its
 //! read-only working directory, an empty environment, a timeout (option `timeout` in ms, else
 //! `evaluation.timeout`, else 30 s), and on stdin the JSON
-//! `{"output", "prompt", "context", "expected", "tool_calls", "test_case_id"}`.
+//! `{"output", "prompt", "context", "expected", "tool_calls", "test_case_id", "workspace",
+//! "files"}`: when the runner left files (the `agent` runner), `workspace` is where the grader
+//! finds them read-only (`/workspace` in bubblewrap) and `files` lists them with sizes and
+//! SHA-256; otherwise `null` and `[]`.
 //!
 //! It must print one JSON object: `{"score": 0..1, "passed": bool, "details": any,
 //! "feedback": string}`; only `score` is required. Without `passed`, the case passes when the
@@ -28,7 +31,8 @@ use super::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
 use crate::grade::{Fault, Grade};
 use crate::model::{TestCase, DEFAULT_TIMEOUT_MS};
 use crate::problem::Problem;
-use crate::sandbox::{SandboxError, SandboxOutput, SandboxRequest};
+use crate::runner::ProducedFile;
+use crate::sandbox::{SandboxBind, SandboxError, SandboxOutput, SandboxRequest};
 
 /// Pass threshold for a script that reports no `passed`, when the case sets none.
 pub const DEFAULT_THRESHOLD: f64 = 0.5;
@@ -141,7 +145,41 @@ struct CustomGrader {
 #[async_trait]
 impl Grader for CustomGrader {
     async fn grade(&self, input: &GradeInput<'_>, env: &GradeEnv) -> Result<Grade, Fault> {
+        // The runner's files, read-only at /workspace (bubblewrap) or in a host directory.
+        let workspace = if input.files.is_empty() {
+            None
+        } else {
+            Some(write_workspace(input.files).map_err(|e| {
+                Fault::host(format!(
+                    "custom: cannot lay out the workspace for the grader: {e}"
+                ))
+            })?)
+        };
+        let sandboxed = env.sandbox.mode() == crate::sandbox::SandboxMode::Bubblewrap;
+        let workspace_path = workspace.as_ref().map(|w| {
+            if sandboxed {
+                "/workspace".to_string()
+            } else {
+                w.path().to_string_lossy().into_owned()
+            }
+        });
+        let binds: Vec<SandboxBind> = workspace
+            .iter()
+            .filter(|_| sandboxed)
+            .map(|w| SandboxBind {
+                source: w.path().to_path_buf(),
+                dest: "/workspace",
+                writable: false,
+            })
+            .collect();
+        let files: Vec<Value> = input
+            .files
+            .iter()
+            .map(|f| json!({"path": f.path, "size": f.size, "sha256": f.sha256}))
+            .collect();
         let stdin = json!({
+            "workspace": workspace_path,
+            "files": files,
             "output": input.output,
             "prompt": input.prompt,
             "context": input.context,
@@ -160,11 +198,37 @@ impl Grader for CustomGrader {
             env: BTreeMap::new(),
         };
         let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
-        match env.sandbox.run(request).await {
+        match env.sandbox.run_with_binds(request, &binds).await {
             Ok(out) => parse_script_output(&out, timeout_ms, self.threshold),
             Err(e) => Err(sandbox_fault(&self.script, &e)),
         }
     }
+}
+
+/// The kept content of the runner's files in a fresh world-readable directory.
+fn write_workspace(files: &[ProducedFile]) -> std::io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("skilleval-grader-")
+        .tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+    for f in files {
+        let Some(content) = &f.content else {
+            continue;
+        };
+        let rel = Path::new(&f.path);
+        if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+            continue;
+        }
+        let path = dir.path().join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755))?;
+        }
+        std::fs::write(&path, content)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+    }
+    Ok(dir)
 }
 
 /// A sandbox failure happened before the grader script ran (see [`crate::sandbox`]): the

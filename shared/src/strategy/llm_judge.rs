@@ -525,6 +525,7 @@ mod tests {
             context: None,
             tool_calls: None,
             case: &case,
+            files: &[],
         };
         let p = judge_prompt(&input, &rubric());
         assert!(

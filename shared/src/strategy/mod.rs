@@ -84,6 +84,8 @@ pub struct GradeInput<'a> {
     /// Tool calls read from the transcript, when the runner produced one.
     pub tool_calls: Option<&'a [ToolCall]>,
     pub case: &'a TestCase,
+    /// Files the runner left (the `agent` runner's workspace); empty for other runners.
+    pub files: &'a [crate::runner::ProducedFile],
 }
 
 /// Process-level facilities a grader may use.

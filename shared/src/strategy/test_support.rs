@@ -90,6 +90,7 @@ impl Fixture {
             context: case.input.context.as_ref(),
             tool_calls: calls,
             case,
+            files: &[],
         };
         grader.grade(&input, &self.env()).await
     }
