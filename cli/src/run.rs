@@ -188,7 +188,9 @@ async fn run_steps(args: &RunArgs) -> Result<Verdict, RunError> {
         Some(ReportFormat::Html) => {
             let path = out_dir.join("report.html");
             std::fs::create_dir_all(&out_dir)
-                .and_then(|()| std::fs::write(&path, render(&ctx, ReportFormat::Html)))
+                .and_then(|()| {
+                    std::fs::write(&path, skilleval::report::render(&ctx, ReportFormat::Html))
+                })
                 .map_err(|source| artifacts::ArtifactError::Write {
                     path: path.clone(),
                     source,

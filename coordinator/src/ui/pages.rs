@@ -192,7 +192,7 @@ pub async fn skill(State(state): State<AppState>, Path(name): Path<String>) -> P
                             td.num { (s.and_then(|s| s.get("pass_rate")).and_then(Value::as_f64).map(pct).unwrap_or_default()) }
                             td.num { (s.and_then(|s| s.get("mean")).and_then(Value::as_f64).map(|m| format!("{m:.3}")).unwrap_or_default()) }
                             // Shown when a baseline ran (the summary then carries it).
-                            td.num { (s.and_then(|s| s.get("baseline_uplift").or_else(|| s.pointer("/baseline/uplift"))).map(|u| u.as_f64().map_or_else(|| u.to_string(), |f| format!("{f:+.3}"))).unwrap_or_default()) }
+                            td.num { (s.and_then(|s| s.pointer("/benchmark/run_summary/delta/pass_rate")).map(uplift_text).unwrap_or_default()) }
                             td { @if let Some(prev) = previous {
                                 form method="post" action="/ui/compare" {
                                     input type="hidden" name="base" value=(prev.run_id);
@@ -273,8 +273,11 @@ fn select(name: &str, label: &str, current: Option<&str>, choices: &[String]) ->
 /// shown as it is when present.
 fn optional_sections(summary: Option<&Value>) -> Markup {
     let known = [
-        ("baseline", "Baseline uplift"),
-        ("baseline_uplift", "Baseline uplift"),
+        (
+            "benchmark",
+            "Baseline and repeats (benchmark.json: uplift, pass@k, pass^k, flaky cases)",
+        ),
+        ("triggers", "Trigger evals (precision, recall, F1)"),
         ("regression_gate", "Regression gate"),
     ];
     html! {
@@ -814,4 +817,14 @@ pub async fn preview(State(state): State<AppState>, Path(name): Path<String>) ->
         },
         &["preview.js"],
     ))
+}
+
+/// A baseline's pass-rate uplift as `benchmark.json` writes it (a signed string, `"+0.50"`),
+/// or a number.
+fn uplift_text(u: &Value) -> String {
+    match (u.as_str(), u.as_f64()) {
+        (Some(text), _) => text.to_string(),
+        (None, Some(f)) => format!("{f:+.2}"),
+        (None, None) => u.to_string(),
+    }
 }
