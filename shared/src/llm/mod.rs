@@ -41,8 +41,8 @@ pub mod json;
 pub mod limit;
 mod openai;
 pub mod runner;
-pub mod trigger_runner;
 pub mod tools;
+pub mod trigger_runner;
 pub mod triggers;
 
 #[cfg(test)]

@@ -1134,6 +1134,7 @@ async fn the_gullible_judge_obeys_an_injection_that_reaches_it_unfenced() {
         context: None,
         tool_calls: None,
         case: &case,
+        files: &[],
     };
     let rubric = case.expected.rubric.clone().unwrap();
     let fenced = crate::strategy::llm_judge::judge_prompt(&input, &rubric);

@@ -253,6 +253,7 @@ impl OutputRunner for TriggerRunner {
             usage,
             truncated: false,
             details: json!({ "trigger": result }),
+            files: Vec::new(),
         })
     }
 }

@@ -331,8 +331,7 @@ pub async fn evaluate_query(
     let mut outcomes: Vec<(u32, RunOutcome)> = stream::iter(1..=runs)
         .map(|run| async move {
             if let Some(agent) = &opts.agent {
-                let outcome =
-                    agent_run(client, agent, skill, &case.query, &opts.decoys, run).await;
+                let outcome = agent_run(client, agent, skill, &case.query, &opts.decoys, run).await;
                 return (run, outcome);
             }
             let skills = lineup(skill, &opts.decoys, run);
