@@ -23,10 +23,12 @@ use crate::packages::given_package;
 async fn judge(State(calls): State<Arc<AtomicUsize>>, Json(body): Json<Value>) -> Json<Value> {
     calls.fetch_add(1, Ordering::SeqCst);
     let text = body["messages"].to_string();
+    // The comparator fences each response as data between `<<<marker BEGIN response_1>>>`
+    // and `<<<marker END response_1>>>`.
     let first = text
-        .split("<response_1>")
+        .split(" BEGIN response_1>>>")
         .nth(1)
-        .and_then(|t| t.split("</response_1>").next())
+        .and_then(|t| t.split(" END response_1>>>").next())
         .unwrap_or_default()
         .to_string();
     let (s1, s2, winner) = if first.contains("better") {
