@@ -105,13 +105,21 @@ async fn deleting_a_run_version_or_skill_deletes_the_model_answers_only_it_used(
     // Beta and gamma ask other questions (other outputs): answers of their own.
     let before = cache_keys(&app).await;
     let (beta_run, _) = graded_upload(&app, llm_package_named("beta", " (beta)")).await;
-    let beta: BTreeSet<String> = cache_keys(&app).await.difference(&before).cloned().collect();
+    let beta: BTreeSet<String> = cache_keys(&app)
+        .await
+        .difference(&before)
+        .cloned()
+        .collect();
     assert_eq!(beta.len(), 5, "{beta:?}");
     wait_links(&app, &beta_run, &beta).await;
     let before = cache_keys(&app).await;
     let (gamma_run, gamma_version) =
         graded_upload(&app, llm_package_named("gamma", " (gamma)")).await;
-    let gamma: BTreeSet<String> = cache_keys(&app).await.difference(&before).cloned().collect();
+    let gamma: BTreeSet<String> = cache_keys(&app)
+        .await
+        .difference(&before)
+        .cloned()
+        .collect();
     assert_eq!(gamma.len(), 5, "{gamma:?}");
     wait_links(&app, &gamma_run, &gamma).await;
     assert_eq!(calls.load(Ordering::SeqCst), 15);

@@ -350,8 +350,14 @@ async fn answers_are_linked_to_the_runs_that_stored_or_were_served_them() {
     use skilleval::llm::CacheOwner;
     let env = TestEnv::new().await;
     let pool = env.store.pool().clone();
-    let first = env.seed_run(1, &Produce::Given { fail_every: 0 }).await.run_id;
-    let second = env.seed_run(1, &Produce::Given { fail_every: 0 }).await.run_id;
+    let first = env
+        .seed_run(1, &Produce::Given { fail_every: 0 })
+        .await
+        .run_id;
+    let second = env
+        .seed_run(1, &Produce::Given { fail_every: 0 })
+        .await
+        .run_id;
     let mut both = vec![first, second];
     both.sort();
     let behind =
@@ -371,7 +377,10 @@ async fn answers_are_linked_to_the_runs_that_stored_or_were_served_them() {
         runs_linked_to(&pool, "owned").await == vec![first]
     })
     .await;
-    assert_eq!(runs_linked_to(&pool, "unowned").await, Vec::<uuid::Uuid>::new());
+    assert_eq!(
+        runs_linked_to(&pool, "unowned").await,
+        Vec::<uuid::Uuid>::new()
+    );
 
     // Served inside another run's scope: linked to that run too (written behind, or inline
     // by the plain cache). A miss links nothing.
@@ -387,7 +396,10 @@ async fn answers_are_linked_to_the_runs_that_stored_or_were_served_them() {
         .scope(inline.get("nowhere"))
         .await;
     assert_eq!(miss, None);
-    assert_eq!(runs_linked_to(&pool, "nowhere").await, Vec::<uuid::Uuid>::new());
+    assert_eq!(
+        runs_linked_to(&pool, "nowhere").await,
+        Vec::<uuid::Uuid>::new()
+    );
     let hit = CacheOwner { run_id: first }
         .scope(inline.get("unowned"))
         .await;
@@ -414,7 +426,10 @@ async fn answers_are_linked_to_the_runs_that_stored_or_were_served_them() {
         stored(&pool, "shared-late").await
     })
     .await;
-    assert!(!stored(&pool, "late").await, "an answer of a deleted run was stored");
+    assert!(
+        !stored(&pool, "late").await,
+        "an answer of a deleted run was stored"
+    );
     assert!(!stored(&pool, "late-inline").await);
     assert_eq!(
         behind.get("shared-late").await,
