@@ -358,7 +358,10 @@ impl Worker {
         } else {
             let result = match self.packages.root(&job.package_hash).await {
                 Ok(root) => {
-                    let result = self.executor.execute(&job, &root).await;
+                    // The model answers this job stores or is served are linked to its run,
+                    // and deleted with it (docs/security.md).
+                    let owner = skilleval::llm::CacheOwner { run_id: job.run_id };
+                    let result = owner.scope(self.executor.execute(&job, &root)).await;
                     self.metrics.executed(&result, lane.as_str());
                     result
                 }

@@ -74,7 +74,7 @@ async fn chat(State(calls): State<Arc<AtomicUsize>>, Json(body): Json<Value>) ->
 }
 
 /// Starts the judge on 127.0.0.1:0; returns its address, call counter and task.
-async fn start_judge() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+pub(crate) async fn start_judge() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -89,6 +89,12 @@ async fn start_judge() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle
 
 /// Recorded outputs (`given` runner), so only grading calls the model.
 fn llm_package() -> Vec<u8> {
+    llm_package_named("e2e-llm", "")
+}
+
+/// [`llm_package`] as skill `name`, `tag` appended to every recorded output (packages with
+/// different tags ask the judge different questions; the verdicts are the same).
+pub(crate) fn llm_package_named(name: &str, tag: &str) -> Vec<u8> {
     let rubric = json!({
         "criteria": [
             {"name": "clarity", "description": "Easy to follow", "weight": 0.6,
@@ -103,7 +109,7 @@ fn llm_package() -> Vec<u8> {
             "input": {"prompt": "Write the launch note"},
             "expected": {"rubric": rubric},
             "evaluation": {"strategy": "llm_judge"},
-            "given": {"output": output}
+            "given": {"output": format!("{output}{tag}")}
         })
     };
     let asserted = |id: &str, output: &str| {
@@ -112,7 +118,7 @@ fn llm_package() -> Vec<u8> {
             "input": {"prompt": "Summarise the meeting"},
             "expected": {"assertions": ["The launch date is stated", "An owner is named"]},
             "evaluation": {"strategy": "assertions"},
-            "given": {"output": output}
+            "given": {"output": format!("{output}{tag}")}
         })
     };
     let tests = json!({
@@ -136,7 +142,7 @@ fn llm_package() -> Vec<u8> {
     });
     let tests = serde_json::to_vec_pretty(&tests).unwrap();
     zip_of(&[
-        ("SKILL.md", skill_md("e2e-llm").as_bytes()),
+        ("SKILL.md", skill_md(name).as_bytes()),
         ("eval/tests.json", &tests),
     ])
 }

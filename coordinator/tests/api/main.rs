@@ -9,6 +9,7 @@ mod aggregate;
 mod blind;
 mod browser;
 mod budget;
+mod cache_deletion;
 mod cache_sweep;
 mod deploy;
 mod e2e;

@@ -7,6 +7,10 @@
 //!   [`WriteBehindCache`] is the one workers use: the same table, with writes batched in the
 //!   background so a model call waits for one database round trip, not two, and concurrent
 //!   lookups answered together by one statement.
+//! - Both link each answer to the run whose job stored it or was served it
+//!   (`llm_cache_uses`, from [`CacheOwner::current`]): deleting a run deletes the answers no
+//!   other run used ([`release_cached_answers`]). An answer for a run already deleted is not
+//!   stored; answers stored with no owner have no link and are left to their TTL.
 //! - [`PgRateLimiter`] is shared's [`RateLimiter`] on `provider_rate_windows`: requests and
 //!   tokens per minute per provider, counted in fixed 60-second windows on the database's clock.
 //!   A request is reserved with one `INSERT ... ON CONFLICT DO UPDATE ... WHERE <under the
@@ -34,8 +38,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
-use skilleval::llm::{Providers, RateLimiter, ResponseCache};
-use sqlx::PgPool;
+use skilleval::llm::{CacheOwner, Providers, RateLimiter, ResponseCache};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
 
 /// Length of a rate-limit window.
 pub const RATE_WINDOW_SECS: i64 = 60;
@@ -74,7 +79,15 @@ impl ResponseCache for PgResponseCache {
         .fetch_optional(&self.pool)
         .await;
         match row {
-            Ok(row) => row.map(|(v,)| v),
+            Ok(row) => {
+                let hit = row.map(|(v,)| v);
+                if let (Some(_), Some(owner)) = (&hit, CacheOwner::current()) {
+                    if let Err(e) = self.put_many(vec![PendingEntry::used(key, owner)]).await {
+                        tracing::warn!(error = %e, "linking a cached model response to its run");
+                    }
+                }
+                hit
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "reading the model response cache; treated as a miss");
                 None
@@ -107,26 +120,46 @@ struct Lookup {
     answer: tokio::sync::oneshot::Sender<Option<Value>>,
 }
 
-/// One answer to store.
+/// One answer to store, or (no `response`) the use of a stored one; `owner` is the run it is
+/// linked to.
 #[derive(Debug)]
 struct PendingEntry {
     key: String,
     provider: Option<String>,
     model: Option<String>,
-    response: Value,
+    response: Option<Value>,
+    owner: Option<Uuid>,
 }
 
 impl PendingEntry {
+    /// An answer to store, owned by the current [`CacheOwner`] (if any).
     fn new(key: &str, value: &Value) -> PendingEntry {
         let field = |name: &str| value.get(name).and_then(Value::as_str).map(str::to_string);
         PendingEntry {
             key: key.to_string(),
             provider: field("provider"),
             model: field("model"),
-            response: value.clone(),
+            response: Some(value.clone()),
+            owner: CacheOwner::current().map(|o| o.run_id),
+        }
+    }
+
+    /// A stored answer `owner` was served.
+    fn used(key: &str, owner: CacheOwner) -> PendingEntry {
+        PendingEntry {
+            key: key.to_string(),
+            provider: None,
+            model: None,
+            response: None,
+            owner: Some(owner.run_id),
         }
     }
 }
+
+/// Attempts at a batch of cache writes that met a concurrent deletion (a foreign key to a run
+/// or entry deleted meanwhile, or a deadlock with the deleting transaction): each retry
+/// re-reads which runs and entries still exist.
+const WRITE_ATTEMPTS: u32 = 3;
 
 /// [`PgResponseCache`] with its writes taken off the caller's path: `put` queues the entry and
 /// returns; a background task stores queued entries in batches (up to 256 per statement, or
@@ -191,11 +224,22 @@ impl ResponseCache for WriteBehindCache {
         }
         // A reader that drops the reply without answering is gone too: a miss, as a failed
         // read is.
-        answered.await.unwrap_or(None)
+        let hit = answered.await.unwrap_or(None);
+        if let (Some(_), Some(owner)) = (&hit, CacheOwner::current()) {
+            // The link is written behind, as answers are.
+            self.enqueue(PendingEntry::used(key, owner)).await;
+        }
+        hit
     }
 
     async fn put(&self, key: &str, value: &Value) {
-        if let Err(e) = self.queue.try_send(PendingEntry::new(key, value)) {
+        self.enqueue(PendingEntry::new(key, value)).await;
+    }
+}
+
+impl WriteBehindCache {
+    async fn enqueue(&self, entry: PendingEntry) {
+        if let Err(e) = self.queue.try_send(entry) {
             // Full (or the writer is gone): store it now rather than lose it.
             if let Err(e) = self.inner.put_many(vec![e.into_inner()]).await {
                 tracing::warn!(error = %e, "writing the model response cache; entry dropped");
@@ -277,40 +321,114 @@ impl PgResponseCache {
         Ok(rows.into_iter().collect())
     }
 
-    /// Stores answers in one statement (the last one wins for a key given twice).
+    /// Stores answers and links them to their owners, in one statement (the last one wins
+    /// for a key given twice). An answer whose owner run no longer exists is not stored, nor is
+    /// a link to it; a link to an entry that is gone is dropped.
     async fn put_many(&self, entries: Vec<PendingEntry>) -> Result<(), sqlx::Error> {
-        let mut latest: HashMap<String, PendingEntry> = HashMap::with_capacity(entries.len());
+        let (mut keys, mut providers, mut models, mut responses, mut owners) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut links = std::collections::BTreeSet::new();
         for e in entries {
-            latest.insert(e.key.clone(), e);
+            if let Some(owner) = e.owner {
+                links.insert((e.key.clone(), owner));
+            }
+            if let Some(response) = e.response {
+                keys.push(e.key);
+                providers.push(e.provider);
+                models.push(e.model);
+                responses.push(response);
+                owners.push(e.owner);
+            }
         }
-        let (mut keys, mut providers, mut models, mut responses) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (key, e) in latest {
-            keys.push(key);
-            providers.push(e.provider);
-            models.push(e.model);
-            responses.push(e.response);
+        // Sorted (the set's order), so concurrent batches lock links in one order.
+        let (link_keys, link_runs): (Vec<String>, Vec<Uuid>) = links.into_iter().unzip();
+        let mut attempt = 1;
+        loop {
+            // The entries deduplicated in SQL after dropping those of deleted runs (so a live
+            // run's answer to an equal request still lands), in key order (lock order).
+            let written = sqlx::query(
+                "WITH t AS (
+                    SELECT DISTINCT ON (t.key) t.key, t.provider, t.model, t.response
+                    FROM UNNEST($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::uuid[])
+                         WITH ORDINALITY AS t(key, provider, model, response, run_id, n)
+                    WHERE t.run_id IS NULL
+                       OR EXISTS (SELECT 1 FROM runs r WHERE r.id = t.run_id)
+                    ORDER BY t.key, t.n DESC
+                 ), stored AS (
+                    INSERT INTO llm_cache (key, provider, model, response, created_at, expires_at)
+                    SELECT t.key, t.provider, t.model, t.response, now(),
+                           now() + make_interval(secs => $6::float8)
+                    FROM t
+                    ON CONFLICT (key) DO UPDATE
+                       SET provider = EXCLUDED.provider, model = EXCLUDED.model,
+                           response = EXCLUDED.response, created_at = EXCLUDED.created_at,
+                           expires_at = EXCLUDED.expires_at
+                    RETURNING key
+                 )
+                 INSERT INTO llm_cache_uses (key, run_id)
+                 SELECT u.key, u.run_id FROM UNNEST($7::text[], $8::uuid[]) AS u(key, run_id)
+                 WHERE EXISTS (SELECT 1 FROM runs r WHERE r.id = u.run_id)
+                   AND (u.key IN (SELECT key FROM stored)
+                        OR EXISTS (SELECT 1 FROM llm_cache c WHERE c.key = u.key))
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&keys)
+            .bind(&providers)
+            .bind(&models)
+            .bind(&responses)
+            .bind(&owners)
+            .bind(self.ttl.map(|t| t.as_secs_f64()))
+            .bind(&link_keys)
+            .bind(&link_runs)
+            .execute(&self.pool)
+            .await;
+            match written {
+                Ok(_) => return Ok(()),
+                Err(e) if attempt < WRITE_ATTEMPTS && met_a_deletion(&e) => {
+                    tracing::debug!(error = %e, attempt, "a cache write met a deletion; retrying");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
         }
-        sqlx::query(
-            "INSERT INTO llm_cache (key, provider, model, response, created_at, expires_at)
-             SELECT t.key, t.provider, t.model, t.response, now(),
-                    now() + make_interval(secs => $5::float8)
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::jsonb[])
-                  AS t(key, provider, model, response)
-             ON CONFLICT (key) DO UPDATE
-                SET provider = EXCLUDED.provider, model = EXCLUDED.model,
-                    response = EXCLUDED.response, created_at = EXCLUDED.created_at,
-                    expires_at = EXCLUDED.expires_at",
-        )
-        .bind(&keys)
-        .bind(&providers)
-        .bind(&models)
-        .bind(&responses)
-        .bind(self.ttl.map(|t| t.as_secs_f64()))
-        .execute(&self.pool)
-        .await?;
-        Ok(())
     }
+}
+
+/// A foreign-key violation (the run or entry a link names was deleted after the statement
+/// looked) or a deadlock (with a deleting transaction).
+fn met_a_deletion(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| code == "23503" || code == "40P01")
+}
+
+/// Deletes the links of `run_ids` to cached answers, and the answers no other run is linked
+/// to; returns how many answers went. Call it in the transaction that deletes the runs, after
+/// locking their rows (`FOR UPDATE`): a cache write linking one of them then waits for that
+/// transaction and, once it commits, fails its foreign key and retries without it, so no
+/// answer of a deleted run is left behind unlinked.
+pub(super) async fn release_cached_answers(
+    conn: &mut PgConnection,
+    run_ids: &[Uuid],
+) -> Result<u64, sqlx::Error> {
+    if run_ids.is_empty() {
+        return Ok(0);
+    }
+    // One statement: the subquery sees the links as they were before the CTE deleted these
+    // runs' links, so it leaves those out itself.
+    let done = sqlx::query(
+        "WITH gone AS (
+            DELETE FROM llm_cache_uses WHERE run_id = ANY($1) RETURNING key
+         )
+         DELETE FROM llm_cache c
+         WHERE c.key IN (SELECT key FROM gone)
+           AND NOT EXISTS (SELECT 1 FROM llm_cache_uses u
+                           WHERE u.key = c.key AND u.run_id <> ALL($1))",
+    )
+    .bind(run_ids)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Limits of one provider: (requests per minute, tokens per minute).

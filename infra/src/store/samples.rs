@@ -605,14 +605,31 @@ impl Store {
         &self,
         cutoff: DateTime<Utc>,
     ) -> Result<(u64, u64), StoreError> {
-        let runs = sqlx::query(
-            "DELETE FROM runs WHERE kind = 'samples' AND finalised AND created_at < $1",
-        )
-        .bind(cutoff)
-        .execute(self.pool())
-        .await
-        .map_err(StoreError::query("deleting old samples runs"))?
-        .rows_affected();
+        let runs = {
+            let ctx = "deleting old samples runs";
+            let mut tx = self.pool().begin().await.map_err(StoreError::query(ctx))?;
+            // Locked first, then their cached model answers released (see
+            // `release_cached_answers`).
+            let ids: Vec<Uuid> = sqlx::query_scalar(
+                "SELECT id FROM runs WHERE kind = 'samples' AND finalised AND created_at < $1
+                 ORDER BY id FOR UPDATE",
+            )
+            .bind(cutoff)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(StoreError::query(ctx))?;
+            super::llm::release_cached_answers(&mut tx, &ids)
+                .await
+                .map_err(StoreError::query(ctx))?;
+            let n = sqlx::query("DELETE FROM runs WHERE id = ANY($1)")
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::query(ctx))?
+                .rows_affected();
+            tx.commit().await.map_err(StoreError::query(ctx))?;
+            n
+        };
         // A sampled row of a run not finalised yet stays: it is that run's plan (a run older
         // than the retention has long finished; the next sweep takes it).
         let samples = sqlx::query(

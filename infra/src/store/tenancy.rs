@@ -793,8 +793,9 @@ async fn delete_runs_where(
     condition: &'static str,
     id: Uuid,
 ) -> Result<u64, sqlx::Error> {
-    // `condition` is one of this file's constants, never input.
-    let sql = format!("SELECT id FROM runs WHERE {condition}");
+    // `condition` is one of this file's constants, never input. The rows are locked first
+    // (see `release_cached_answers`).
+    let sql = format!("SELECT id FROM runs WHERE {condition} ORDER BY id FOR UPDATE");
     let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind(id)
         .fetch_all(&mut *conn)
@@ -808,7 +809,7 @@ async fn delete_runs_where_at(
     condition: &'static str,
     at: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
-    let sql = format!("SELECT id FROM runs WHERE {condition}");
+    let sql = format!("SELECT id FROM runs WHERE {condition} ORDER BY id FOR UPDATE");
     let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind(at)
         .fetch_all(&mut *conn)
@@ -816,10 +817,13 @@ async fn delete_runs_where_at(
     delete_run_ids(conn, &ids).await
 }
 
+/// Deletes the runs `ids` (their rows locked by the caller's transaction) with the cached
+/// model answers only they used.
 async fn delete_run_ids(conn: &mut PgConnection, ids: &[Uuid]) -> Result<u64, sqlx::Error> {
     if ids.is_empty() {
         return Ok(0);
     }
+    super::llm::release_cached_answers(conn, ids).await?;
     sqlx::query("DELETE FROM webhook_deliveries WHERE run_id = ANY($1)")
         .bind(ids)
         .execute(&mut *conn)

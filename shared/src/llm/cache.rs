@@ -9,6 +9,12 @@
 //!
 //! A cache is an optimisation, so its failures are not the caller's: an unreadable entry is a
 //! miss and a failed write is logged and dropped.
+//!
+//! **Owners.** The service deletes the answers a run used when the run is deleted
+//! (docs/security.md). Rather than thread a run id through every grader and client, the worker
+//! runs each job inside [`CacheOwner::scope`] and a cache that keeps owners (the service's
+//! Postgres one) reads [`CacheOwner::current`] on each `get` and `put`. Outside a scope (the
+//! CLI, the coordinator) there is no owner; caches that keep none ignore it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -18,6 +24,30 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+/// The run on whose behalf model calls are made: the answers it stores or is served are linked
+/// to it, and go when it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheOwner {
+    pub run_id: uuid::Uuid,
+}
+
+tokio::task_local! {
+    static CACHE_OWNER: CacheOwner;
+}
+
+impl CacheOwner {
+    /// Runs `f` with `self` as the owner of every cache read and write it makes (on this task:
+    /// a task `f` spawns has no owner).
+    pub async fn scope<F: std::future::Future>(self, f: F) -> F::Output {
+        CACHE_OWNER.scope(self, f).await
+    }
+
+    /// The owner of the current task's model calls, `None` outside [`CacheOwner::scope`].
+    pub fn current() -> Option<CacheOwner> {
+        CACHE_OWNER.try_with(|o| *o).ok()
+    }
+}
 
 /// Stores model answers by key.
 #[async_trait]
@@ -182,6 +212,17 @@ mod tests {
         // Not a hex key: never a path.
         cache.put("../../etc/passwd", &json!(1)).await;
         assert_eq!(cache.get("../../etc/passwd").await, None);
+    }
+
+    #[tokio::test]
+    async fn the_owner_is_known_inside_its_scope_only() {
+        assert_eq!(CacheOwner::current(), None);
+        let owner = CacheOwner {
+            run_id: uuid::Uuid::now_v7(),
+        };
+        let seen = owner.scope(async { CacheOwner::current() }).await;
+        assert_eq!(seen, Some(owner));
+        assert_eq!(CacheOwner::current(), None, "not after the scope");
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub mod triggers;
 #[cfg(test)]
 mod tests;
 
-pub use cache::{DirCache, MemoryCache, NoCache, ResponseCache};
+pub use cache::{CacheOwner, DirCache, MemoryCache, NoCache, ResponseCache};
 pub use client::{ChatRequest, ChatResponse, LlmClient, Message, OutputSchema};
 pub use config::{ApiKey, ConfigError, ProviderConfig, ProviderKind, Providers};
 pub use limit::{LocalRateLimiter, RateLimiter};

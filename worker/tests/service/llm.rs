@@ -1,7 +1,8 @@
 //! The fleet's model-call state on the real PostgreSQL: the response cache (round trip, expiry,
 //! a hit sends no request) and the rate limiter shared by several workers (two limiters on
 //! one database never grant more than the requests-per-minute limit in a window together; a
-//! database error lets the call through).
+//! database error lets the call through), and the links of cached answers to the runs that
+//! stored or were served them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,7 +19,7 @@ use skilleval::llm::{
 use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache, Reservation, WriteBehindCache};
 use skilleval_infra::store::Store;
 
-use crate::helpers::TestEnv;
+use crate::helpers::{Produce, TestEnv};
 
 async fn chat(State(calls): State<Arc<AtomicUsize>>, Json(_body): Json<Value>) -> Json<Value> {
     let n = calls.fetch_add(1, Ordering::SeqCst);
@@ -312,4 +313,135 @@ async fn concurrent_lookups_share_statements_and_each_gets_its_own_answer() {
     // A lone lookup waits for no batch: one statement of its own.
     assert_eq!(cache.get("lk-4").await, Some(json!({"text": "answer 4"})));
     assert_eq!(cache.lookup_statements(), statements + 1);
+}
+
+/// The runs `key` is linked to in `llm_cache_uses`, sorted.
+async fn runs_linked_to(pool: &sqlx::PgPool, key: &str) -> Vec<uuid::Uuid> {
+    sqlx::query_scalar("SELECT run_id FROM llm_cache_uses WHERE key = $1 ORDER BY run_id")
+        .bind(key)
+        .fetch_all(pool)
+        .await
+        .expect("links")
+}
+
+async fn stored(pool: &sqlx::PgPool, key: &str) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM llm_cache WHERE key = $1)")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .expect("exists")
+}
+
+/// Waits until `probe` holds (the write-behind cache writes a few milliseconds after `put`).
+async fn eventually_true<F, Fut>(what: &str, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !probe().await {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn answers_are_linked_to_the_runs_that_stored_or_were_served_them() {
+    use skilleval::llm::CacheOwner;
+    let env = TestEnv::new().await;
+    let pool = env.store.pool().clone();
+    let first = env
+        .seed_run(1, &Produce::Given { fail_every: 0 })
+        .await
+        .run_id;
+    let second = env
+        .seed_run(1, &Produce::Given { fail_every: 0 })
+        .await
+        .run_id;
+    let mut both = vec![first, second];
+    both.sort();
+    let behind =
+        WriteBehindCache::start(PgResponseCache::new(pool.clone())).expect("inside a runtime");
+    let inline = PgResponseCache::new(pool.clone());
+
+    // Stored inside a run's scope: linked to it. Outside any: no link.
+    CacheOwner { run_id: first }
+        .scope(behind.put("owned", &json!({"text": "a"})))
+        .await;
+    behind.put("unowned", &json!({"text": "b"})).await;
+    eventually_true("both answers stored", || async {
+        stored(&pool, "owned").await && stored(&pool, "unowned").await
+    })
+    .await;
+    eventually_true("the owned answer linked", || async {
+        runs_linked_to(&pool, "owned").await == vec![first]
+    })
+    .await;
+    assert_eq!(
+        runs_linked_to(&pool, "unowned").await,
+        Vec::<uuid::Uuid>::new()
+    );
+
+    // Served inside another run's scope: linked to that run too (written behind, or inline
+    // by the plain cache). A miss links nothing.
+    let hit = CacheOwner { run_id: second }
+        .scope(behind.get("owned"))
+        .await;
+    assert_eq!(hit, Some(json!({"text": "a"})));
+    eventually_true("the hit linked to the second run", || async {
+        runs_linked_to(&pool, "owned").await == both
+    })
+    .await;
+    let miss = CacheOwner { run_id: second }
+        .scope(inline.get("nowhere"))
+        .await;
+    assert_eq!(miss, None);
+    assert_eq!(
+        runs_linked_to(&pool, "nowhere").await,
+        Vec::<uuid::Uuid>::new()
+    );
+    let hit = CacheOwner { run_id: first }
+        .scope(inline.get("unowned"))
+        .await;
+    assert_eq!(hit, Some(json!({"text": "b"})));
+    assert_eq!(runs_linked_to(&pool, "unowned").await, vec![first]);
+
+    // A run deleted while its job was still calling the model: its answer is not stored (it
+    // would outlive the deletion), nor linked; an equal answer of a live run in the same batch
+    // still is.
+    let deleted = uuid::Uuid::now_v7();
+    CacheOwner { run_id: deleted }
+        .scope(behind.put("late", &json!({"text": "gone"})))
+        .await;
+    CacheOwner { run_id: second }
+        .scope(behind.put("shared-late", &json!({"text": "kept"})))
+        .await;
+    CacheOwner { run_id: deleted }
+        .scope(behind.put("shared-late", &json!({"text": "dropped"})))
+        .await;
+    CacheOwner { run_id: deleted }
+        .scope(inline.put("late-inline", &json!({"text": "gone"})))
+        .await;
+    eventually_true("the live run's answer stored", || async {
+        stored(&pool, "shared-late").await
+    })
+    .await;
+    assert!(
+        !stored(&pool, "late").await,
+        "an answer of a deleted run was stored"
+    );
+    assert!(!stored(&pool, "late-inline").await);
+    assert_eq!(
+        behind.get("shared-late").await,
+        Some(json!({"text": "kept"})),
+        "the live run's answer, not the deleted one's"
+    );
+    assert_eq!(runs_linked_to(&pool, "shared-late").await, vec![second]);
+    let dangling: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM llm_cache_uses WHERE run_id NOT IN (SELECT id FROM runs)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(dangling, 0);
 }
