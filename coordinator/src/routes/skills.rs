@@ -441,7 +441,7 @@ async fn multipart_file(content_type: &str, body: Bytes) -> Result<Bytes, ApiErr
 
 /// Opens and validates on the blocking pool (file system work); refusals and invalid packages
 /// are 422 with every problem.
-async fn open_package(
+pub(crate) async fn open_package(
     zip: Bytes,
     limits: Arc<PackageLimits>,
     strategies: Arc<StrategyRegistry>,
@@ -497,7 +497,7 @@ async fn open_package(
 
 /// What [`open_package`] gives: the package, its definition as text, the warnings, its
 /// monitor when the definition has a `monitoring` section, and its risk report.
-type OpenedPackage = (
+pub(crate) type OpenedPackage = (
     Package,
     DefinitionText,
     Vec<Problem>,
@@ -506,14 +506,14 @@ type OpenedPackage = (
 );
 
 /// A package's `monitoring` section: as written, and validated.
-struct PackageMonitor {
+pub(crate) struct PackageMonitor {
     document: serde_json::Value,
     monitor: skilleval::monitor::Monitor,
 }
 
 /// Why an upload's package could not be opened: the package's fault (counted as refused or
 /// invalid), or the service's.
-enum Opening {
+pub(crate) enum Opening {
     Package(PackageError),
     Failed(ApiError),
 }
@@ -521,7 +521,7 @@ enum Opening {
 /// Cases checked (and converted, templated, written) at a time by an upload.
 const CHECK_CHUNK: usize = 2_000;
 
-fn package_error(e: PackageError) -> ApiError {
+pub(crate) fn package_error(e: PackageError) -> ApiError {
     match &e {
         PackageError::Refused {
             limit,

@@ -104,6 +104,7 @@ pub fn render_with(ctx: &ReportContext<'_>, format: ReportFormat, extras: &Repor
             }
             serde_json::to_string_pretty(&doc).unwrap_or(base)
         }
-        ReportFormat::Json => base,
+        // The HTML page renders the run's own sections; the extras are Markdown/JSON only.
+        ReportFormat::Json | ReportFormat::Html => base,
     }
 }
