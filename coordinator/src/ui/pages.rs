@@ -733,11 +733,18 @@ pub async fn upload() -> Html<String> {
     layout_with_scripts(
         "Upload a skill",
         html! {
-            p { "Drop a skill package ZIP (SKILL.md, the eval definition and its files). It is validated first: "
+            p { "Drop a skill package ZIP or its folder (SKILL.md, the eval definition and its files). It is validated first: "
                 "nothing is stored until it is valid and you start the run." }
             div.dropzone #dropzone {
-                p { "Drop the ZIP here, or " }
-                input type="file" #package-file accept=".zip,application/zip";
+                p { "Drop the ZIP or the folder here, or choose " }
+                p { label { "a ZIP " input type="file" #package-file accept=".zip,application/zip"; } }
+                p { label { "a folder " input type="file" #package-folder webkitdirectory multiple; } }
+            }
+            p #profile-choice hidden {
+                label { "This package leaves its profile open (the default strategy of cases that name none): "
+                    select #package-profile {
+                        @for p in ["deterministic", "structured", "flexible", "creative", "enterprise"] { option value=(p) { (p) } }
+                    } }
             }
             p #validation-status.muted {}
             ul.problems #problems {}

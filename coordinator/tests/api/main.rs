@@ -13,6 +13,7 @@ mod cache_sweep;
 mod deploy;
 mod e2e;
 mod e2e_llm;
+mod editor;
 mod helpers;
 mod lifecycle;
 mod migrate;
