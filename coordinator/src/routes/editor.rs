@@ -192,23 +192,36 @@ async fn rebuild(
     let text = serde_json::to_vec_pretty(&definition)
         .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
     let built = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, PackageError> {
-        let dir = tempfile::tempdir().map_err(|e| PackageError::Io { path: std::env::temp_dir(), source: e })?;
+        let dir = tempfile::tempdir().map_err(|e| PackageError::Io {
+            path: std::env::temp_dir(),
+            source: e,
+        })?;
         let root = Package::extract_files(&bytes, &limits, dir.path())?;
         for file in EVAL_FILES {
             let path = root.join(file);
             if path.is_file() {
-                std::fs::remove_file(&path).map_err(|e| PackageError::Io { path: path.clone(), source: e })?;
+                std::fs::remove_file(&path).map_err(|e| PackageError::Io {
+                    path: path.clone(),
+                    source: e,
+                })?;
             }
         }
         let target = root.join("eval/tests.json");
         std::fs::create_dir_all(root.join("eval"))
             .and_then(|()| std::fs::write(&target, &text))
-            .map_err(|e| PackageError::Io { path: target.clone(), source: e })?;
+            .map_err(|e| PackageError::Io {
+                path: target.clone(),
+                source: e,
+            })?;
         let mut writer = zip::ZipWriter::new(Cursor::new(Vec::new()));
-        add_dir(&mut writer, &root, "").map_err(|e| PackageError::Io { path: root.clone(), source: e })?;
-        let out = writer
-            .finish()
-            .map_err(|e| PackageError::Io { path: root.clone(), source: std::io::Error::other(e) })?;
+        add_dir(&mut writer, &root, "").map_err(|e| PackageError::Io {
+            path: root.clone(),
+            source: e,
+        })?;
+        let out = writer.finish().map_err(|e| PackageError::Io {
+            path: root.clone(),
+            source: std::io::Error::other(e),
+        })?;
         Ok(out.into_inner())
     })
     .await

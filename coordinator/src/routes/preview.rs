@@ -96,9 +96,9 @@ pub async fn preview(
                 "must be a JSON object (an eval/tests.json v2)",
             ))
         }
-        Some(d) => Some(
-            crate::routes::skills::inline_definition(&state, &version.package_hash, d).await?,
-        ),
+        Some(d) => {
+            Some(crate::routes::skills::inline_definition(&state, &version.package_hash, d).await?)
+        }
     };
     let limits = state.limits.clone();
     let case_id = body.test_case_id.clone();
@@ -135,7 +135,11 @@ pub async fn preview(
             format!(
                 "`{}` is no case of this version{}",
                 body.test_case_id,
-                if body.definition.is_some() { "'s edited definition" } else { "" }
+                if body.definition.is_some() {
+                    "'s edited definition"
+                } else {
+                    ""
+                }
             ),
         ));
     };

@@ -869,7 +869,10 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
     });
     let zip = zip_of(&[
         ("SKILL.md", skill_md("edited").as_bytes()),
-        ("eval/tests.json", &serde_json::to_vec_pretty(&tests).unwrap()),
+        (
+            "eval/tests.json",
+            &serde_json::to_vec_pretty(&tests).unwrap(),
+        ),
     ]);
     let stored: Value = app
         .client
@@ -909,7 +912,12 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
         "Weights sum to 1.000."
     );
     // A wrong weight: the warning shows as it is typed.
-    retype(&c, &format!("{rubric_case} tr.criterion .criterion-weight"), "0.5").await;
+    retype(
+        &c,
+        &format!("{rubric_case} tr.criterion .criterion-weight"),
+        "0.5",
+    )
+    .await;
     let warning = wait_text(&c, &format!("{rubric_case} .rubric-sum"), 5, |t| {
         t.contains("must sum to 1.0")
     })
@@ -925,15 +933,52 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
         .unwrap_or_default();
     assert!(class.contains("warning"), "{class}");
     screenshot(&c, "editor-weight-warning").await;
-    retype(&c, &format!("{rubric_case} tr.criterion .criterion-weight"), "0.6").await;
+    retype(
+        &c,
+        &format!("{rubric_case} tr.criterion .criterion-weight"),
+        "0.6",
+    )
+    .await;
     wait_text(&c, &format!("{rubric_case} .rubric-sum"), 5, |t| {
         t == "Weights sum to 1.000."
     })
     .await;
     assert_no_console_errors(&c, "editor").await;
 
+    // A JSON Schema checked as typed: its syntax in the browser, its compilation by the server.
+    let schema = "#editor-cases fieldset:nth-of-type(1) .case-schema";
+    let syntax = "#editor-cases fieldset:nth-of-type(1) .json-status";
+    let compiled = "#editor-cases fieldset:nth-of-type(1) .schema-status";
+    retype(&c, schema, "{\"type\": ").await;
+    let schema_note = c.find_all(Locator::Css(syntax)).await.unwrap();
+    let mut notes = Vec::new();
+    for n in &schema_note {
+        notes.push(n.text().await.unwrap());
+    }
+    assert!(
+        notes.iter().any(|t| t.starts_with("JSON syntax")),
+        "{notes:?}"
+    );
+    retype(&c, schema, "{\"type\": 5}").await;
+    let refused = wait_text(&c, compiled, 10, |t| !t.is_empty()).await;
+    assert!(refused.contains("invalid JSON Schema"), "{refused}");
+    retype(&c, schema, "{\"type\": \"string\"}").await;
+    wait_text(&c, compiled, 10, |t| t == "compiles (draft 2020-12)").await;
+    screenshot(&c, "editor-schema").await;
+    c.find(Locator::Css(schema))
+        .await
+        .unwrap()
+        .clear()
+        .await
+        .unwrap();
+
     // Preview with the edited definition: case-000 now expects "fine".
-    retype(&c, "#editor-cases fieldset:nth-of-type(1) .case-expected", "fine").await;
+    retype(
+        &c,
+        "#editor-cases fieldset:nth-of-type(1) .case-expected",
+        "fine",
+    )
+    .await;
     c.find(Locator::Css("#editor-preview-case"))
         .await
         .unwrap()
@@ -948,7 +993,9 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
         .await
         .unwrap();
     assert_eq!(
-        wait_text(&c, "#editor-preview-status", 10, |t| !t.is_empty() && t != "grading…").await,
+        wait_text(&c, "#editor-preview-status", 10, |t| !t.is_empty()
+            && t != "grading…")
+        .await,
         "passed"
     );
     assert_eq!(text_of(&c, "#editor-preview-score").await, "1.000");
@@ -961,7 +1008,10 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
         .click()
         .await
         .unwrap();
-    wait_text(&c, "#download-status", 10, |t| t.starts_with("Valid: downloaded")).await;
+    wait_text(&c, "#download-status", 10, |t| {
+        t.starts_with("Valid: downloaded")
+    })
+    .await;
     screenshot(&c, "editor-downloaded").await;
     let expected = downloads
         .path()

@@ -78,8 +78,7 @@ async fn the_edited_definition_comes_back_as_a_valid_package() {
     assert_eq!(tests["testCases"][1]["name"], "Edited <case>");
     // And it validates as a package.
     let package = Package::from_zip_bytes(&zip, &PackageLimits::default(), None).unwrap();
-    let validation =
-        skilleval::package::validate(&package, &StrategyRegistry::builtin().build());
+    let validation = skilleval::package::validate(&package, &StrategyRegistry::builtin().build());
     assert!(validation.is_ok(), "{:?}", validation.problems);
     assert_eq!(package.config.test_cases.len(), 2);
     // Nothing was stored: still one version.
@@ -174,7 +173,8 @@ async fn preview_grades_with_the_edited_definition() {
     let mut definition = body["definition"].clone();
     definition["testCases"][0]["expected"]["output"] = json!("changed");
     let grade = |definition: Option<&Value>| {
-        let mut body = json!({ "version": version, "test_case_id": "case-000", "output": "changed" });
+        let mut body =
+            json!({ "version": version, "test_case_id": "case-000", "output": "changed" });
         if let Some(d) = definition {
             body["definition"] = d.clone();
         }
@@ -204,8 +204,10 @@ async fn preview_grades_with_the_edited_definition() {
     assert_eq!(body["error"]["code"], "package_invalid", "{body}");
     let problems = body["error"]["details"]["problems"].as_array().unwrap();
     assert!(
-        problems.iter().any(|p| p["file"] == "eval_config"
-            && p["pointer"] == "/testCases/0/evaluation/strategy"),
+        problems
+            .iter()
+            .any(|p| p["file"] == "eval_config"
+                && p["pointer"] == "/testCases/0/evaluation/strategy"),
         "{body}"
     );
     app.cleanup().await;
@@ -240,7 +242,8 @@ async fn a_schema_is_compiled_or_refused_with_the_rule() {
     assert!(
         errors
             .iter()
-            .any(|e| e.as_str().unwrap().contains("draft 7") && e.as_str().unwrap().contains("/type")),
+            .any(|e| e.as_str().unwrap().contains("draft 7")
+                && e.as_str().unwrap().contains("/type")),
         "{body}"
     );
 
@@ -248,7 +251,13 @@ async fn a_schema_is_compiled_or_refused_with_the_rule() {
     assert_eq!(r.status().as_u16(), 400);
     let body: Value = r.json().await.unwrap();
     check(&doc, "post", "/v1/schemas/check", 400, &body);
-    assert!(body["error"]["message"].as_str().unwrap().contains("schema"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("schema"),
+        "{body}"
+    );
     app.cleanup().await;
 }
 
@@ -301,12 +310,14 @@ fn open_profile_files() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn folder_form(files: &[(&'static str, Vec<u8>)]) -> reqwest::multipart::Form {
-    files.iter().fold(reqwest::multipart::Form::new(), |form, (path, bytes)| {
-        form.part(
-            "files",
-            reqwest::multipart::Part::bytes(bytes.clone()).file_name(*path),
-        )
-    })
+    files
+        .iter()
+        .fold(reqwest::multipart::Form::new(), |form, (path, bytes)| {
+            form.part(
+                "files",
+                reqwest::multipart::Part::bytes(bytes.clone()).file_name(*path),
+            )
+        })
 }
 
 #[tokio::test]
@@ -393,6 +404,12 @@ async fn a_folder_is_zipped_and_its_open_profile_can_be_chosen() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
     let body: Value = r.json().await.unwrap();
-    assert!(body["error"]["message"].as_str().unwrap().contains("profile"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("profile"),
+        "{body}"
+    );
     app.cleanup().await;
 }

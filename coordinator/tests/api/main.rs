@@ -6,8 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod aggregate;
-mod browser;
 mod blind;
+mod browser;
 mod budget;
 mod cache_sweep;
 mod deploy;
