@@ -122,7 +122,7 @@ impl ParkingDrain {
 #[async_trait]
 impl QueueHandler for ParkingDrain {
     async fn handle(&self, body: &[u8], headers: Option<&FieldTable>) -> Settle {
-        match self.drain(body, headers).await {
+        match Box::pin(self.drain(body, headers)).await {
             Ok(_) => Settle::Ack,
             Err(e) => {
                 // The database is away: keep the message, try again in a moment.
