@@ -1059,3 +1059,60 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
     c.close().await.unwrap();
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn browser_upload_takes_a_folder_and_offers_the_open_profile() {
+    let app = spawn_app_with(AppOptions {
+        auth_tokens: vec![TOKEN.to_string()],
+        ..AppOptions::default()
+    })
+    .await;
+    // A folder whose eval/tests.json names no profile; its one case has no strategy.
+    let folder = tempfile::tempdir().unwrap();
+    let root = folder.path().join("open-folder");
+    std::fs::create_dir_all(root.join("eval")).unwrap();
+    std::fs::write(root.join("SKILL.md"), skill_md("open-folder")).unwrap();
+    let tests = json!({
+        "version": "2.0",
+        "settings": { "runner": "given" },
+        "testCases": [{
+            "id": "tc-1", "input": { "prompt": "Give the total" },
+            "expected": { "output": "{\"total\": 4}", "jsonSchema": { "type": "object" } },
+            "given": { "output": "{\"total\": 4}" }
+        }]
+    });
+    std::fs::write(
+        root.join("eval/tests.json"),
+        serde_json::to_vec(&tests).unwrap(),
+    )
+    .unwrap();
+    let driver = start_driver().await;
+    let c = browser(&driver).await;
+    sign_in(&c, &app).await;
+    c.goto(&format!("{}/ui/upload", app.address)).await.unwrap();
+    c.find(Locator::Css("#package-folder"))
+        .await
+        .unwrap()
+        .send_keys(root.to_str().unwrap())
+        .await
+        .unwrap();
+    let status = wait_text(&c, "#validation-status", 20, |t| t.starts_with("Valid:")).await;
+    assert!(status.contains("open-folder"), "{status}");
+    assert!(status.contains("profile deterministic"), "{status}");
+    let choice = c.find(Locator::Css("#profile-choice")).await.unwrap();
+    assert!(choice.is_displayed().await.unwrap());
+    c.find(Locator::Css("#package-profile"))
+        .await
+        .unwrap()
+        .select_by_value("structured")
+        .await
+        .unwrap();
+    wait_text(&c, "#validation-status", 20, |t| {
+        t.contains("profile structured")
+    })
+    .await;
+    screenshot(&c, "upload-folder-profile").await;
+    assert_no_console_errors(&c, "upload of a folder").await;
+    c.close().await.unwrap();
+    app.cleanup().await;
+}
