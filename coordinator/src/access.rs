@@ -533,6 +533,14 @@ mod tests {
             Some(Scope::Admin)
         );
         assert_eq!(
+            required_scope(&Method::POST, "/v1/schemas/check"),
+            Some(Scope::SkillsWrite)
+        );
+        assert_eq!(
+            required_scope(&Method::GET, "/ui/skills/{name}/versions/{version}/edit"),
+            Some(Scope::Read)
+        );
+        assert_eq!(
             required_scope(&Method::POST, "/v1/elsewhere"),
             Some(Scope::Admin)
         );

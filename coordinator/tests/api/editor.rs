@@ -394,6 +394,20 @@ async fn a_folder_is_zipped_and_its_open_profile_can_be_chosen() {
     let body: Value = r.json().await.unwrap();
     check(&doc, "post", "/v1/skills/validate", 400, &body);
     assert_eq!(body["error"]["details"]["field"], "profile");
+    // A folder's paths meet the package hardening like a ZIP's entries.
+    let mut climbing = open_profile_files();
+    climbing.push(("open/../../escape.txt", b"out".to_vec()));
+    let r = app
+        .client
+        .post(format!("{}/v1/skills/validate", app.address))
+        .multipart(folder_form(&climbing))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["valid"], false, "{body}");
+    assert_eq!(body["code"], "package_refused", "{body}");
+    assert!(body.to_string().contains("zip_slip"), "{body}");
     // An unknown profile names the parameter too.
     let r = app
         .client
