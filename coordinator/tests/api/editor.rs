@@ -427,3 +427,42 @@ async fn a_folder_is_zipped_and_its_open_profile_can_be_chosen() {
     );
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn another_format_is_edited_as_its_v2_conversion() {
+    let app = spawn_app().await;
+    let v1 = json!([{ "name": "Slug", "input": "Hello World", "expectedOutput": "hello-world" }]);
+    let zip = crate::packages::zip_of(&[
+        ("SKILL.md", crate::packages::skill_md("legacy").as_bytes()),
+        ("tests.json", &serde_json::to_vec(&v1).unwrap()),
+    ]);
+    let r = app.upload_zip(zip, "?run=false").await;
+    assert_eq!(r.status().as_u16(), 201);
+    let version = r.json::<Value>().await.unwrap()["version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, body) = app
+        .get_json(&format!("/v1/skills/legacy/versions/{version}/definition"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["eval_file"], "tests.json");
+    assert_eq!(body["converted"], true);
+    let case = &body["definition"]["testCases"][0];
+    assert_eq!(case["id"], "v1-001");
+    assert_eq!(case["expected"]["output"], "hello-world");
+    assert_eq!(case["evaluation"]["strategy"], "exact_match");
+    let r = app
+        .post_json(
+            &format!("/v1/skills/legacy/versions/{version}/package"),
+            &json!({ "definition": body["definition"] }),
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 200);
+    let zip = r.bytes().await.unwrap().to_vec();
+    // The conversion replaces the v1 file.
+    assert!(entry(&zip, "tests.json").is_none());
+    let tests: Value = serde_json::from_slice(&entry(&zip, "eval/tests.json").unwrap()).unwrap();
+    assert_eq!(tests["testCases"][0]["id"], "v1-001");
+    app.cleanup().await;
+}
