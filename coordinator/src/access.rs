@@ -96,7 +96,9 @@ fn required_scope(method: &Method, route: &str) -> Option<Scope> {
         Scope::Read
     } else if route == "/v1/skills/{name}/samples" {
         Scope::SamplesWrite
-    } else if route.starts_with("/v1/skills") {
+    } else if route.starts_with("/v1/skills") || route == "/v1/schemas/check" {
+        // Checking a schema stores nothing, but it is the test-case editor's, whose other
+        // requests (preview, package) are skills work.
         Scope::SkillsWrite
     } else if route.starts_with("/v1/runs")
         || route.starts_with("/v1/comparisons")
@@ -134,7 +136,12 @@ async fn check_visible(
                 state.store.visible_skill(viewer, value).await?.is_some()
             }
             // The version label is resolved within the (visible) skill by its handler.
-            ("version", r) if r.starts_with("/v1/skills/{name}/versions/{version}") => true,
+            ("version", r)
+                if r.starts_with("/v1/skills/{name}/versions/{version}")
+                    || r.starts_with("/ui/skills/{name}/versions/{version}") =>
+            {
+                true
+            }
             // A case of a (visible) run is resolved within the run by its page.
             ("index", r) if r.starts_with("/ui/runs/{id}/cases/{index}") => true,
             ("id", r) if r.starts_with("/v1/runs/{id}") || r.starts_with("/ui/runs/{id}") => {
@@ -524,6 +531,14 @@ mod tests {
         assert_eq!(
             required_scope(&Method::GET, "/v1/admin/audit"),
             Some(Scope::Admin)
+        );
+        assert_eq!(
+            required_scope(&Method::POST, "/v1/schemas/check"),
+            Some(Scope::SkillsWrite)
+        );
+        assert_eq!(
+            required_scope(&Method::GET, "/ui/skills/{name}/versions/{version}/edit"),
+            Some(Scope::Read)
         );
         assert_eq!(
             required_scope(&Method::POST, "/v1/elsewhere"),

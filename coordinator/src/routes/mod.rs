@@ -21,6 +21,7 @@ use crate::state::AppState;
 
 pub mod admin;
 pub mod comparisons;
+pub mod editor;
 pub mod health;
 pub mod history;
 pub mod monitoring;
@@ -81,6 +82,9 @@ routes! {
     get "/v1/runs/{id}/feedback" => reviews::feedback;
     get "/v1/skills/{name}/agreement" => reviews::agreement;
     post "/v1/skills/{name}/preview" => preview::preview;
+    get "/v1/skills/{name}/versions/{version}/definition" => editor::definition;
+    post "/v1/skills/{name}/versions/{version}/package" => editor::package;
+    post "/v1/schemas/check" => editor::check_schema;
 }
 
 /// The whole application: routes, access (auth, scopes, limits, visibility, audit), error logging, metrics, tracing, timeouts.

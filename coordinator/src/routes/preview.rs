@@ -34,6 +34,11 @@ pub struct PreviewBody {
     /// Tool calls the output made (for `tool_usage`), as a run records them.
     #[serde(default)]
     pub tool_calls: Option<Value>,
+    /// An edited eval definition (`eval/tests.json` v2) to take the case from instead of the
+    /// stored one: validated as an upload's (422 `package_invalid` listing every problem, file
+    /// `eval_config`), in the version's package. What the test-case editor sends.
+    #[serde(default)]
+    pub definition: Option<Value>,
 }
 
 fn unprocessable(field: &str, rule: impl Into<String>) -> ApiError {
@@ -83,12 +88,27 @@ pub async fn preview(
         .package_bytes(&version.package_hash)
         .await?
         .ok_or_else(|| ApiError::internal(anyhow::anyhow!("the version's package is gone")))?;
+    let edited = match &body.definition {
+        None => None,
+        Some(d) if !d.is_object() => {
+            return Err(unprocessable(
+                "/definition",
+                "must be a JSON object (an eval/tests.json v2)",
+            ))
+        }
+        Some(d) => {
+            Some(crate::routes::skills::inline_definition(&state, &version.package_hash, d).await?)
+        }
+    };
     let limits = state.limits.clone();
     let case_id = body.test_case_id.clone();
     let hash = version.package_hash.clone();
     // Parsing the definition and extracting the package are blocking work.
     let planned = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let definition = read_definition(version.config)?;
+        let definition = match edited {
+            Some(d) => d,
+            None => read_definition(version.config)?,
+        };
         let mut found = None;
         definition.plan_chunks(
             &hash,
@@ -112,7 +132,15 @@ pub async fn preview(
     let (Some(mut job), package) = planned else {
         return Err(unprocessable(
             "/test_case_id",
-            format!("`{}` is no case of this version", body.test_case_id),
+            format!(
+                "`{}` is no case of this version{}",
+                body.test_case_id,
+                if body.definition.is_some() {
+                    "'s edited definition"
+                } else {
+                    ""
+                }
+            ),
         ));
     };
     job.runner = RunnerConfig {

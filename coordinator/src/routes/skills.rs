@@ -16,6 +16,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 use skilleval::compare::{GateRule, GateSpec};
+use skilleval::model::Profile;
 use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
 use skilleval::problem::Problem;
@@ -90,6 +91,18 @@ pub struct UploadQuery {
     /// Runs per trigger query (1 to 10; default 3); implies `triggers`.
     #[serde(default)]
     pub trigger_runs: Option<i64>,
+    /// The profile of a package that leaves it open ([`apply_profile`]).
+    #[serde(default)]
+    pub profile: Option<Profile>,
+}
+
+/// `POST /v1/skills/validate`'s query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidateQuery {
+    /// The profile of a package that leaves it open ([`apply_profile`]).
+    #[serde(default)]
+    pub profile: Option<Profile>,
 }
 
 fn yes() -> bool {
@@ -118,7 +131,11 @@ pub async fn upload(
                 crate::metrics::Metrics::count(&state.metrics.uploads_refused, "too_large");
             }
         })?;
-    let zip = zip_from_body(&headers, body).await?;
+    let zip = zip_from_body(&headers, body, &state.limits).await?;
+    let zip = match query.profile {
+        Some(profile) => apply_profile(zip, profile, state.limits.clone()).await?,
+        None => zip,
+    };
     let started = std::time::Instant::now();
     let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
     let (mut package, definition, warnings, monitor, risk) = match opened {
@@ -375,8 +392,13 @@ async fn read_limited(body: Body, headers: &HeaderMap, limit: u64) -> Result<Byt
     Ok(Bytes::from(buf))
 }
 
-/// The ZIP: the raw body, or the multipart field `file`.
-async fn zip_from_body(headers: &HeaderMap, body: Bytes) -> Result<Bytes, ApiError> {
+/// The ZIP: the raw body, the multipart field `file`, or a folder sent as multipart fields
+/// `files` (each one file, its file name the path relative to the folder), zipped here.
+async fn zip_from_body(
+    headers: &HeaderMap,
+    body: Bytes,
+    limits: &PackageLimits,
+) -> Result<Bytes, ApiError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -390,7 +412,7 @@ async fn zip_from_body(headers: &HeaderMap, body: Bytes) -> Result<Bytes, ApiErr
         .to_ascii_lowercase();
     let zip = match mime.as_str() {
         "application/zip" | "application/x-zip-compressed" | "application/octet-stream" => body,
-        "multipart/form-data" => multipart_file(&content_type, body).await?,
+        "multipart/form-data" => multipart_file(&content_type, body, limits).await?,
         other => {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -410,7 +432,11 @@ async fn zip_from_body(headers: &HeaderMap, body: Bytes) -> Result<Bytes, ApiErr
     Ok(zip)
 }
 
-async fn multipart_file(content_type: &str, body: Bytes) -> Result<Bytes, ApiError> {
+async fn multipart_file(
+    content_type: &str,
+    body: Bytes,
+    limits: &PackageLimits,
+) -> Result<Bytes, ApiError> {
     let boundary = multer::parse_boundary(content_type).map_err(|e| {
         ApiError::invalid_field(
             "invalid_body",
@@ -427,21 +453,150 @@ async fn multipart_file(content_type: &str, body: Bytes) -> Result<Bytes, ApiErr
             format!("malformed multipart body: {e}"),
         )
     };
+    let mut folder: Vec<(String, Bytes)> = Vec::new();
     while let Some(field) = multipart.next_field().await.map_err(bad)? {
-        if field.name() == Some("file") {
-            return field.bytes().await.map_err(bad);
+        match field.name() {
+            Some("file") => return field.bytes().await.map_err(bad),
+            Some("files") => {
+                let Some(path) = field.file_name().map(str::to_string) else {
+                    return Err(ApiError::invalid_field(
+                        "invalid_body",
+                        "files",
+                        "each `files` part needs a file name: its path in the folder",
+                    ));
+                };
+                if folder.len() >= limits.max_files {
+                    return Err(ApiError::invalid_field(
+                        "invalid_body",
+                        "files",
+                        format!("at most {} files (max_files)", limits.max_files),
+                    ));
+                }
+                folder.push((path, field.bytes().await.map_err(bad)?));
+            }
+            _ => {}
         }
+    }
+    if !folder.is_empty() {
+        // The paths are checked by the package's own hardening when the ZIP is opened
+        // (`..`, absolute paths, duplicates): the same rules as for an uploaded ZIP.
+        return tokio::task::spawn_blocking(move || zip_folder(&folder))
+            .await
+            .map_err(|e| ApiError::internal(anyhow::anyhow!("zipping the folder failed: {e}")))?
+            .map(Bytes::from)
+            .map_err(|e| ApiError::internal(anyhow::Error::from(e)));
     }
     Err(ApiError::invalid_field(
         "invalid_body",
         "file",
-        "the multipart body has no field `file`",
+        "the multipart body has no field `file` (a ZIP) or `files` (a folder's files)",
     ))
+}
+
+/// A folder's files (relative path, bytes) as a ZIP.
+fn zip_folder(files: &[(String, Bytes)]) -> zip::result::ZipResult<Vec<u8>> {
+    use std::io::Write as _;
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated);
+    for (path, bytes) in files {
+        writer.start_file(path.as_str(), options)?;
+        writer.write_all(bytes)?;
+    }
+    Ok(writer.finish()?.into_inner())
+}
+
+/// Writes `profile` into a package whose eval definition leaves it open: an
+/// `eval/tests.json` v2 (an object with `testCases`) without a `profile` key. Every other
+/// format fixes each case's strategy when converted, and a definition naming its profile has
+/// chosen: both are a 422 naming `profile`. The ZIP is rebuilt with the key added, so the
+/// stored package says what it runs as.
+pub(crate) async fn apply_profile(
+    zip: Bytes,
+    profile: Profile,
+    limits: Arc<PackageLimits>,
+) -> Result<Bytes, ApiError> {
+    let rebuilt = tokio::task::spawn_blocking(move || -> Result<Result<Vec<u8>, &'static str>, PackageError> {
+        let dir = tempfile::tempdir().map_err(|source| PackageError::Io {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        let root = Package::extract_files(&zip, &limits, dir.path())?;
+        let target = root.join("eval/tests.json");
+        let io = |source| PackageError::Io {
+            path: target.clone(),
+            source,
+        };
+        if profile_open(&target) != Some(true) {
+            return Ok(Err(
+                "only a package whose eval/tests.json (v2) has no `profile` leaves the profile open: leave `profile` out",
+            ));
+        }
+        let text = std::fs::read(&target).map_err(io)?;
+        // The key is written in front of the others as text rather than by re-serialising
+        // the document, which would hold a large definition whole in memory.
+        let Some(brace) = text.iter().position(|b| *b == b'{') else {
+            return Ok(Err("eval/tests.json is not a JSON object"));
+        };
+        let mut out = Vec::with_capacity(text.len() + 32);
+        out.extend_from_slice(&text[..=brace]);
+        out.extend_from_slice(format!("\"profile\":\"{}\",", profile.as_str()).as_bytes());
+        out.extend_from_slice(&text[brace + 1..]);
+        std::fs::write(&target, out).map_err(io)?;
+        let files = collect_files(&root, "").map_err(|source| PackageError::Io {
+            path: root.clone(),
+            source,
+        })?;
+        zip_folder(&files).map(Ok).map_err(|e| PackageError::Io {
+            path: root.clone(),
+            source: std::io::Error::other(e),
+        })
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("applying the profile failed: {e}")))?;
+    match rebuilt {
+        Ok(Ok(bytes)) => Ok(Bytes::from(bytes)),
+        Ok(Err(rule)) => Err(ApiError::invalid_field("invalid_query", "profile", rule)),
+        Err(e) => Err(package_error(e)),
+    }
+}
+
+/// Whether the eval file at `path` is a v2 definition (an object with `testCases`) without a
+/// `profile`: `None` when it is missing or not such an object. Read as a stream, skipping
+/// every value.
+pub(crate) fn profile_open(path: &std::path::Path) -> Option<bool> {
+    #[derive(Deserialize)]
+    struct Top {
+        profile: Option<serde::de::IgnoredAny>,
+        #[serde(rename = "testCases")]
+        test_cases: Option<serde::de::IgnoredAny>,
+    }
+    let file = std::fs::File::open(path).ok()?;
+    let top: Top = serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
+    top.test_cases?;
+    Some(top.profile.is_none())
+}
+
+/// The files under `dir` (sorted), with their paths relative to it.
+fn collect_files(dir: &std::path::Path, prefix: &str) -> std::io::Result<Vec<(String, Bytes)>> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    let mut out = Vec::new();
+    for entry in entries {
+        let path = format!("{prefix}{}", entry.file_name().to_string_lossy());
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            out.extend(collect_files(&entry.path(), &format!("{path}/"))?);
+        } else if kind.is_file() {
+            out.push((path, Bytes::from(std::fs::read(entry.path())?)));
+        }
+    }
+    Ok(out)
 }
 
 /// Opens and validates on the blocking pool (file system work); refusals and invalid packages
 /// are 422 with every problem.
-async fn open_package(
+pub(crate) async fn open_package(
     zip: Bytes,
     limits: Arc<PackageLimits>,
     strategies: Arc<StrategyRegistry>,
@@ -497,7 +652,7 @@ async fn open_package(
 
 /// What [`open_package`] gives: the package, its definition as text, the warnings, its
 /// monitor when the definition has a `monitoring` section, and its risk report.
-type OpenedPackage = (
+pub(crate) type OpenedPackage = (
     Package,
     DefinitionText,
     Vec<Problem>,
@@ -506,14 +661,14 @@ type OpenedPackage = (
 );
 
 /// A package's `monitoring` section: as written, and validated.
-struct PackageMonitor {
+pub(crate) struct PackageMonitor {
     document: serde_json::Value,
     monitor: skilleval::monitor::Monitor,
 }
 
 /// Why an upload's package could not be opened: the package's fault (counted as refused or
 /// invalid), or the service's.
-enum Opening {
+pub(crate) enum Opening {
     Package(PackageError),
     Failed(ApiError),
 }
@@ -521,7 +676,7 @@ enum Opening {
 /// Cases checked (and converted, templated, written) at a time by an upload.
 const CHECK_CHUNK: usize = 2_000;
 
-fn package_error(e: PackageError) -> ApiError {
+pub(crate) fn package_error(e: PackageError) -> ApiError {
     match &e {
         PackageError::Refused {
             limit,
@@ -559,20 +714,36 @@ fn package_error(e: PackageError) -> ApiError {
 #[tracing::instrument(skip_all)]
 pub async fn validate(
     State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<ValidateQuery>,
     request: Request,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let headers = request.headers().clone();
     let body = read_limited(request.into_body(), &headers, state.max_upload_bytes).await?;
-    let zip = zip_from_body(&headers, body).await?;
+    let zip = zip_from_body(&headers, body, &state.limits).await?;
+    let zip = match query.profile {
+        Some(profile) => apply_profile(zip, profile, state.limits.clone()).await?,
+        None => zip,
+    };
     match open_package(zip, state.limits.clone(), state.strategies.clone()).await {
-        Ok((package, definition, warnings, _, risk)) => Ok(Json(json!({
-            "valid": true,
-            "name": package.manifest.name,
-            "test_cases": definition.cases(),
-            "profile": package.config.profile.as_str(),
-            "problems": warnings,
-            "risk": risk,
-        }))),
+        Ok((package, definition, warnings, _, risk)) => {
+            let eval = package.root().join(&package.eval_file);
+            let open = package.format == Some(skilleval::package::EvalFormat::V2)
+                && package.eval_file == "eval/tests.json"
+                && tokio::task::spawn_blocking(move || profile_open(&eval))
+                    .await
+                    .ok()
+                    .flatten()
+                    == Some(true);
+            Ok(Json(json!({
+                "valid": true,
+                "name": package.manifest.name,
+                "test_cases": definition.cases(),
+                "profile": package.config.profile.as_str(),
+                "profile_open": open,
+                "problems": warnings,
+                "risk": risk,
+            })))
+        }
         Err(Opening::Package(e)) => {
             let error = package_error(e);
             if error.status != StatusCode::UNPROCESSABLE_ENTITY {

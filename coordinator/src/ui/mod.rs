@@ -44,6 +44,10 @@ pub fn routes() -> Router<AppState> {
         .route("/ui/upload", get(pages::upload))
         .route("/ui/skills/{name}", get(pages::skill))
         .route("/ui/skills/{name}/preview", get(pages::preview))
+        .route(
+            "/ui/skills/{name}/versions/{version}/edit",
+            get(pages::editor),
+        )
         .route("/ui/runs/{id}", get(pages::run))
         .route("/ui/runs/{id}/cases/{index}", get(pages::case))
         .route("/ui/runs/{id}/cases/{index}/review", post(pages::review))
@@ -89,6 +93,10 @@ async fn asset(Path(file): Path<String>) -> Response {
         ),
         "preview.js" => (
             include_str!("assets/preview.js"),
+            "text/javascript; charset=utf-8",
+        ),
+        "editor.js" => (
+            include_str!("assets/editor.js"),
             "text/javascript; charset=utf-8",
         ),
         _ => return StatusCode::NOT_FOUND.into_response(),

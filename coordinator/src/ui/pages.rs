@@ -183,7 +183,7 @@ pub async fn skill(State(state): State<AppState>, Path(name): Path<String>) -> P
                 @for (i, h) in history.iter().enumerate() {
                     @let previous = history.iter().skip(i + 1).find_map(|p| p.run.as_ref());
                     tr {
-                        td { (h.version) }
+                        td { (h.version) " " a.edit-tests href=(format!("/ui/skills/{skill_path}/versions/{}/edit", path_segment(&h.version))) { "edit tests" } }
                         td { (h.created_at.format("%Y-%m-%d %H:%M")) }
                         @if let Some(run) = &h.run {
                             @let s = run.summary.as_ref();
@@ -736,11 +736,18 @@ pub async fn upload() -> Html<String> {
     layout_with_scripts(
         "Upload a skill",
         html! {
-            p { "Drop a skill package ZIP (SKILL.md, the eval definition and its files). It is validated first: "
+            p { "Drop a skill package ZIP or its folder (SKILL.md, the eval definition and its files). It is validated first: "
                 "nothing is stored until it is valid and you start the run." }
             div.dropzone #dropzone {
-                p { "Drop the ZIP here, or " }
-                input type="file" #package-file accept=".zip,application/zip";
+                p { "Drop the ZIP or the folder here, or choose " }
+                p { label { "a ZIP " input type="file" #package-file accept=".zip,application/zip"; } }
+                p { label { "a folder " input type="file" #package-folder webkitdirectory multiple; } }
+            }
+            p #profile-choice hidden {
+                label { "This package leaves its profile open (the default strategy of cases that name none): "
+                    select #package-profile {
+                        @for p in ["deterministic", "structured", "flexible", "creative", "enterprise"] { option value=(p) { (p) } }
+                    } }
             }
             p #validation-status.muted {}
             ul.problems #problems {}
@@ -827,4 +834,57 @@ fn uplift_text(u: &Value) -> String {
         (None, Some(f)) => format!("{f:+.2}"),
         (None, None) => u.to_string(),
     }
+}
+
+/// `GET /ui/skills/{name}/versions/{version}/edit`: the test-case editor. The form is built
+/// by `editor.js` from `GET /v1/skills/{name}/versions/{version}/definition`; it previews a
+/// case's grade with the edited definition (`POST /v1/skills/{name}/preview`) and downloads
+/// the package rebuilt around it (`POST /v1/skills/{name}/versions/{version}/package`).
+pub async fn editor(
+    State(state): State<AppState>,
+    Path((name, version)): Path<(String, String)>,
+) -> Page {
+    let (_, versions) = state
+        .store
+        .versions_of(&name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("skill", &name))?;
+    if !versions.iter().any(|v| v.version == version) {
+        return Err(ApiError::not_found("version", &version).into());
+    }
+    let mut strategies = state.strategies.names();
+    strategies.sort_unstable();
+    Ok(layout_with_scripts(
+        &format!("Edit the tests · {name} {version}"),
+        html! {
+            p { "Edit version " (version) "'s eval definition, preview a case's grade against a pasted output, "
+                "and download the package with the edited definition as " code { "eval/tests.json" }
+                ". Nothing is stored: upload the downloaded package to make it a version." }
+            div #editor data-skill=(path_segment(&name)) data-version=(path_segment(&version))
+                data-version-label=(version) data-strategies=(strategies.join(",")) {
+                p #editor-status.muted { "Loading the definition…" }
+                p #editor-converted.muted hidden {}
+                p { label { "profile " select #editor-profile {
+                    @for p in ["deterministic", "structured", "flexible", "creative", "enterprise"] { option value=(p) { (p) } }
+                } } }
+                div #editor-cases {}
+                p { button type="button" #add-case { "Add a case" } }
+            }
+            section #editor-preview {
+                h3 { "Preview a grade" }
+                p { label { "case " select #editor-preview-case {} } }
+                p { label { "output" br; textarea #editor-preview-output rows="5" cols="80" {} } }
+                button type="button" #editor-preview-submit { "Grade with the edited definition" }
+                p #editor-preview-result hidden { "Status: " span #editor-preview-status {} " · score " span #editor-preview-score {} }
+                pre.text #editor-preview-details hidden {}
+            }
+            section #editor-download {
+                h3 { "Download" }
+                button type="button" #download-package { "Validate and download the package" }
+                p #download-status.muted {}
+                ul.problems #download-problems {}
+            }
+        },
+        &["editor.js"],
+    ))
 }

@@ -814,3 +814,305 @@ async fn wait_for_verdict_as(app: &TestApp, run_id: &str) -> Value {
     }
     panic!("run {run_id} did not finish within 60 s");
 }
+
+/// A Chromium session that saves downloads into `dir` without asking.
+async fn browser_downloading_to(driver: &Driver, dir: &Path) -> Client {
+    let caps: serde_json::Map<String, Value> = serde_json::from_value(json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,1000", "--no-first-run", "--disable-extensions"],
+            "prefs": {
+                "download.default_directory": dir.to_str().unwrap(),
+                "download.prompt_for_download": false
+            }
+        },
+        "goog:loggingPrefs": { "browser": "ALL" }
+    }))
+    .unwrap();
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("a Chromium session")
+}
+
+/// Replaces an input's value by typing (so the page sees `input` events).
+async fn retype(c: &Client, css: &str, text: &str) {
+    let el = c.find(Locator::Css(css)).await.unwrap();
+    el.clear().await.unwrap();
+    el.send_keys(text).await.unwrap();
+}
+
+#[tokio::test]
+async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_valid_package() {
+    let app = spawn_app_with(AppOptions {
+        auth_tokens: vec![TOKEN.to_string()],
+        ..AppOptions::default()
+    })
+    .await;
+    let tests = json!({
+        "version": "2.0",
+        "profile": "deterministic",
+        "settings": { "runner": "given" },
+        "testCases": [
+            { "id": "case-000", "input": {"prompt": "Say ok"}, "expected": {"output": "ok"},
+              "evaluation": {"strategy": "exact_match"}, "given": {"output": "ok"} },
+            { "id": "case-001", "input": {"prompt": "Explain"},
+              "expected": {"rubric": {"criteria": [
+                  {"name": "accuracy", "description": "Correct", "weight": 0.6, "scale": "likert5"},
+                  {"name": "clarity", "description": "Clear", "weight": 0.4, "scale": "likert5"}
+              ], "passingThreshold": 0.7}},
+              "evaluation": {"strategy": "llm_judge"}, "given": {"output": "text"} }
+        ]
+    });
+    let zip = zip_of(&[
+        ("SKILL.md", skill_md("edited").as_bytes()),
+        (
+            "eval/tests.json",
+            &serde_json::to_vec_pretty(&tests).unwrap(),
+        ),
+    ]);
+    let stored: Value = app
+        .client
+        .post(format!("{}/v1/skills?run=false", app.address))
+        .header("Content-Type", "application/zip")
+        .bearer_auth(TOKEN)
+        .body(zip)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let version = stored["version"].as_str().expect("stored").to_string();
+    let downloads = tempfile::tempdir().unwrap();
+    let driver = start_driver().await;
+    let c = browser_downloading_to(&driver, downloads.path()).await;
+    sign_in(&c, &app).await;
+
+    // From the skill page to the version's editor.
+    c.goto(&format!("{}/ui/skills/edited", app.address))
+        .await
+        .unwrap();
+    c.find(Locator::Css("a.edit-tests"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#editor[data-loaded=true]"))
+        .await
+        .unwrap();
+    let rubric_case = "#editor-cases fieldset:nth-of-type(2)";
+    assert_eq!(
+        text_of(&c, &format!("{rubric_case} .rubric-sum")).await,
+        "Weights sum to 1.000."
+    );
+    // A wrong weight: the warning shows as it is typed.
+    retype(
+        &c,
+        &format!("{rubric_case} tr.criterion .criterion-weight"),
+        "0.5",
+    )
+    .await;
+    let warning = wait_text(&c, &format!("{rubric_case} .rubric-sum"), 5, |t| {
+        t.contains("must sum to 1.0")
+    })
+    .await;
+    assert!(warning.contains("0.900"), "{warning}");
+    let class = c
+        .find(Locator::Css(&format!("{rubric_case} .rubric-sum")))
+        .await
+        .unwrap()
+        .attr("class")
+        .await
+        .unwrap()
+        .unwrap_or_default();
+    assert!(class.contains("warning"), "{class}");
+    screenshot(&c, "editor-weight-warning").await;
+    retype(
+        &c,
+        &format!("{rubric_case} tr.criterion .criterion-weight"),
+        "0.6",
+    )
+    .await;
+    wait_text(&c, &format!("{rubric_case} .rubric-sum"), 5, |t| {
+        t == "Weights sum to 1.000."
+    })
+    .await;
+    assert_no_console_errors(&c, "editor").await;
+
+    // A JSON Schema checked as typed: its syntax in the browser, its compilation by the server.
+    let schema = "#editor-cases fieldset:nth-of-type(1) .case-schema";
+    let syntax = "#editor-cases fieldset:nth-of-type(1) .json-status";
+    let compiled = "#editor-cases fieldset:nth-of-type(1) .schema-status";
+    retype(&c, schema, "{\"type\": ").await;
+    let schema_note = c.find_all(Locator::Css(syntax)).await.unwrap();
+    let mut notes = Vec::new();
+    for n in &schema_note {
+        notes.push(n.text().await.unwrap());
+    }
+    assert!(
+        notes.iter().any(|t| t.starts_with("JSON syntax")),
+        "{notes:?}"
+    );
+    retype(&c, schema, "{\"type\": 5}").await;
+    let refused = wait_text(&c, compiled, 10, |t| !t.is_empty()).await;
+    assert!(refused.contains("invalid JSON Schema"), "{refused}");
+    retype(&c, schema, "{\"type\": \"string\"}").await;
+    wait_text(&c, compiled, 10, |t| t == "compiles (draft 2020-12)").await;
+    screenshot(&c, "editor-schema").await;
+    c.find(Locator::Css(schema))
+        .await
+        .unwrap()
+        .clear()
+        .await
+        .unwrap();
+
+    // Preview with the edited definition: case-000 now expects "fine".
+    retype(
+        &c,
+        "#editor-cases fieldset:nth-of-type(1) .case-expected",
+        "fine",
+    )
+    .await;
+    c.find(Locator::Css("#editor-preview-case"))
+        .await
+        .unwrap()
+        .select_by_value("case-000")
+        .await
+        .unwrap();
+    retype(&c, "#editor-preview-output", "fine").await;
+    c.find(Locator::Css("#editor-preview-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        wait_text(&c, "#editor-preview-status", 10, |t| !t.is_empty()
+            && t != "grading…")
+        .await,
+        "passed"
+    );
+    assert_eq!(text_of(&c, "#editor-preview-score").await, "1.000");
+    assert_no_console_errors(&c, "editor preview").await;
+
+    // Download: validated by the server, saved by the browser.
+    c.find(Locator::Css("#download-package"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "#download-status", 10, |t| {
+        t.starts_with("Valid: downloaded")
+    })
+    .await;
+    screenshot(&c, "editor-downloaded").await;
+    let expected = downloads
+        .path()
+        .join(format!("edited-{version}-edited.zip"));
+    let mut bytes = None;
+    for _ in 0..100 {
+        if let Ok(b) = std::fs::read(&expected) {
+            if !b.is_empty() {
+                bytes = Some(b);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let bytes = bytes.unwrap_or_else(|| {
+        panic!(
+            "no download at {}: {:?}",
+            expected.display(),
+            std::fs::read_dir(downloads.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>()
+        )
+    });
+    let package = skilleval::package::Package::from_zip_bytes(
+        &bytes,
+        &skilleval::package::PackageLimits::default(),
+        None,
+    )
+    .unwrap();
+    let validation = skilleval::package::validate(
+        &package,
+        &skilleval::strategy::StrategyRegistry::builtin().build(),
+    );
+    assert!(validation.is_ok(), "{:?}", validation.problems);
+    let case0 = &package.config.test_cases[0];
+    assert_eq!(case0.expected.output.as_deref(), Some("fine"));
+    let text = std::fs::read_to_string(package.root().join("eval/tests.json")).unwrap();
+    let written: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        written["testCases"][1]["expected"]["rubric"]["criteria"][0]["weight"],
+        json!(0.6)
+    );
+    assert_no_console_errors(&c, "editor download").await;
+    c.close().await.unwrap();
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn browser_upload_takes_a_folder_and_offers_the_open_profile() {
+    let app = spawn_app_with(AppOptions {
+        auth_tokens: vec![TOKEN.to_string()],
+        ..AppOptions::default()
+    })
+    .await;
+    // A folder whose eval/tests.json names no profile; its one case has no strategy.
+    let folder = tempfile::tempdir().unwrap();
+    let root = folder.path().join("open-folder");
+    std::fs::create_dir_all(root.join("eval")).unwrap();
+    std::fs::write(root.join("SKILL.md"), skill_md("open-folder")).unwrap();
+    let tests = json!({
+        "version": "2.0",
+        "settings": { "runner": "given" },
+        "testCases": [{
+            "id": "tc-1", "input": { "prompt": "Give the total" },
+            "expected": { "output": "{\"total\": 4}", "jsonSchema": { "type": "object" } },
+            "given": { "output": "{\"total\": 4}" }
+        }]
+    });
+    std::fs::write(
+        root.join("eval/tests.json"),
+        serde_json::to_vec(&tests).unwrap(),
+    )
+    .unwrap();
+    let driver = start_driver().await;
+    let c = browser(&driver).await;
+    sign_in(&c, &app).await;
+    c.goto(&format!("{}/ui/upload", app.address)).await.unwrap();
+    c.find(Locator::Css("#package-folder"))
+        .await
+        .unwrap()
+        .send_keys(root.to_str().unwrap())
+        .await
+        .unwrap();
+    let status = wait_text(&c, "#validation-status", 20, |t| t.starts_with("Valid:")).await;
+    assert!(status.contains("open-folder"), "{status}");
+    assert!(status.contains("profile deterministic"), "{status}");
+    let choice = c.find(Locator::Css("#profile-choice")).await.unwrap();
+    assert!(choice.is_displayed().await.unwrap());
+    c.find(Locator::Css("#package-profile"))
+        .await
+        .unwrap()
+        .select_by_value("structured")
+        .await
+        .unwrap();
+    wait_text(&c, "#validation-status", 20, |t| {
+        t.contains("profile structured")
+    })
+    .await;
+    screenshot(&c, "upload-folder-profile").await;
+    assert_no_console_errors(&c, "upload of a folder").await;
+    c.close().await.unwrap();
+    app.cleanup().await;
+}

@@ -15,6 +15,7 @@ mod deploy;
 mod e2e;
 mod e2e_agent;
 mod e2e_llm;
+mod editor;
 mod helpers;
 mod lifecycle;
 mod migrate;

@@ -1,12 +1,18 @@
-// The upload page: validate the dropped ZIP (nothing stored), list every problem with its
-// file and JSON pointer, then store and run it and follow the run live.
+// The upload page: validate the dropped ZIP or folder (nothing stored), list every problem with
+// its file and JSON pointer, let the user choose the profile when the package leaves it open,
+// then store and run it and follow the run live. A folder is sent as multipart parts `files`
+// (file name = path in the folder), which the server zips.
 (function () {
   "use strict";
   var input = document.getElementById("package-file");
+  var folderInput = document.getElementById("package-folder");
   var zone = document.getElementById("dropzone");
   var statusLine = document.getElementById("validation-status");
   var list = document.getElementById("problems");
   var start = document.getElementById("start-run");
+  var choice = document.getElementById("profile-choice");
+  var profileSelect = document.getElementById("package-profile");
+  // What was chosen: {zip: File} or {files: [{path, file}]}, and the name shown.
   var chosen = null;
 
   function clear(el) { while (el.firstChild) { el.removeChild(el.firstChild); } }
@@ -20,14 +26,22 @@
     parent.appendChild(li);
   }
 
-  function validate(file) {
-    chosen = file;
+  // The request body and headers for what was chosen.
+  function body() {
+    if (chosen.zip) { return { body: chosen.zip, headers: { "Content-Type": "application/zip" } }; }
+    var form = new FormData();
+    chosen.files.forEach(function (f) { form.append("files", f.file, f.path); });
+    return { body: form, headers: {} };
+  }
+  function query() { return choice.hidden ? "" : "?profile=" + encodeURIComponent(profileSelect.value); }
+
+  function validate() {
     start.disabled = true;
     clear(list);
-    statusLine.textContent = "Validating " + file.name + "…";
-    fetch("/v1/skills/validate", {
-      method: "POST", credentials: "same-origin",
-      headers: { "Content-Type": "application/zip" }, body: file
+    statusLine.textContent = "Validating " + chosen.name + "…";
+    var b = body();
+    fetch("/v1/skills/validate" + query(), {
+      method: "POST", credentials: "same-origin", headers: b.headers, body: b.body
     }).then(function (r) {
       return r.json().then(function (body) { return { ok: r.ok, body: body }; });
     }).then(function (res) {
@@ -38,6 +52,7 @@
       }
       var v = res.body;
       (v.problems || []).forEach(function (p) { item(list, p.file, p.pointer, p.message, p.severity); });
+      if (v.profile_open) { choice.hidden = false; }
       if (v.valid) {
         statusLine.textContent = "Valid: " + v.name + ", " + v.test_cases + " cases, profile " + v.profile +
           ((v.problems || []).length ? " (with warnings)" : "");
@@ -47,6 +62,7 @@
       }
     }).catch(function () { statusLine.textContent = "Validation failed: the server did not answer."; });
   }
+  function choose(c) { chosen = c; choice.hidden = true; validate(); }
 
   function follow(runId) {
     var section = document.getElementById("upload-progress");
@@ -83,9 +99,9 @@
     if (!chosen) { return; }
     start.disabled = true;
     statusLine.textContent = "Storing and starting the run…";
-    fetch("/v1/skills", {
-      method: "POST", credentials: "same-origin",
-      headers: { "Content-Type": "application/zip" }, body: chosen
+    var b = body();
+    fetch("/v1/skills" + query(), {
+      method: "POST", credentials: "same-origin", headers: b.headers, body: b.body
     }).then(function (r) {
       return r.json().then(function (body) { return { ok: r.ok, body: body }; });
     }).then(function (res) {
@@ -99,12 +115,54 @@
     }).catch(function () { statusLine.textContent = "Upload failed: the server did not answer."; });
   });
 
-  input.addEventListener("change", function () { if (input.files.length) { validate(input.files[0]); } });
+  // A dropped folder: every file under it, with its path.
+  function readEntry(entry, prefix, out) {
+    if (entry.isFile) {
+      return new Promise(function (resolve, reject) {
+        entry.file(function (f) { out.push({ path: prefix + entry.name, file: f }); resolve(); }, reject);
+      });
+    }
+    var reader = entry.createReader();
+    return new Promise(function (resolve, reject) {
+      var all = [];
+      (function more() {
+        reader.readEntries(function (batch) {
+          if (!batch.length) {
+            Promise.all(all.map(function (e) { return readEntry(e, prefix + entry.name + "/", out); }))
+              .then(resolve, reject);
+            return;
+          }
+          all = all.concat(Array.prototype.slice.call(batch));
+          more();
+        }, reject);
+      })();
+    });
+  }
+
+  profileSelect.addEventListener("change", function () { if (chosen) { validate(); } });
+  input.addEventListener("change", function () {
+    if (input.files.length) { choose({ zip: input.files[0], name: input.files[0].name }); }
+  });
+  folderInput.addEventListener("change", function () {
+    var files = Array.prototype.map.call(folderInput.files, function (f) {
+      return { path: f.webkitRelativePath || f.name, file: f };
+    });
+    if (files.length) { choose({ files: files, name: "the folder (" + files.length + " files)" }); }
+  });
   zone.addEventListener("dragover", function (e) { e.preventDefault(); zone.className = "dropzone over"; });
   zone.addEventListener("dragleave", function () { zone.className = "dropzone"; });
   zone.addEventListener("drop", function (e) {
     e.preventDefault();
     zone.className = "dropzone";
-    if (e.dataTransfer.files.length) { validate(e.dataTransfer.files[0]); }
+    var items = e.dataTransfer.items;
+    var entry = items && items.length && items[0].webkitGetAsEntry ? items[0].webkitGetAsEntry() : null;
+    if (entry && entry.isDirectory) {
+      var out = [];
+      readEntry(entry, "", out).then(function () {
+        choose({ files: out, name: "the folder " + entry.name + " (" + out.length + " files)" });
+      }, function () { statusLine.textContent = "The folder could not be read."; });
+      return;
+    }
+    if (e.dataTransfer.files.length) { choose({ zip: e.dataTransfer.files[0], name: e.dataTransfer.files[0].name }); }
   });
 })();
