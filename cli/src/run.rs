@@ -24,7 +24,7 @@ use skilleval::llm::{self, triggers};
 use skilleval::model::RunnerConfig;
 use skilleval::package::{validate, Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{plan, CaseFilter, Job};
-use skilleval::report::{render, render_with, ReportContext, ReportExtras, ReportFormat};
+use skilleval::report::{render_with, ReportContext, ReportExtras, ReportFormat};
 use skilleval::sandbox::{Sandbox, SandboxPolicy};
 use skilleval::summary::{summarize, Verdict};
 use skilleval::{artifacts, problem::Problem};
