@@ -48,6 +48,7 @@ async fn start_model() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle
 }
 
 /// Four cases produced by the `llm` runner, each expecting `expected`; `prefix` names them.
+/// Their prompts differ, so the response cache never answers one case with another's call.
 fn llm_package(body: &str, prefix: &str, expected: &str) -> Vec<u8> {
     let cases: Vec<Value> = (0..4)
         .map(|i| {
@@ -55,7 +56,7 @@ fn llm_package(body: &str, prefix: &str, expected: &str) -> Vec<u8> {
             json!({
                 "id": format!("{prefix}-{i}"),
                 "name": format!("Case {i}"),
-                "input": { "prompt": format!("Answer ({parity})") },
+                "input": { "prompt": format!("Answer ({parity}), case {i}") },
                 "expected": { "output": expected },
                 "evaluation": { "strategy": "exact_match" },
             })
@@ -228,7 +229,7 @@ fn inline_tests(prefix: &str, expected: &str) -> Value {
             json!({
                 "id": format!("{prefix}-{i}"),
                 "name": format!("Case {i}"),
-                "input": { "prompt": format!("Answer ({parity})") },
+                "input": { "prompt": format!("Answer ({parity}), case {i}") },
                 "expected": { "output": expected },
                 "evaluation": { "strategy": "exact_match" },
             })
