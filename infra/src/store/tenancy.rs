@@ -83,7 +83,7 @@ pub struct TokenIdentity {
 }
 
 /// A token as listings show it: never the secret, nor its hash.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct TokenRow {
     pub id: Uuid,
     pub publisher: String,
@@ -150,7 +150,7 @@ pub struct NewAudit<'a> {
 }
 
 /// One audit entry as the admin endpoint answers it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct AuditRow {
     pub id: i64,
     pub at: DateTime<Utc>,
@@ -264,7 +264,7 @@ impl Store {
 
     /// Every token (or the one with this id), newest first, revoked ones included.
     pub async fn list_tokens(&self, only: Option<Uuid>) -> Result<Vec<TokenRow>, StoreError> {
-        let rows = sqlx::query(
+        sqlx::query_as(
             "SELECT t.id, p.name AS publisher, t.publisher_id, t.prefix, t.scopes, t.created_at,
                     t.last_used_at, t.revoked_at
              FROM api_tokens t JOIN publishers p ON p.id = t.publisher_id
@@ -274,22 +274,7 @@ impl Store {
         .bind(only)
         .fetch_all(self.pool())
         .await
-        .map_err(StoreError::query("listing tokens"))?;
-        rows.iter()
-            .map(|r| {
-                Ok(TokenRow {
-                    id: r.try_get("id")?,
-                    publisher: r.try_get("publisher")?,
-                    publisher_id: r.try_get("publisher_id")?,
-                    prefix: r.try_get("prefix")?,
-                    scopes: r.try_get("scopes")?,
-                    created_at: r.try_get("created_at")?,
-                    last_used_at: r.try_get("last_used_at")?,
-                    revoked_at: r.try_get("revoked_at")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::query("reading tokens"))
+        .map_err(StoreError::query("listing tokens"))
     }
 
     /// Revokes the token with this prefix (or id); `None`: no such token. Revoking twice
@@ -728,7 +713,7 @@ impl Store {
         before: Option<i64>,
         limit: i64,
     ) -> Result<Vec<AuditRow>, StoreError> {
-        let rows = sqlx::query(
+        sqlx::query_as(
             "SELECT id, at, publisher_id, token_prefix, request_id, method, route, path, status,
                     outcome
              FROM audit_log WHERE $1::bigint IS NULL OR id < $1 ORDER BY id DESC LIMIT $2",
@@ -737,24 +722,7 @@ impl Store {
         .bind(limit)
         .fetch_all(self.pool())
         .await
-        .map_err(StoreError::query("reading the audit log"))?;
-        rows.iter()
-            .map(|r| {
-                Ok(AuditRow {
-                    id: r.try_get("id")?,
-                    at: r.try_get("at")?,
-                    publisher_id: r.try_get("publisher_id")?,
-                    token_prefix: r.try_get("token_prefix")?,
-                    request_id: r.try_get("request_id")?,
-                    method: r.try_get("method")?,
-                    route: r.try_get("route")?,
-                    path: r.try_get("path")?,
-                    status: r.try_get("status")?,
-                    outcome: r.try_get("outcome")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::query("reading the audit log"))
+        .map_err(StoreError::query("reading the audit log"))
     }
 }
 
