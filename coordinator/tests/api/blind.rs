@@ -12,10 +12,9 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use skilleval::llm::{ProviderConfig, ProviderKind, Providers};
 
 use crate::e2e::{start_worker_with, wait_for_verdict};
-use crate::helpers::{spawn_app_with, AppOptions};
+use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};
 use crate::packages::given_package;
 
 /// The comparator's judge: prefers whichever response says `better`, scoring every criterion
@@ -54,25 +53,14 @@ async fn start_judge() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle
     let app = Router::new()
         .route("/v1/chat/completions", post(judge))
         .with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (addr, task) = serve_local(app).await;
     (addr, calls, task)
 }
 
 #[tokio::test]
 async fn the_blind_comparator_judges_each_pair_in_a_seeded_order_beside_the_statistics() {
     let (addr, calls, judge_task) = start_judge().await;
-    let mut providers = Providers::default();
-    providers.insert(
-        ProviderConfig {
-            base_url: format!("http://{addr}/v1"),
-            ..ProviderConfig::new("judge", ProviderKind::Openai, "judge-model")
-        },
-        true,
-    );
+    let providers = only_provider(local_provider(addr, "judge", "judge-model"));
     let app = spawn_app_with(AppOptions {
         background: true,
         sweep_interval_secs: 1,

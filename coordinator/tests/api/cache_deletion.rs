@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::llm::{ProviderConfig, ProviderKind, Providers, ResponseCache};
+use skilleval::llm::ResponseCache;
 use skilleval_infra::store::llm::PgResponseCache;
 
 use crate::e2e::{start_worker_with, wait_for_verdict};
 use crate::e2e_llm::{llm_package_named, start_judge};
-use crate::helpers::{spawn_app_with, AppOptions, TestApp};
+use crate::helpers::{local_provider, only_provider, spawn_app_with, AppOptions, TestApp};
 
 async fn cache_keys(app: &TestApp) -> BTreeSet<String> {
     sqlx::query_scalar("SELECT key FROM llm_cache")
@@ -68,14 +68,7 @@ async fn wait_links(app: &TestApp, run: &str, want: &BTreeSet<String>) {
 #[tokio::test]
 async fn deleting_a_run_version_or_skill_deletes_the_model_answers_only_it_used() {
     let (addr, calls, judge_task) = start_judge().await;
-    let mut providers = Providers::default();
-    providers.insert(
-        ProviderConfig {
-            base_url: format!("http://{addr}/v1"),
-            ..ProviderConfig::new("judge", ProviderKind::Openai, "judge-model")
-        },
-        true,
-    );
+    let providers = only_provider(local_provider(addr, "judge", "judge-model"));
     let app = spawn_app_with(AppOptions {
         background: true,
         sweep_interval_secs: 1,

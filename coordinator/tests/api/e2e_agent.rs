@@ -13,10 +13,10 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use skilleval::llm::{DirCache, ProviderClients, ProviderConfig, ProviderKind, Providers};
+use skilleval::llm::{DirCache, ProviderClients};
 
 use crate::e2e::{assert_same, local_run_with, server_cases, start_worker_with, wait_for_verdict};
-use crate::helpers::{spawn_app_with, AppOptions};
+use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};
 use crate::packages::zip_of;
 
 /// The script, by the number of assistant turns so far; the prompt decides what the report
@@ -66,11 +66,7 @@ async fn start_model() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (addr, task) = serve_local(app).await;
     (addr, calls, task)
 }
 
@@ -111,14 +107,7 @@ fn agent_package() -> Vec<u8> {
 #[tokio::test]
 async fn an_agent_package_gets_the_same_verdict_locally_and_through_the_service() {
     let (addr, calls, model_task) = start_model().await;
-    let mut providers = Providers::default();
-    providers.insert(
-        ProviderConfig {
-            base_url: format!("http://{addr}/v1"),
-            ..ProviderConfig::new("agent", ProviderKind::Openai, "agent-model")
-        },
-        true,
-    );
+    let providers = only_provider(local_provider(addr, "agent", "agent-model"));
     let app = spawn_app_with(AppOptions {
         background: true,
         sweep_interval_secs: 1,

@@ -14,10 +14,10 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use skilleval::llm::{DirCache, ProviderClients, ProviderConfig, ProviderKind, Providers};
+use skilleval::llm::{DirCache, ProviderClients, ProviderConfig};
 
 use crate::e2e::{assert_same, local_run_with, server_cases, start_worker_with, wait_for_verdict};
-use crate::helpers::{spawn_app_with, AppOptions};
+use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};
 use crate::packages::{skill_md, zip_of};
 
 /// The judge's answer to one chat request: rubric scores or assertion verdicts, decided by
@@ -79,11 +79,7 @@ pub(crate) async fn start_judge() -> (SocketAddr, Arc<AtomicUsize>, tokio::task:
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (addr, task) = serve_local(app).await;
     (addr, calls, task)
 }
 
@@ -150,16 +146,11 @@ pub(crate) fn llm_package_named(name: &str, tag: &str) -> Vec<u8> {
 #[tokio::test]
 async fn an_llm_graded_package_gets_the_same_verdict_locally_and_through_the_service() {
     let (addr, calls, judge_task) = start_judge().await;
-    let mut providers = Providers::default();
-    providers.insert(
-        ProviderConfig {
-            base_url: format!("http://{addr}/v1"),
-            requests_per_minute: Some(1_000),
-            tokens_per_minute: Some(10_000_000),
-            ..ProviderConfig::new("judge", ProviderKind::Openai, "judge-model")
-        },
-        true,
-    );
+    let providers = only_provider(ProviderConfig {
+        requests_per_minute: Some(1_000),
+        tokens_per_minute: Some(10_000_000),
+        ..local_provider(addr, "judge", "judge-model")
+    });
 
     let app = spawn_app_with(AppOptions {
         background: true,

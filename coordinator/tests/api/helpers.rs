@@ -440,3 +440,35 @@ pub async fn planned_jobs(app: &TestApp, run_id: Uuid) -> Vec<skilleval::plan::J
         .await
         .expect("the plan's jobs")
 }
+
+/// Serves `router` (a local model server speaking a provider's protocol) on a free port of
+/// 127.0.0.1 until the returned task is aborted.
+pub async fn serve_local(
+    router: axum::Router,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    (addr, task)
+}
+
+/// An OpenAI-compatible provider `name` serving `model` at the local server `addr`.
+pub fn local_provider(
+    addr: std::net::SocketAddr,
+    name: &str,
+    model: &str,
+) -> skilleval::llm::ProviderConfig {
+    skilleval::llm::ProviderConfig {
+        base_url: format!("http://{addr}/v1"),
+        ..skilleval::llm::ProviderConfig::new(name, skilleval::llm::ProviderKind::Openai, model)
+    }
+}
+
+/// `config` as the only provider, the default one.
+pub fn only_provider(config: skilleval::llm::ProviderConfig) -> skilleval::llm::Providers {
+    let mut providers = skilleval::llm::Providers::default();
+    providers.insert(config, true);
+    providers
+}

@@ -12,10 +12,10 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use skilleval::llm::{ProviderConfig, ProviderKind, Providers};
+use skilleval::llm::ProviderConfig;
 
 use crate::e2e::{server_cases, start_worker_with, wait_for_verdict};
-use crate::helpers::{spawn_app_with, AppOptions};
+use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};
 use crate::packages::zip_of;
 
 /// The model: answers `ok` to a prompt marked `(even)`, `no` otherwise; counts every call.
@@ -39,11 +39,7 @@ async fn start_model() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle
     let app = Router::new()
         .route("/v1/chat/completions", post(generate))
         .with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (addr, task) = serve_local(app).await;
     (addr, calls, task)
 }
 
@@ -77,16 +73,11 @@ fn llm_package(body: &str, prefix: &str, expected: &str) -> Vec<u8> {
 #[tokio::test]
 async fn a_rescore_grades_stored_outputs_again_without_producing_them() {
     let (addr, calls, model) = start_model().await;
-    let mut providers = Providers::default();
-    providers.insert(
-        ProviderConfig {
-            base_url: format!("http://{addr}/v1"),
-            requests_per_minute: Some(1_000),
-            tokens_per_minute: Some(10_000_000),
-            ..ProviderConfig::new("gen", ProviderKind::Openai, "gen-model")
-        },
-        true,
-    );
+    let providers = only_provider(ProviderConfig {
+        requests_per_minute: Some(1_000),
+        tokens_per_minute: Some(10_000_000),
+        ..local_provider(addr, "gen", "gen-model")
+    });
     let app = spawn_app_with(AppOptions {
         background: true,
         sweep_interval_secs: 1,
@@ -245,14 +236,7 @@ fn inline_tests(prefix: &str, expected: &str) -> Value {
 #[tokio::test]
 async fn a_rescore_grades_stored_outputs_against_an_inline_eval_config() {
     let (addr, calls, model) = start_model().await;
-    let mut providers = Providers::default();
-    providers.insert(
-        ProviderConfig {
-            base_url: format!("http://{addr}/v1"),
-            ..ProviderConfig::new("gen", ProviderKind::Openai, "gen-model")
-        },
-        true,
-    );
+    let providers = only_provider(local_provider(addr, "gen", "gen-model"));
     let app = spawn_app_with(AppOptions {
         background: true,
         sweep_interval_secs: 1,

@@ -19,10 +19,9 @@ use axum::routing::post;
 use axum::{Json, Router};
 use clap::Parser as _;
 use serde_json::{json, Value};
-use skilleval::llm::{ProviderConfig, ProviderKind, Providers};
 
 use crate::e2e::{start_worker_with, wait_for_verdict};
-use crate::helpers::{spawn_app_with, AppOptions};
+use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};
 use crate::packages::zip_of;
 
 const SKILL_MD: &str = "---\nname: variants\ndescription: Answers with the magic word when asked.\n---\n\n# Magic word\n\nAlways answer with GOOD.\n";
@@ -99,11 +98,7 @@ async fn start_model() -> (SocketAddr, Calls, tokio::task::JoinHandle<()>) {
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (addr, task) = serve_local(app).await;
     (addr, calls, task)
 }
 
@@ -239,14 +234,7 @@ async fn a_baseline_and_repeats_run_reports_the_uplift_and_pass_at_k_the_cli_rep
         ..AppOptions::default()
     })
     .await;
-    let mut providers = Providers::default();
-    providers.insert(
-        ProviderConfig {
-            base_url: format!("http://{addr}/v1"),
-            ..ProviderConfig::new("test", ProviderKind::Openai, "test-model")
-        },
-        true,
-    );
+    let providers = only_provider(local_provider(addr, "test", "test-model"));
     let mut settings = app.settings.clone();
     settings.llm.providers = providers;
     let package_cache = tempfile::tempdir().unwrap();
@@ -406,14 +394,7 @@ async fn the_service_runs_trigger_evals_and_reports_the_clis_precision_recall_an
         ..AppOptions::default()
     })
     .await;
-    let mut providers = Providers::default();
-    providers.insert(
-        ProviderConfig {
-            base_url: format!("http://{addr}/v1"),
-            ..ProviderConfig::new("test", ProviderKind::Openai, "test-model")
-        },
-        true,
-    );
+    let providers = only_provider(local_provider(addr, "test", "test-model"));
     let mut settings = app.settings.clone();
     settings.llm.providers = providers;
     let package_cache = tempfile::tempdir().unwrap();
