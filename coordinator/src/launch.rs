@@ -81,6 +81,9 @@ pub struct RunRequest {
     /// A definition of the run's own instead of the version's (a rescore's inline
     /// `eval_config`, validated like an upload's); the run keeps it.
     pub definition: Option<Arc<DefinitionText>>,
+    /// The stored token that asked for the run, recorded with it in the same insert: the
+    /// per-token `concurrent_runs` quota counts its unfinished runs.
+    pub token_id: Option<Uuid>,
 }
 
 impl RunRequest {
@@ -101,6 +104,7 @@ impl RunRequest {
             repeats: 1,
             triggers: None,
             definition: None,
+            token_id: None,
         }
     }
 
@@ -340,6 +344,7 @@ impl RunLauncher {
         Ok(PreparedRun {
             gate,
             own_definition: request.definition.clone(),
+            token_id: request.token_id,
             run_id,
             version_id: version.version_id,
             kind: request.kind,
@@ -379,6 +384,7 @@ impl RunLauncher {
         PreparedRun {
             gate: None,
             own_definition: None,
+            token_id: None,
             run_id,
             version_id: samples.version_id,
             kind: RunKind::Samples,
@@ -442,6 +448,7 @@ impl RunLauncher {
             gate: prepared.gate.map(|g| json!(g)),
             traceparent: prepared.plan.traceparent.clone(),
             definition: own_definition,
+            token_id: prepared.token_id,
         };
         let inserted = self
             .store
@@ -1397,6 +1404,8 @@ pub struct PreparedRun {
     gate: Option<GateConfig>,
     /// The run's own definition (kept with the run), when it is not its version's.
     own_definition: Option<Arc<DefinitionText>>,
+    /// The stored token that asked for the run.
+    token_id: Option<Uuid>,
     /// How many jobs the filter selects.
     pub total: usize,
     /// What its jobs are planned from.

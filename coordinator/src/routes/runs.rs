@@ -233,6 +233,7 @@ pub async fn create(
         repeats,
         triggers,
         definition: None,
+        token_id: principal.token_id,
     };
     if query.dry_run {
         return Ok(Json(dry_run(&state, &request).await?).into_response());
@@ -241,12 +242,6 @@ pub async fn create(
     let slot = crate::access::reserve_run(&state, &principal, cases).await?;
     let inserted = state.launcher.create(&request).await?;
     drop(slot);
-    if let Some(token_id) = principal.token_id {
-        state
-            .store
-            .set_run_token(inserted.run_id(), token_id)
-            .await?;
-    }
     Ok((
         StatusCode::ACCEPTED,
         Json(CreateRunResponse {
@@ -697,6 +692,7 @@ pub async fn rescore(
         repeats: 1,
         triggers: None,
         definition,
+        token_id: principal.token_id,
     };
     if body.dry_run {
         let prepared = {
@@ -734,12 +730,6 @@ pub async fn rescore(
     let slot = crate::access::reserve_run(&state, &principal, cases).await?;
     let inserted = state.launcher.create(&request).await?;
     drop(slot);
-    if let Some(token_id) = principal.token_id {
-        state
-            .store
-            .set_run_token(inserted.run_id(), token_id)
-            .await?;
-    }
     Ok((
         StatusCode::ACCEPTED,
         Json(CreateRunResponse {

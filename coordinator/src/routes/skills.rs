@@ -252,6 +252,7 @@ pub async fn upload(
             repeats,
             triggers,
             definition: None,
+            token_id: principal.token_id,
         };
         // Planned from the definition in hand (the one just stored, or the identical one of
         // the version with the same content), not read back from the database.
@@ -275,9 +276,6 @@ pub async fn upload(
     package.case_pointers = Vec::new();
     package.files = Vec::new();
     let run_id = inserted.as_ref().map(|(_, inserted)| inserted.run_id());
-    if let (Some(run_id), Some(token_id)) = (run_id, principal.token_id) {
-        state.store.set_run_token(run_id, token_id).await?;
-    }
     if let Some((prepared, inserted)) = inserted {
         // Published in the background: the upload answers now.
         drop(state.launcher.start(prepared, inserted));

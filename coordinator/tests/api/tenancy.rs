@@ -578,6 +578,54 @@ async fn concurrent_runs_answer_429_at_the_limit() {
 }
 
 #[tokio::test]
+async fn a_tokens_concurrent_runs_hold_while_its_runs_are_created() {
+    // The per-token count reads the runs' token: it must be recorded by the insert itself,
+    // or a request racing the first one's creation counts zero runs of the token.
+    let app = app_with(|s| {
+        s.coordinator.quotas.token = limits(|l| l.concurrent_runs = Some(1));
+    })
+    .await;
+    let (ivy, _) = token(&app, "ivy", WRITER).await;
+    let a = upload(
+        &app,
+        &ivy,
+        given_package("i", &["ok", "ok"], json!({})),
+        "?run=false",
+    )
+    .await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let body = json!({ "version_id": a.body["version_id"] });
+    let racing = (0..12).map(|_| {
+        send(
+            &app,
+            Method::POST,
+            "/v1/runs",
+            &ivy,
+            Body::Json(body.clone()),
+        )
+    });
+    let mut statuses: Vec<u16> = futures::future::join_all(racing)
+        .await
+        .iter()
+        .map(|a| a.status)
+        .collect();
+    statuses.sort_unstable();
+    let mut want = vec![429; 12];
+    want[0] = 202;
+    assert_eq!(statuses, want);
+    let b = send(&app, Method::POST, "/v1/runs", &ivy, Body::Json(body)).await;
+    assert_refused(
+        &app,
+        &b,
+        "coordinator.quotas.token.concurrent_runs",
+        30..=30,
+        12,
+    )
+    .await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn cases_per_day_answer_429_at_the_limit() {
     let app = app_with(|s| {
         s.coordinator.quotas.token = limits(|l| l.cases_per_day = Some(5));

@@ -51,6 +51,8 @@ pub struct NewRun<'a> {
     /// The run's own definition (a rescore's inline `eval_config`): deflated text, profile and
     /// settings; `None`: its version's.
     pub definition: Option<OwnDefinition<'a>>,
+    /// The stored token that asked for the run (`None`: a static token, none, or the service).
+    pub token_id: Option<Uuid>,
 }
 
 /// A definition a run keeps itself (not its version's).
@@ -91,9 +93,9 @@ async fn insert_run(
         "INSERT INTO runs
             (id, version_id, kind, status, total, runner, callback_url, idempotency_key,
              max_in_flight, fail_fast, request, budget_max_cost_usd, budget_max_tokens, gate,
-             traceparent, definition_deflate, definition_profile, definition_settings)
+             traceparent, definition_deflate, definition_profile, definition_settings, token_id)
          VALUES ($1, $2, $3, 'creating', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                 $16, $17)
+                 $16, $17, $18)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
     )
@@ -114,6 +116,7 @@ async fn insert_run(
     .bind(run.definition.as_ref().map(|d| d.deflated))
     .bind(run.definition.as_ref().map(|d| d.profile))
     .bind(run.definition.as_ref().map(|d| &d.settings))
+    .bind(run.token_id)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(run_id) = inserted else {

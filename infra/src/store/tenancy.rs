@@ -389,17 +389,6 @@ impl Store {
         Ok(i64::from(n.unwrap_or(0)))
     }
 
-    /// Records the stored token a run was created with (per-token concurrent runs, spend).
-    pub async fn set_run_token(&self, run_id: Uuid, token_id: Uuid) -> Result<(), StoreError> {
-        sqlx::query("UPDATE runs SET token_id = $2 WHERE id = $1 AND token_id IS NULL")
-            .bind(run_id)
-            .bind(token_id)
-            .execute(self.pool())
-            .await
-            .map_err(StoreError::query("recording a run's token"))?;
-        Ok(())
-    }
-
     /// Counts `amount` of `kind` for the holder when that keeps both the publisher's and the
     /// token's total within `window_secs` at or under their limits (`None`: unlimited).
     /// A transaction-scoped advisory lock per publisher serialises the check and the insert
