@@ -20,6 +20,7 @@
 
 pub mod artifacts;
 pub mod compare;
+pub mod egress;
 pub mod executor;
 pub mod extract;
 pub mod forecast;

@@ -75,6 +75,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
+use crate::egress::{self, AllowedHosts, EgressProxy};
+
 /// Limits applied to every sandboxed process. Missing fields take their defaults, so a
 /// configuration file may set only what it changes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -98,6 +100,10 @@ pub struct SandboxPolicy {
     pub tmp_bytes: u64,
     /// The bubblewrap binary; unset: `bwrap` from the system directories, then PATH.
     pub bwrap: Option<PathBuf>,
+    /// Whether a session's allowed hosts may resolve to loopback, private, link-local and
+    /// other non-public addresses (see [`crate::egress`]). Off: an allowed name cannot reach
+    /// the worker's own network or a cloud metadata endpoint.
+    pub allow_private_egress: bool,
 }
 
 impl Default for SandboxPolicy {
@@ -111,6 +117,7 @@ impl Default for SandboxPolicy {
             allow_unsandboxed: false,
             tmp_bytes: 64 << 20,
             bwrap: None,
+            allow_private_egress: false,
         }
     }
 }
@@ -174,6 +181,9 @@ pub enum SandboxError {
     /// The sandbox's own tools failed before the program started.
     #[error("the sandbox could not start the program ({status}): {diagnostics}")]
     Machinery { status: String, diagnostics: String },
+    /// The session's allowed hosts cannot be served on this host (a configuration problem).
+    #[error(transparent)]
+    Egress(#[from] crate::egress::EgressError),
 }
 
 /// How [`Sandbox::run`] runs processes on this host.
@@ -1668,6 +1678,8 @@ pub struct SandboxSession {
     max_output: usize,
     stderr: Arc<Mutex<Tail>>,
     broken: bool,
+    /// The allowed-hosts proxy, when the session has one; it stops when the session goes.
+    egress: Option<EgressProxy>,
 }
 
 impl fmt::Debug for SandboxSession {
@@ -1684,12 +1696,17 @@ impl Sandbox {
     /// where it says, and `control` (an empty host directory) at [`SESSION_CONTROL_DIR`].
     /// Bubblewrap only: without it a session would run the model's commands on the host, so
     /// it is refused even when the policy allows unsandboxed runs.
+    ///
+    /// The sandbox has no network; with `allowed` hosts it gets the proxy of
+    /// [`crate::egress`] on its loopback (`HTTP_PROXY`/`HTTPS_PROXY` set), which reaches those
+    /// hosts only.
     pub async fn open_session(
         &self,
         package_root: &Path,
         binds: &[SandboxBind],
         control: &Path,
-        env: BTreeMap<String, String>,
+        mut env: BTreeMap<String, String>,
+        allowed: &AllowedHosts,
     ) -> Result<SandboxSession, SandboxError> {
         let host = self.host();
         if self.mode_of(&host) != SandboxMode::Bubblewrap {
@@ -1712,6 +1729,14 @@ impl Sandbox {
             for b in all.iter().filter(|b| b.writable) {
                 chown_tree(&b.source, uid)?;
             }
+        }
+        if !allowed.is_empty() {
+            let proxy = format!("http://127.0.0.1:{}", egress::PROXY_PORT);
+            for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.insert(name.to_string(), proxy.clone());
+            }
+            env.remove("NO_PROXY");
+            env.remove("no_proxy");
         }
         let req = SandboxRequest {
             argv: vec!["sh".into(), "-c".into(), SESSION_DRIVER.into()],
@@ -1782,6 +1807,7 @@ impl Sandbox {
             max_output: self.policy.max_output_bytes,
             stderr: stderr_tail,
             broken: false,
+            egress: None,
         };
         let mut line = String::new();
         let ready = tokio::time::timeout(
@@ -1796,6 +1822,18 @@ impl Sandbox {
                 status: "the session did not start".to_string(),
                 diagnostics,
             });
+        }
+        if !allowed.is_empty() {
+            match session
+                .open_egress(allowed.clone(), self.policy.allow_private_egress)
+                .await
+            {
+                Ok(proxy) => session.egress = Some(proxy),
+                Err(e) => {
+                    session.close().await;
+                    return Err(e);
+                }
+            }
         }
         Ok(session)
     }
@@ -1867,8 +1905,39 @@ impl SandboxSession {
         })
     }
 
+    /// Serves the allowed-hosts proxy inside the session's network namespace: that of
+    /// bubblewrap's child (bubblewrap itself stays in the host's namespaces).
+    async fn open_egress(
+        &self,
+        allowed: AllowedHosts,
+        allow_private: bool,
+    ) -> Result<EgressProxy, SandboxError> {
+        let setup = |why: String| SandboxError::Egress(egress::EgressError::Setup(why));
+        let bwrap = self
+            .child
+            .id()
+            .ok_or_else(|| setup("the session's bubblewrap has already exited".into()))?;
+        let children = std::fs::read_to_string(format!("/proc/{bwrap}/task/{bwrap}/children"))
+            .map_err(|e| setup(format!("listing bubblewrap's children: {e}")))?;
+        let inner = children
+            .split_whitespace()
+            .find_map(|p| p.parse::<u32>().ok())
+            .ok_or_else(|| setup("bubblewrap has no child in the sandbox".into()))?;
+        let ours = std::fs::read_link("/proc/self/ns/net")?;
+        let theirs = std::fs::read_link(format!("/proc/{inner}/ns/net"))
+            .map_err(|e| setup(format!("reading the sandbox's network namespace: {e}")))?;
+        if ours == theirs {
+            return Err(setup(
+                "the sandbox shares the host's network namespace".into(),
+            ));
+        }
+        let listener = egress::listen_in(inner, egress::PROXY_PORT).await?;
+        Ok(EgressProxy::serve(listener, allowed, allow_private))
+    }
+
     /// Kills everything in the session and gives its uid back.
     pub async fn close(mut self) {
+        self.egress = None;
         self.guard.kill().await;
         let _ = self.child.wait().await;
         self.guard.finish().await;

@@ -272,9 +272,19 @@ async fn run_package(
     clients: Arc<ProviderClients>,
     adjust: impl Fn(&mut skilleval::plan::Job),
 ) -> Vec<JobResult> {
+    run_package_in(sandbox(), root, clients, adjust).await
+}
+
+/// [`run_package`] in a sandbox of the caller's.
+async fn run_package_in(
+    sandbox: Sandbox,
+    root: &Path,
+    clients: Arc<ProviderClients>,
+    adjust: impl Fn(&mut skilleval::plan::Job),
+) -> Vec<JobResult> {
     let executor = ExecutorBuilder::new()
         .providers(Some(clients))
-        .sandbox(sandbox())
+        .sandbox(sandbox)
         .build();
     let package = Package::open(root, &PackageLimits::default()).unwrap();
     let validation = validate(&package, executor.strategies());
@@ -449,6 +459,168 @@ async fn hostile_tool_calls_fail_inside_the_loop_and_leave_the_host_alone() {
     // The results came back to the model flagged as errors.
     let last = model.requests().pop().unwrap().1;
     assert_eq!(tool_results(&last).len(), 6);
+}
+
+/// Fetches a URL and prints the body, the HTTP error or the failure; `--direct` ignores the
+/// proxy variables; `--tunnel` goes through `CONNECT` (as HTTPS would) with plain HTTP inside.
+const FETCH_PY: &str = r#"import http.client, os, sys, urllib.parse, urllib.request
+url = sys.argv[-1]
+try:
+    if "--tunnel" in sys.argv:
+        proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+        target = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=5)
+        conn.set_tunnel(target.hostname, target.port)
+        conn.request("GET", target.path)
+        print("TUNNEL", conn.getresponse().read().decode())
+    else:
+        handlers = [urllib.request.ProxyHandler({})] if "--direct" in sys.argv else []
+        print("BODY", urllib.request.build_opener(*handlers).open(url, timeout=5).read().decode())
+except urllib.error.HTTPError as e:
+    print("HTTP", e.code, e.read().decode())
+except Exception as e:
+    print("FAILED", type(e).__name__, e)
+"#;
+
+/// A plain HTTP server on the host's loopback answering `text` to every request.
+async fn origin(text: &'static str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().fallback(move || async move { text });
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, task)
+}
+
+/// Runs one agent case that writes `fetch.py` and then runs `python3 fetch.py ARGS` for each
+/// of `fetches`; returns the results of those calls.
+async fn fetch_through_the_sandbox(
+    allowed: Value,
+    allow_private_egress: bool,
+    fetches: Vec<String>,
+) -> Vec<String> {
+    let fetches = Arc::new(fetches);
+    let script_fetches = fetches.clone();
+    let model = ScriptedModel::start(move |_, turn| match turn {
+        1 => Step::Call(vec![(
+            "write_file",
+            json!({"path": "fetch.py", "content": FETCH_PY}),
+        )]),
+        2 => Step::Call(
+            script_fetches
+                .iter()
+                .map(|args| {
+                    (
+                        "bash",
+                        json!({"command": format!("python3 fetch.py {args}")}),
+                    )
+                })
+                .collect(),
+        ),
+        _ => Step::Answer("fetched"),
+    })
+    .await;
+    let tests = json!({
+        "version": "2.0",
+        "settings": {"runner": {"type": "agent", "allowedHosts": allowed, "toolTimeoutMs": 20000},
+                     "defaultTimeout": 60000},
+        "testCases": [{"id": "fetch", "input": {"prompt": "fetch"},
+                       "expected": {"includes": ["fetched"]}, "evaluation": {"strategy": "contains"}}]
+    });
+    let pkg = package(tests);
+    let sandbox = Sandbox::detect(SandboxPolicy {
+        allow_private_egress,
+        ..SandboxPolicy::default()
+    });
+    let results = run_package_in(
+        sandbox,
+        pkg.path(),
+        model.clients(ProviderKind::Openai),
+        |_| {},
+    )
+    .await;
+    let r = &results[0];
+    assert_eq!(r.status, CaseStatus::Passed, "{r:#?}");
+    let calls = r.details["runner"]["transcript"]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(calls.len(), 1 + fetches.len(), "{calls:#?}");
+    calls[1..]
+        .iter()
+        .map(|c| c["result"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn allowed_hosts_are_reached_through_the_proxy_and_nothing_else() {
+    let (allowed, _a) = origin("hello from the allowed host").await;
+    let (other, _b) = origin("the other host answered").await;
+    let results = fetch_through_the_sandbox(
+        json!([format!("127.0.0.1:{}", allowed.port())]),
+        true,
+        vec![
+            format!("http://127.0.0.1:{}/ok", allowed.port()),
+            format!("--tunnel http://127.0.0.1:{}/ok", allowed.port()),
+            format!("http://127.0.0.1:{}/ok", other.port()),
+            format!("--tunnel http://127.0.0.1:{}/ok", other.port()),
+            format!("--direct http://127.0.0.1:{}/ok", allowed.port()),
+            format!("http://localhost:{}/ok", allowed.port()),
+        ],
+    )
+    .await;
+    assert!(
+        results[0].contains("BODY hello from the allowed host"),
+        "plain HTTP through the proxy: {}",
+        results[0]
+    );
+    assert!(
+        results[1].contains("TUNNEL hello from the allowed host"),
+        "CONNECT tunnel: {}",
+        results[1]
+    );
+    assert!(
+        results[2].contains("HTTP 403") && results[2].contains("not in the case's allowedHosts"),
+        "another port of the same address is refused: {}",
+        results[2]
+    );
+    // Python reports a refused CONNECT by its status line only.
+    assert!(
+        results[3].contains("Tunnel connection failed: 403"),
+        "a tunnel to another port is refused: {}",
+        results[3]
+    );
+    for r in &results[2..4] {
+        assert!(!r.contains("the other host answered"), "{r}");
+    }
+    assert!(
+        results[4].contains("FAILED") && !results[4].contains("hello"),
+        "without the proxy there is no route to the host: {}",
+        results[4]
+    );
+    assert!(
+        results[5].contains("403") && results[5].contains("localhost"),
+        "the name is matched, not the address it resolves to: {}",
+        results[5]
+    );
+}
+
+#[tokio::test]
+async fn an_allowed_host_on_a_private_address_is_refused_by_default() {
+    let (allowed, _a) = origin("hello from the allowed host").await;
+    let results = fetch_through_the_sandbox(
+        json!([format!("127.0.0.1:{}", allowed.port())]),
+        false,
+        vec![format!("http://127.0.0.1:{}/ok", allowed.port())],
+    )
+    .await;
+    assert!(
+        results[0].contains("403") && results[0].contains("private or local addresses"),
+        "{}",
+        results[0]
+    );
+    assert!(!results[0].contains("hello"), "{}", results[0]);
 }
 
 #[tokio::test]

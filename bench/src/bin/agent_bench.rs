@@ -28,6 +28,7 @@ use axum::body::Bytes;
 use axum::Router;
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
+use skilleval::egress::AllowedHosts;
 use skilleval::executor::{CaseStatus, ExecutorBuilder};
 use skilleval::llm::{ApiKey, LlmClient, ProviderClients, ProviderConfig, ProviderKind};
 use skilleval::package::{validate, Package, PackageLimits};
@@ -144,7 +145,13 @@ async fn sandbox_overhead(sandbox: &Sandbox, root: &Path) -> anyhow::Result<()> 
         let control = tempfile::tempdir()?;
         let t0 = Instant::now();
         let session = sandbox
-            .open_session(root, &[], control.path(), Default::default())
+            .open_session(
+                root,
+                &[],
+                control.path(),
+                Default::default(),
+                &AllowedHosts::default(),
+            )
             .await
             .context("opening a session")?;
         opens.push(t0.elapsed().as_secs_f64() * 1000.0);
@@ -152,7 +159,13 @@ async fn sandbox_overhead(sandbox: &Sandbox, root: &Path) -> anyhow::Result<()> 
     }
     let control = tempfile::tempdir()?;
     let mut session = sandbox
-        .open_session(root, &[], control.path(), Default::default())
+        .open_session(
+            root,
+            &[],
+            control.path(),
+            Default::default(),
+            &AllowedHosts::default(),
+        )
         .await?;
     let mut calls = Vec::new();
     for _ in 0..300 {

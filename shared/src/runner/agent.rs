@@ -34,6 +34,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::{OutputRunner, ProduceRequest, Produced, ProducedFile};
+use crate::egress::AllowedHosts;
 use crate::grade::{Fault, ToolCall, Usage};
 use crate::llm::runner::{repeat_of, without_skill};
 use crate::llm::tools::{AgentMessage, AgentRequest, ToolResult, ToolSpec, ToolUse};
@@ -72,7 +73,8 @@ pub struct AgentOptions {
     pub on_limit: OnLimit,
     /// Other skills listed in the catalogue, for trigger realism.
     pub decoys: Vec<Decoy>,
-    /// Hosts the sandbox may reach. Not supported yet: a non-empty list is refused.
+    /// Hosts the sandbox may reach through its proxy (see [`crate::egress`]); empty: no
+    /// network at all.
     pub allowed_hosts: Vec<String>,
     /// Output tokens per model request (`None`: the provider's `max_tokens`).
     pub max_tokens_per_turn: Option<u32>,
@@ -137,9 +139,7 @@ impl AgentOptions {
         if opts.max_turns == 0 {
             return Err("runner `agent`: `maxTurns` must be at least 1".into());
         }
-        if !opts.allowed_hosts.is_empty() {
-            return Err("runner `agent`: `allowedHosts` is not supported yet: the agent's sandbox has no network (see docs/runners.md)".into());
-        }
+        AllowedHosts::parse(&opts.allowed_hosts).map_err(|e| format!("runner `agent`: {e}"))?;
         for d in &opts.decoys {
             if d.name.is_empty()
                 || !d
@@ -599,6 +599,8 @@ pub async fn run_agent(
     // Stop a little before the executor's timeout, so a wall-time stop keeps its reason.
     let deadline = started + wall.saturating_sub(Duration::from_millis(200));
 
+    let allowed = AllowedHosts::parse(&opts.allowed_hosts)
+        .map_err(|e| Fault::permanent(format!("runner `agent`: {e}")))?;
     let dirs = case_dirs().map_err(|e| io_fault("creating the case's directories", &e))?;
     let seeded = seed_workspace(&env.package_root, &req.case.input.files, &dirs.workspace)?;
     write_decoys(&dirs.decoys, &opts.decoys)?;
@@ -622,7 +624,13 @@ pub async fn run_agent(
     ];
     let mut session = env
         .sandbox
-        .open_session(skill_root, &binds, &dirs.control, req.environment.clone())
+        .open_session(
+            skill_root,
+            &binds,
+            &dirs.control,
+            req.environment.clone(),
+            &allowed,
+        )
         .await
         .map_err(sandbox_fault)?;
 
@@ -856,8 +864,18 @@ mod tests {
         let e = AgentOptions::from_runner(&cfg).unwrap_err();
         assert!(e.contains("maxTurns") || e.contains("invalid type"), "{e}");
         let cfg = agent_runner_config(None, [("allowedHosts".to_string(), json!(["x.io"]))].into());
-        assert!(AgentOptions::from_runner(&cfg)
-            .unwrap_err()
-            .contains("allowedHosts"));
+        assert_eq!(
+            AgentOptions::from_runner(&cfg).unwrap().allowed_hosts,
+            vec!["x.io".to_string()]
+        );
+        let cfg = agent_runner_config(
+            None,
+            [("allowedHosts".to_string(), json!(["x.io", "bad host"]))].into(),
+        );
+        let e = AgentOptions::from_runner(&cfg).unwrap_err();
+        assert!(
+            e.contains("allowedHosts") && e.contains("`bad host`"),
+            "{e}"
+        );
     }
 }
