@@ -104,6 +104,10 @@ pub struct SandboxPolicy {
     /// other non-public addresses (see [`crate::egress`]). Off: an allowed name cannot reach
     /// the worker's own network or a cloud metadata endpoint.
     pub allow_private_egress: bool,
+    /// Where sessions (the `agent` runner) keep each case's workspace and control files;
+    /// unset: `/dev/shm` when it is a writable directory (memory-backed: no inode churn on
+    /// a disk for the per-call files), else the temporary directory.
+    pub session_dir: Option<PathBuf>,
 }
 
 impl Default for SandboxPolicy {
@@ -118,6 +122,7 @@ impl Default for SandboxPolicy {
             tmp_bytes: 64 << 20,
             bwrap: None,
             allow_private_egress: false,
+            session_dir: None,
         }
     }
 }
@@ -413,7 +418,7 @@ impl Sandbox {
             });
         };
         let package = std::fs::canonicalize(&req.package_root)?;
-        let lease = host.lease()?;
+        let lease = Host::lease_off_runtime(&host).await?;
         let uid = lease.as_ref().map(|l| l.uid);
         if let Some(uid) = uid {
             check_world_readable(&package).map_err(|reason| SandboxError::PackageNotReadable {
@@ -690,7 +695,7 @@ impl UidPool<'_> {
     /// safe, since a dead holder's processes may outlive its lock. A uid that still has live
     /// tasks and no holder gets them killed (`kill` runs `sweep`) and is skipped this time.
     fn lease(&self, start: u32, kill: &dyn Fn(u32)) -> Result<UidLease, SandboxError> {
-        let busy = uids_with_tasks(self.base..self.base + self.size);
+        let busy = census(&(self.base..self.base + self.size));
         for i in 0..self.size {
             let slot = start.wrapping_add(i) % self.size;
             let uid = self.base + slot;
@@ -700,7 +705,7 @@ impl UidPool<'_> {
                 .write(true)
                 .open(self.lock_dir.join(format!("{uid}.lock")))?;
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-                Ok(lock) => match busy.get(&uid) {
+                Ok(lock) => match busy.get(&uid).map(|pids| classify(pids)) {
                     None => {
                         return Ok(UidLease {
                             uid,
@@ -737,45 +742,83 @@ struct UidTasks {
     zombies: u32,
 }
 
-/// Every uid in `range` that owns a process (by real uid, which is what `RLIMIT_NPROC`
-/// counts), with how many live and zombie processes it has.
-fn uids_with_tasks(range: std::ops::Range<u32>) -> BTreeMap<u32, UidTasks> {
-    let mut found: BTreeMap<u32, UidTasks> = BTreeMap::new();
+/// The pids of every uid in `range` that owns a process, by real uid (what `RLIMIT_NPROC`
+/// counts).
+///
+/// `/proc/<pid>` belongs to the task's effective uid, or to root while the task is not dumpable
+/// (for a moment after a uid change, or after `prctl(PR_SET_DUMPABLE, 0)`). A sandbox task
+/// cannot make its real and effective uids differ (no capabilities, no new privileges, one uid
+/// mapped), so the directory's owner is its real uid unless it is root: one `stat` per task
+/// decides, and only root-owned tasks have their `status` read. Reading every task's `status`
+/// (which the kernel renders with signal masks and CPU lists) made a lease cost milliseconds
+/// with a few hundred sandboxes up.
+fn census(range: &std::ops::Range<u32>) -> BTreeMap<u32, Vec<u32>> {
+    let mut found: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return found;
     };
     for entry in dir.flatten() {
-        let name = entry.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        // A process that exits meanwhile simply has no status any more.
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
-        let mut uid = None;
-        let mut zombie = false;
-        for line in status.lines() {
-            if let Some(state) = line.strip_prefix("State:") {
-                zombie = state.trim_start().starts_with('Z');
-            } else if let Some(uids) = line.strip_prefix("Uid:") {
-                uid = uids
-                    .split_whitespace()
-                    .next()
-                    .and_then(|u| u.parse::<u32>().ok());
-                break;
-            }
-        }
-        if let Some(uid) = uid.filter(|u| range.contains(u)) {
-            let tasks = found.entry(uid).or_default();
-            if zombie {
-                tasks.zombies += 1;
-            } else {
-                tasks.live += 1;
-            }
+        // A process that exits meanwhile simply has no entry any more.
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        let uid = match meta.uid() {
+            owner if range.contains(&owner) => Some(owner),
+            0 => real_uid(pid).filter(|u| range.contains(u)),
+            _ => None,
+        };
+        if let Some(uid) = uid {
+            found.entry(uid).or_default().push(pid);
         }
     }
     found
+}
+
+/// The real uid of a task, from its `status`.
+fn real_uid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|uids| uids.split_whitespace().next())
+        .and_then(|u| u.parse::<u32>().ok())
+}
+
+/// How many of `pids` are alive and how many are zombies (from their `stat` state).
+fn classify(pids: &[u32]) -> UidTasks {
+    let mut tasks = UidTasks::default();
+    for pid in pids {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) S ...`: the state follows the last `)` (comm may hold anything).
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].trim_start().chars().next());
+        if state == Some('Z') {
+            tasks.zombies += 1;
+        } else {
+            tasks.live += 1;
+        }
+    }
+    tasks
+}
+
+/// Every uid in `range` that owns a process, with how many live and zombie processes it has.
+#[cfg(test)]
+fn uids_with_tasks(range: std::ops::Range<u32>) -> BTreeMap<u32, UidTasks> {
+    census(&range)
+        .into_iter()
+        .map(|(uid, pids)| (uid, classify(&pids)))
+        .filter(|(_, t)| t.live + t.zombies > 0)
+        .collect()
 }
 
 /// Where the next lease of this process starts looking: random at first, so processes that
@@ -861,6 +904,15 @@ impl Host {
         }
         host.identity = identities.last().cloned().unwrap_or(Identity::Inherit);
         host
+    }
+
+    /// [`Host::lease`] on a blocking thread: the census reads `/proc`, which must not hold up
+    /// the runtime's workers (the agent runner opens sessions from many tasks at once).
+    async fn lease_off_runtime(host: &Arc<Host>) -> Result<Option<UidLease>, SandboxError> {
+        let host = host.clone();
+        tokio::task::spawn_blocking(move || host.lease())
+            .await
+            .map_err(|e| SandboxError::Io(std::io::Error::other(format!("leasing a uid: {e}"))))?
     }
 
     /// A uid for one run under this host's identity.
@@ -1636,14 +1688,18 @@ pub struct SandboxBind {
 /// pass through it.
 pub const SESSION_CONTROL_DIR: &str = "/run/skilleval";
 
-/// The long-lived process of a session: a shell loop that reads `ID SECONDS` lines, runs the
-/// command file `ID.sh` of the control directory under `timeout` with its output in `ID.out`,
-/// and answers `ID EXIT_CODE`. One sandbox (namespaces, uid, limits) serves every call, so a
-/// call costs a `timeout` + `sh` fork instead of a whole bubblewrap start.
+/// The long-lived process of a session: a shell loop that reads `ID` lines, runs the command
+/// file `ID.sh` of the control directory in a subshell (a fork of the loop, no `exec`) with its
+/// output in `ID.out`, and answers `ID EXIT_CODE`. One sandbox (namespaces, uid, limits) serves
+/// every call. The time limit is the host's: past it, the host kills every process of the
+/// sandbox's pid namespace but bubblewrap's init and this loop ([`SandboxSession::run`]), and
+/// the loop answers 137. Every `exec` pays a dynamic loader's start-up, which on a virtual
+/// machine (its CPU-feature probing traps to the hypervisor) was most of a call's cost when a
+/// `timeout` and an `sh` were started per call.
 const SESSION_DRIVER: &str = r#"cd /workspace 2>/dev/null || cd /
 echo ready
-while read -r id secs; do
-  timeout -k 1 "$secs" sh "/run/skilleval/$id.sh" </dev/null >"/run/skilleval/$id.out" 2>&1
+while read -r id; do
+  ( . "/run/skilleval/$id.sh" ) </dev/null >"/run/skilleval/$id.out" 2>&1
   echo "$id $?"
 done
 "#;
@@ -1656,7 +1712,7 @@ const SESSION_START_TIMEOUT: Duration = Duration::from_secs(15);
 /// What one command of a session did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SessionOutput {
-    /// Exit code (124 or 137 after the time limit, 128 + N after signal N).
+    /// Exit code (137 after the time limit, 128 + N after signal N).
     pub exit_code: i32,
     /// Stdout and stderr, interleaved, cut at the session's output limit.
     pub output: Vec<u8>,
@@ -1680,6 +1736,103 @@ pub struct SandboxSession {
     broken: bool,
     /// The allowed-hosts proxy, when the session has one; it stops when the session goes.
     egress: Option<EgressProxy>,
+    /// The sandbox's processes as the host sees them, found once it is up.
+    inside: Option<Arc<Inside>>,
+}
+
+/// Bubblewrap's init (pid 1 of the sandbox's pid namespace, pinned by a pidfd), the session's
+/// loop, and the namespace's identity (the `/proc/PID/ns/pid` link).
+struct Inside {
+    init: u32,
+    init_fd: std::os::fd::OwnedFd,
+    driver: u32,
+    pid_ns: PathBuf,
+}
+
+impl Inside {
+    /// Finds them from bubblewrap's (host) pid.
+    fn find(bwrap: u32) -> std::io::Result<Inside> {
+        let first_child = |pid: u32| -> std::io::Result<u32> {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?
+                .split_whitespace()
+                .find_map(|p| p.parse::<u32>().ok())
+                .ok_or_else(|| std::io::Error::other(format!("process {pid} has no child")))
+        };
+        let init = first_child(bwrap)?;
+        let init_fd = pidfd(init)?;
+        let driver = first_child(init)?;
+        let pid_ns = std::fs::read_link(format!("/proc/{init}/ns/pid"))?;
+        if pid_ns == std::fs::read_link("/proc/self/ns/pid")? {
+            return Err(std::io::Error::other(
+                "the sandbox shares the host's pid namespace",
+            ));
+        }
+        Ok(Inside {
+            init,
+            init_fd,
+            driver,
+            pid_ns,
+        })
+    }
+
+    /// SIGKILLs every process of the namespace but init and the loop, until none is left
+    /// (a process may fork while a pass runs). Each victim is pinned by a pidfd and its
+    /// namespace checked again before the signal, so a recycled pid is never hit.
+    fn kill_commands(&self) -> usize {
+        let mut killed = 0;
+        for _ in 0..100 {
+            let mut found = 0;
+            let Ok(dir) = std::fs::read_dir("/proc") else {
+                return killed;
+            };
+            for entry in dir.flatten() {
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if pid == self.init || pid == self.driver {
+                    continue;
+                }
+                let in_ns = || {
+                    std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+                        .is_ok_and(|l| l == self.pid_ns)
+                };
+                if !in_ns() {
+                    continue;
+                }
+                let Ok(fd) = pidfd(pid) else {
+                    continue;
+                };
+                if in_ns()
+                    && rustix::process::pidfd_send_signal(&fd, rustix::process::Signal::KILL)
+                        .is_ok()
+                {
+                    found += 1;
+                }
+            }
+            if found == 0 {
+                break;
+            }
+            killed += found;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        killed
+    }
+}
+
+/// A pidfd of a (host) pid.
+fn pidfd(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| std::io::Error::other(format!("{pid} is not a pid")))?;
+    Ok(rustix::process::pidfd_open(
+        pid,
+        rustix::process::PidfdFlags::empty(),
+    )?)
 }
 
 impl fmt::Debug for SandboxSession {
@@ -1713,7 +1866,7 @@ impl Sandbox {
             return Err(SandboxError::NoSandbox);
         }
         let package = std::fs::canonicalize(package_root)?;
-        let lease = host.lease()?;
+        let lease = Host::lease_off_runtime(&host).await?;
         let uid = lease.as_ref().map(|l| l.uid);
         let mut all = binds.to_vec();
         all.push(SandboxBind {
@@ -1770,7 +1923,12 @@ impl Sandbox {
             .map(Pid::from_raw);
         let guard = Reaper {
             pgid,
-            sweep: host.sweep_command(lease.as_ref()),
+            // No `kill -1` sweep as the uid (two more programs to start per case): every
+            // process of a session is in its pid namespace, which the kernel empties when its
+            // init dies ([`SandboxSession::close`] kills it by pidfd; bubblewrap's
+            // --die-with-parent kills it if we die), and the next lease's census still skips
+            // the uid until its last task is gone.
+            sweep: None,
             lease,
             armed: true,
         };
@@ -1808,6 +1966,7 @@ impl Sandbox {
             stderr: stderr_tail,
             broken: false,
             egress: None,
+            inside: None,
         };
         let mut line = String::new();
         let ready = tokio::time::timeout(
@@ -1822,6 +1981,22 @@ impl Sandbox {
                 status: "the session did not start".to_string(),
                 diagnostics,
             });
+        }
+        let found = session
+            .child
+            .id()
+            .ok_or_else(|| std::io::Error::other("the session's bubblewrap has already exited"))
+            .and_then(Inside::find);
+        match found {
+            Ok(inside) => session.inside = Some(Arc::new(inside)),
+            Err(e) => {
+                let diagnostics = format!("{e}; {}", session.diagnostics());
+                session.close().await;
+                return Err(SandboxError::Machinery {
+                    status: "the session's processes could not be found".to_string(),
+                    diagnostics,
+                });
+            }
         }
         if !allowed.is_empty() {
             match session
@@ -1839,15 +2014,38 @@ impl Sandbox {
     }
 }
 
+impl Sandbox {
+    /// A fresh directory for one session's host-side files (see
+    /// [`SandboxPolicy::session_dir`]), removed when dropped.
+    pub fn session_scratch(&self, prefix: &str) -> std::io::Result<tempfile::TempDir> {
+        let builder = {
+            let mut b = tempfile::Builder::new();
+            b.prefix(prefix);
+            b
+        };
+        if let Some(dir) = &self.policy.session_dir {
+            return builder.tempdir_in(dir);
+        }
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() {
+            if let Ok(dir) = builder.tempdir_in(shm) {
+                return Ok(dir);
+            }
+        }
+        builder.tempdir()
+    }
+}
+
 impl SandboxSession {
     /// The host directory mounted at [`SESSION_CONTROL_DIR`].
     pub fn control_dir(&self) -> &Path {
         &self.ctl
     }
 
-    /// Runs `script` with `sh` in the session (working directory `/workspace`), killing its
-    /// whole process group after `timeout`. `Err` when the session itself is gone (killed by a
-    /// limit, or it stopped answering): the case cannot go on.
+    /// Runs `script` with `sh` in the session (working directory `/workspace`); past `timeout`
+    /// every process of the sandbox but its init and the session's loop is killed (so a
+    /// process an earlier call left in the background goes too). `Err` when the session
+    /// itself is gone (killed by a limit, or it stopped answering): the case cannot go on.
     pub async fn run(
         &mut self,
         script: &str,
@@ -1862,22 +2060,35 @@ impl SandboxSession {
         let out_path = self.ctl.join(format!("{id}.out"));
         std::fs::write(&script_path, script)?;
         std::fs::set_permissions(&script_path, std::fs::Permissions::from_mode(0o644))?;
-        let secs = timeout.as_secs_f64().max(0.1);
         let start = Instant::now();
-        let sent = self
-            .stdin
-            .write_all(format!("{id} {secs:.3}\n").as_bytes())
-            .await;
+        let sent = self.stdin.write_all(format!("{id}\n").as_bytes()).await;
         if let Err(e) = sent {
             self.broken = true;
             return Err(self.gone(&format!("could not send the command: {e}")));
         }
+        // The loop writes its answer in one write of a few bytes, so a read that times out has
+        // taken nothing of it (`read_line` is not cancel-safe for partial lines).
         let mut line = String::new();
-        let answer = tokio::time::timeout(
-            timeout + SESSION_CALL_SLACK,
+        let mut timed_out = false;
+        let answer = match tokio::time::timeout(
+            timeout,
             tokio::io::AsyncBufReadExt::read_line(&mut self.stdout, &mut line),
         )
-        .await;
+        .await
+        {
+            Ok(answer) => Ok(answer),
+            Err(_) => {
+                timed_out = true;
+                if let Some(inside) = self.inside.clone() {
+                    let _ = tokio::task::spawn_blocking(move || inside.kill_commands()).await;
+                }
+                tokio::time::timeout(
+                    SESSION_CALL_SLACK,
+                    tokio::io::AsyncBufReadExt::read_line(&mut self.stdout, &mut line),
+                )
+                .await
+            }
+        };
         let duration = start.elapsed();
         let code = match answer {
             Ok(Ok(n)) if n > 0 => line
@@ -1895,7 +2106,6 @@ impl SandboxSession {
         let (output, truncated) = read_prefix(&out_path, self.max_output)?;
         let _ = std::fs::remove_file(&script_path);
         let _ = std::fs::remove_file(&out_path);
-        let timed_out = exit_code == 124 || (exit_code == 137 && duration >= timeout);
         Ok(SessionOutput {
             exit_code,
             output,
@@ -1906,38 +2116,37 @@ impl SandboxSession {
     }
 
     /// Serves the allowed-hosts proxy inside the session's network namespace: that of
-    /// bubblewrap's child (bubblewrap itself stays in the host's namespaces).
+    /// bubblewrap's init (bubblewrap itself stays in the host's namespaces).
     async fn open_egress(
         &self,
         allowed: AllowedHosts,
         allow_private: bool,
     ) -> Result<EgressProxy, SandboxError> {
         let setup = |why: String| SandboxError::Egress(egress::EgressError::Setup(why));
-        let bwrap = self
-            .child
-            .id()
-            .ok_or_else(|| setup("the session's bubblewrap has already exited".into()))?;
-        let children = std::fs::read_to_string(format!("/proc/{bwrap}/task/{bwrap}/children"))
-            .map_err(|e| setup(format!("listing bubblewrap's children: {e}")))?;
-        let inner = children
-            .split_whitespace()
-            .find_map(|p| p.parse::<u32>().ok())
-            .ok_or_else(|| setup("bubblewrap has no child in the sandbox".into()))?;
+        let inside = self
+            .inside
+            .as_ref()
+            .ok_or_else(|| setup("the sandbox's processes were not found".into()))?;
         let ours = std::fs::read_link("/proc/self/ns/net")?;
-        let theirs = std::fs::read_link(format!("/proc/{inner}/ns/net"))
+        let theirs = std::fs::read_link(format!("/proc/{}/ns/net", inside.init))
             .map_err(|e| setup(format!("reading the sandbox's network namespace: {e}")))?;
         if ours == theirs {
             return Err(setup(
                 "the sandbox shares the host's network namespace".into(),
             ));
         }
-        let listener = egress::listen_in(inner, egress::PROXY_PORT).await?;
+        let listener = egress::listen_in(inside.init, egress::PROXY_PORT).await?;
         Ok(EgressProxy::serve(listener, allowed, allow_private))
     }
 
     /// Kills everything in the session and gives its uid back.
     pub async fn close(mut self) {
         self.egress = None;
+        // The kernel kills every process of a pid namespace when its init dies.
+        if let Some(inside) = &self.inside {
+            let _ =
+                rustix::process::pidfd_send_signal(&inside.init_fd, rustix::process::Signal::KILL);
+        }
         self.guard.kill().await;
         let _ = self.child.wait().await;
         self.guard.finish().await;

@@ -624,6 +624,50 @@ async fn an_allowed_host_on_a_private_address_is_refused_by_default() {
 }
 
 #[tokio::test]
+async fn a_call_past_its_time_limit_loses_every_process_it_started_and_the_case_goes_on() {
+    let model = ScriptedModel::start(|_, turn| match turn {
+        1 => Step::Call(vec![(
+            "bash",
+            json!({"command": "(sleep 60; echo x) & setsid sleep 61 & sleep 62; echo late"}),
+        )]),
+        2 => Step::Call(vec![(
+            "bash",
+            json!({"command": "for p in /proc/[0-9]*; do cat $p/comm; done; echo alive"}),
+        )]),
+        _ => Step::Answer("done"),
+    })
+    .await;
+    let tests = json!({
+        "version": "2.0",
+        "settings": {"runner": {"type": "agent", "toolTimeoutMs": 1000}, "defaultTimeout": 60000},
+        "testCases": [{"id": "slow", "input": {"prompt": "go"},
+                       "expected": {"includes": ["done"]}, "evaluation": {"strategy": "contains"}}]
+    });
+    let pkg = package(tests);
+    let results = run_package(pkg.path(), model.clients(ProviderKind::Openai), |_| {}).await;
+    let r = &results[0];
+    assert_eq!(r.status, CaseStatus::Passed, "{r:#?}");
+    let calls = r.details["runner"]["transcript"]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let first = calls[0]["result"].as_str().unwrap();
+    assert!(first.contains("timed out after 1000 ms"), "{first}");
+    assert!(!first.contains("late"), "{first}");
+    assert_eq!(calls[0]["exit_code"], 137);
+    assert!(calls[0]["duration_ms"].as_u64().unwrap() < 5_000);
+    let second = calls[1]["result"].as_str().unwrap();
+    assert!(
+        second.contains("alive"),
+        "the session still runs calls: {second}"
+    );
+    assert!(
+        !second.contains("sleep"),
+        "background and setsid'd processes of the timed-out call are gone: {second}"
+    );
+}
+
+#[tokio::test]
 async fn max_turns_ends_the_case_errored_with_the_reason() {
     let model =
         ScriptedModel::start(|_, _| Step::Call(vec![("bash", json!({"command": "true"}))])).await;

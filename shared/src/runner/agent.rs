@@ -41,7 +41,7 @@ use crate::llm::tools::{AgentMessage, AgentRequest, ToolResult, ToolSpec, ToolUs
 use crate::llm::{LlmClient, ProviderClients, Purpose};
 use crate::model::RunnerConfig;
 use crate::package::skill_md;
-use crate::sandbox::{SandboxBind, SandboxError, SandboxSession, SESSION_CONTROL_DIR};
+use crate::sandbox::{Sandbox, SandboxBind, SandboxError, SandboxSession, SESSION_CONTROL_DIR};
 use crate::strategy::GradeEnv;
 
 /// Where the skill is mounted, and the file whose opening counts as using it.
@@ -308,10 +308,8 @@ struct CaseDirs {
     empty: PathBuf,
 }
 
-fn case_dirs() -> std::io::Result<CaseDirs> {
-    let root = tempfile::Builder::new()
-        .prefix("skilleval-agent-")
-        .tempdir()?;
+fn case_dirs(sandbox: &Sandbox) -> std::io::Result<CaseDirs> {
+    let root = sandbox.session_scratch("skilleval-agent-")?;
     // The sandbox's uid must pass through to the mounted directories.
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711))?;
     let mk = |name: &str| -> std::io::Result<PathBuf> {
@@ -601,7 +599,8 @@ pub async fn run_agent(
 
     let allowed = AllowedHosts::parse(&opts.allowed_hosts)
         .map_err(|e| Fault::permanent(format!("runner `agent`: {e}")))?;
-    let dirs = case_dirs().map_err(|e| io_fault("creating the case's directories", &e))?;
+    let dirs =
+        case_dirs(&env.sandbox).map_err(|e| io_fault("creating the case's directories", &e))?;
     let seeded = seed_workspace(&env.package_root, &req.case.input.files, &dirs.workspace)?;
     write_decoys(&dirs.decoys, &opts.decoys)?;
     let entries = catalogue(&env.package_root, &opts.decoys, without);
