@@ -195,6 +195,53 @@ async fn sandbox_overhead(sandbox: &Sandbox, root: &Path) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// The sandbox alone at `concurrency` sessions in flight, no model: each task opens a session,
+/// runs 3 calls (`true`) and closes it. Prints the sessions/s and the p50/p95 of each phase, so
+/// the model-driven figures below can be split into sandbox time and the rest.
+async fn sandbox_only(sandbox: &Sandbox, root: &Path, concurrency: usize) -> anyhow::Result<()> {
+    let n = (4 * concurrency).max(64);
+    let t0 = Instant::now();
+    let phases: Vec<anyhow::Result<[f64; 3]>> = stream::iter(0..n)
+        .map(|_| async move {
+            let control = sandbox.session_scratch("skilleval-bench-")?;
+            let t = Instant::now();
+            let mut session = sandbox
+                .open_session(
+                    root,
+                    &[],
+                    control.path(),
+                    Default::default(),
+                    &AllowedHosts::default(),
+                )
+                .await?;
+            let open = t.elapsed().as_secs_f64() * 1000.0;
+            let t = Instant::now();
+            for _ in 0..3 {
+                session.run("true", Duration::from_secs(10)).await?;
+            }
+            let call = t.elapsed().as_secs_f64() * 1000.0 / 3.0;
+            let t = Instant::now();
+            session.close().await;
+            Ok([open, call, t.elapsed().as_secs_f64() * 1000.0])
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let secs = t0.elapsed().as_secs_f64();
+    let phases: Vec<[f64; 3]> = phases.into_iter().collect::<anyhow::Result<_>>()?;
+    let column = |i: usize| {
+        let mut v: Vec<f64> = phases.iter().map(|p| p[i]).collect();
+        v.sort_by(f64::total_cmp);
+        (percentile(&v, 0.5), percentile(&v, 0.95))
+    };
+    let ((o50, o95), (c50, c95), (x50, x95)) = (column(0), column(1), column(2));
+    println!(
+        "sandbox only, {concurrency:>3} in flight: {n} sessions of 3 calls in {secs:.2} s = {:.1} sessions/s; open p50 {o50:.1} ms p95 {o95:.1} ms; call p50 {c50:.1} ms p95 {c95:.1} ms; close p50 {x50:.1} ms p95 {x95:.1} ms",
+        n as f64 / secs
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let sandbox = Sandbox::detect(SandboxPolicy::default());
@@ -209,6 +256,9 @@ async fn main() -> anyhow::Result<()> {
     }
     write_package(root)?;
     sandbox_overhead(&sandbox, root).await?;
+    for concurrency in LEVELS {
+        sandbox_only(&sandbox, root, concurrency).await?;
+    }
 
     let base_url = scripted_model()?;
     let config = ProviderConfig {
