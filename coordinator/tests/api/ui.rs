@@ -69,7 +69,11 @@ async fn validate_only_lists_every_problem_and_stores_nothing() {
 }
 
 async fn finished_run(app: &TestApp, zip: Vec<u8>) -> String {
-    let upload: Value = app.upload_zip(zip, "").await.json().await.unwrap();
+    finished_run_with(app, zip, "").await
+}
+
+async fn finished_run_with(app: &TestApp, zip: Vec<u8>, query: &str) -> String {
+    let upload: Value = app.upload_zip(zip, query).await.json().await.unwrap();
     let run_id = upload["run_id"].as_str().unwrap().to_string();
     wait_for_verdict(app, &run_id).await;
     run_id
@@ -334,6 +338,54 @@ async fn the_run_table_filters_sorts_and_pages_in_sql() {
     let bad = app.get(&format!("/ui/runs/{run_id}?status=nope")).await;
     assert_eq!(bad.status().as_u16(), 400);
     assert!(bad.text().await.unwrap().contains("status"));
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_run_with_repeats_shows_and_reviews_each_case_once() {
+    let app = spawn_app_with(AppOptions {
+        background: true,
+        ..AppOptions::default()
+    })
+    .await;
+    let cache = tempfile::tempdir().unwrap();
+    let (stop, worker) = start_worker_with(app.settings.clone(), cache.path()).await;
+    let run_id = finished_run_with(
+        &app,
+        given_package("repeated", &["ok", "no", "ok"], json!({})),
+        "?repeats=3",
+    )
+    .await;
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM eval_results WHERE run_id = $1")
+        .bind(uuid::Uuid::parse_str(&run_id).unwrap())
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 9, "three attempts of three cases are stored");
+    let page = app
+        .get(&format!("/ui/runs/{run_id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(page.matches("<tr class=\"case\"").count(), 3, "{page}");
+    assert!(page.contains("3 matching cases"), "{page}");
+    let case = app.get(&format!("/ui/runs/{run_id}/cases/1")).await;
+    assert_eq!(case.status().as_u16(), 200);
+    let body = json!({"reviewer": "ann", "reviews": [
+        {"test_case_id": "case-000", "verdict": "agree"},
+        {"test_case_id": "case-001", "verdict": "disagree"},
+    ]});
+    let r = app
+        .post_json(&format!("/v1/runs/{run_id}/reviews"), &body)
+        .await;
+    assert_eq!(r.status().as_u16(), 201);
+    let (_, listed) = app.get_json(&format!("/v1/runs/{run_id}/reviews")).await;
+    assert_eq!(listed["reviews"].as_array().unwrap().len(), 2, "{listed}");
+    let (_, agreement) = app.get_json("/v1/skills/repeated/agreement").await;
+    assert_eq!(agreement["agreement"][0]["n"], 2, "{agreement}");
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
     app.cleanup().await;

@@ -130,9 +130,15 @@ async fn skill_list(
         .collect()
 }
 
+/// The row a page shows for a case: a run with a baseline or repeats holds one row per
+/// (configuration, attempt), and its pages show the primary one (with the skill, attempt 1),
+/// as the run's summary and verdict do.
+const PRIMARY_VARIANT: &str = "configuration = 'with_skill' AND run_number = 1";
+
 /// The WHERE clause every per-case statement shares ($1 run, $2 status, $3 tag, $4 suite,
 /// $5 strategy).
-const CASE_FILTER: &str = "run_id = $1 AND ($2::text IS NULL OR status = $2)
+const CASE_FILTER: &str = "run_id = $1 AND configuration = 'with_skill' AND run_number = 1
+     AND ($2::text IS NULL OR status = $2)
      AND ($3::text IS NULL OR $3 = ANY(tags)) AND ($4::text IS NULL OR $4 = ANY(suites))
      AND ($5::text IS NULL OR strategy = $5)";
 
@@ -220,11 +226,12 @@ impl Store {
 
     /// Graded cases per score bucket of width 0.1 (the last bucket includes 1.0).
     pub async fn score_histogram(&self, run_id: Uuid) -> Result<Vec<(i32, i64)>, StoreError> {
-        sqlx::query_as(
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT LEAST(floor(GREATEST(LEAST(score, 1.0), 0.0) * 10), 9)::int4 AS bin, count(*)
-             FROM eval_results WHERE run_id = $1 AND score IS NOT NULL AND score = score
-             GROUP BY bin ORDER BY bin",
-        )
+             FROM eval_results WHERE run_id = $1 AND {PRIMARY_VARIANT}
+               AND score IS NOT NULL AND score = score
+             GROUP BY bin ORDER BY bin"
+        )))
         .bind(run_id)
         .fetch_all(self.pool())
         .await
@@ -234,27 +241,24 @@ impl Store {
     /// The tags, suites and strategies of a run's recorded cases.
     pub async fn case_facets(&self, run_id: Uuid) -> Result<CaseFacets, StoreError> {
         let context = "reading a run's filter choices";
-        let distinct = |sql: &'static str| {
-            sqlx::query_scalar::<_, String>(sql)
-                .bind(run_id)
-                .fetch_all(self.pool())
+        let distinct = |select: &str, from: &str| {
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
+                "SELECT DISTINCT {select} FROM eval_results{from}
+                 WHERE run_id = $1 AND {PRIMARY_VARIANT} ORDER BY 1"
+            )))
+            .bind(run_id)
+            .fetch_all(self.pool())
         };
         Ok(CaseFacets {
-            tags: distinct(
-                "SELECT DISTINCT t FROM eval_results, unnest(tags) t WHERE run_id = $1 ORDER BY t",
-            )
-            .await
-            .map_err(StoreError::query(context))?,
-            suites: distinct(
-                "SELECT DISTINCT s FROM eval_results, unnest(suites) s WHERE run_id = $1 ORDER BY s",
-            )
-            .await
-            .map_err(StoreError::query(context))?,
-            strategies: distinct(
-                "SELECT DISTINCT strategy FROM eval_results WHERE run_id = $1 ORDER BY strategy",
-            )
-            .await
-            .map_err(StoreError::query(context))?,
+            tags: distinct("t", ", unnest(tags) t")
+                .await
+                .map_err(StoreError::query(context))?,
+            suites: distinct("s", ", unnest(suites) s")
+                .await
+                .map_err(StoreError::query(context))?,
+            strategies: distinct("strategy", "")
+                .await
+                .map_err(StoreError::query(context))?,
         })
     }
 
@@ -264,9 +268,10 @@ impl Store {
         run_id: Uuid,
         case_index: i32,
     ) -> Result<Option<String>, StoreError> {
-        sqlx::query_scalar::<_, Option<String>>(
-            "SELECT result FROM eval_results WHERE run_id = $1 AND case_index = $2",
-        )
+        sqlx::query_scalar::<_, Option<String>>(sqlx::AssertSqlSafe(format!(
+            "SELECT result FROM eval_results
+             WHERE run_id = $1 AND case_index = $2 AND {PRIMARY_VARIANT}"
+        )))
         .bind(run_id)
         .bind(case_index)
         .fetch_optional(self.pool())
@@ -281,10 +286,10 @@ impl Store {
         run_id: Uuid,
         test_case_ids: &[String],
     ) -> Result<Vec<(String, Option<String>)>, StoreError> {
-        sqlx::query_as(
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT test_case_id, result FROM eval_results
-             WHERE run_id = $1 AND test_case_id = ANY($2)",
-        )
+             WHERE run_id = $1 AND test_case_id = ANY($2) AND {PRIMARY_VARIANT}"
+        )))
         .bind(run_id)
         .bind(test_case_ids)
         .fetch_all(self.pool())

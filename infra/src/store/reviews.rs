@@ -108,6 +108,7 @@ impl Store {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {COLUMNS} FROM case_reviews r
              LEFT JOIN eval_results e ON e.run_id = r.run_id AND e.test_case_id = r.test_case_id
+               AND e.configuration = 'with_skill' AND e.run_number = 1
              WHERE r.run_id = $1
              ORDER BY e.case_index NULLS LAST, r.test_case_id, r.criterion, r.reviewer"
         )))
