@@ -470,6 +470,13 @@ async fn multipart_file(
                         format!("at most {} files (max_files)", limits.max_files),
                     ));
                 }
+                if folder.iter().any(|(seen, _)| *seen == path) {
+                    return Err(ApiError::invalid_field(
+                        "invalid_body",
+                        "files",
+                        format!("two `files` parts are named `{path}`: each path once"),
+                    ));
+                }
                 folder.push((path, field.bytes().await.map_err(bad)?));
             }
             _ => {}
@@ -477,7 +484,8 @@ async fn multipart_file(
     }
     if !folder.is_empty() {
         // The paths are checked by the package's own hardening when the ZIP is opened
-        // (`..`, absolute paths, duplicates): the same rules as for an uploaded ZIP.
+        // (`..`, absolute paths, case-folded duplicates): the same rules as for an uploaded
+        // ZIP. Exact duplicates are refused above: the ZIP writer would fail on them.
         return tokio::task::spawn_blocking(move || zip_folder(&folder))
             .await
             .map_err(|e| ApiError::internal(anyhow::anyhow!("zipping the folder failed: {e}")))?

@@ -408,6 +408,21 @@ async fn a_folder_is_zipped_and_its_open_profile_can_be_chosen() {
     assert_eq!(body["valid"], false, "{body}");
     assert_eq!(body["code"], "package_refused", "{body}");
     assert!(body.to_string().contains("zip_slip"), "{body}");
+    // A path given twice is the client's mistake, named.
+    let mut twice = open_profile_files();
+    twice.push(twice[0].clone());
+    let r = app
+        .client
+        .post(format!("{}/v1/skills/validate", app.address))
+        .multipart(folder_form(&twice))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    check(&doc, "post", "/v1/skills/validate", 400, &body);
+    assert_eq!(body["error"]["details"]["field"], "files", "{body}");
+    assert!(body.to_string().contains(twice[0].0), "{body}");
     // An unknown profile names the parameter too.
     let r = app
         .client
