@@ -61,7 +61,7 @@ impl AllowedHosts {
         let mut rules = Vec::new();
         for raw in entries {
             let entry = raw.trim().to_ascii_lowercase();
-            let bad = |why: &str| format!("`allowedHosts` entry `{raw}`: {why}");
+            let bad = |why: &str| format!("entry `{raw}`: {why}");
             let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
                 let (addr, after) = rest
                     .split_once(']')

@@ -266,6 +266,16 @@ fn report_tests(runner: Value) -> Value {
     })
 }
 
+/// A definition with one case (prompt `go`) that passes when the answer includes `answer`.
+fn one_case(id: &str, runner: Value, answer: &str) -> Value {
+    json!({
+        "version": "2.0",
+        "settings": {"runner": runner, "defaultTimeout": 60000},
+        "testCases": [{"id": id, "input": {"prompt": "go"},
+                       "expected": {"includes": [answer]}, "evaluation": {"strategy": "contains"}}]
+    })
+}
+
 /// Plans and executes every case of the package with `clients`.
 async fn run_package(
     root: &Path,
@@ -415,12 +425,11 @@ async fn hostile_tool_calls_fail_inside_the_loop_and_leave_the_host_alone() {
         _ => Step::Answer("done"),
     })
     .await;
-    let tests = json!({
-        "version": "2.0",
-        "settings": {"runner": {"type": "agent", "toolTimeoutMs": 1000}, "defaultTimeout": 60000},
-        "testCases": [{"id": "hostile", "input": {"prompt": "go"},
-                       "expected": {"includes": ["done"]}, "evaluation": {"strategy": "contains"}}]
-    });
+    let tests = one_case(
+        "hostile",
+        json!({"type": "agent", "toolTimeoutMs": 1000}),
+        "done",
+    );
     let pkg = package(tests);
     let t0 = Instant::now();
     let results = run_package(pkg.path(), model.clients(ProviderKind::Openai), |_| {}).await;
@@ -521,13 +530,11 @@ async fn fetch_through_the_sandbox(
         _ => Step::Answer("fetched"),
     })
     .await;
-    let tests = json!({
-        "version": "2.0",
-        "settings": {"runner": {"type": "agent", "allowedHosts": allowed, "toolTimeoutMs": 20000},
-                     "defaultTimeout": 60000},
-        "testCases": [{"id": "fetch", "input": {"prompt": "fetch"},
-                       "expected": {"includes": ["fetched"]}, "evaluation": {"strategy": "contains"}}]
-    });
+    let tests = one_case(
+        "fetch",
+        json!({"type": "agent", "allowedHosts": allowed, "toolTimeoutMs": 20000}),
+        "fetched",
+    );
     let pkg = package(tests);
     let sandbox = Sandbox::detect(SandboxPolicy {
         allow_private_egress,
@@ -637,12 +644,11 @@ async fn a_call_past_its_time_limit_loses_every_process_it_started_and_the_case_
         _ => Step::Answer("done"),
     })
     .await;
-    let tests = json!({
-        "version": "2.0",
-        "settings": {"runner": {"type": "agent", "toolTimeoutMs": 1000}, "defaultTimeout": 60000},
-        "testCases": [{"id": "slow", "input": {"prompt": "go"},
-                       "expected": {"includes": ["done"]}, "evaluation": {"strategy": "contains"}}]
-    });
+    let tests = one_case(
+        "slow",
+        json!({"type": "agent", "toolTimeoutMs": 1000}),
+        "done",
+    );
     let pkg = package(tests);
     let results = run_package(pkg.path(), model.clients(ProviderKind::Openai), |_| {}).await;
     let r = &results[0];
@@ -665,6 +671,39 @@ async fn a_call_past_its_time_limit_loses_every_process_it_started_and_the_case_
         !second.contains("sleep"),
         "background and setsid'd processes of the timed-out call are gone: {second}"
     );
+}
+
+#[test]
+fn bad_agent_options_are_validation_errors_at_their_field() {
+    for (runner, pointer, words) in [
+        (
+            json!({"type": "agent", "allowedHosts": ["ok.example.com", "bad host"]}),
+            "/settings/runner/allowedHosts",
+            "`bad host`",
+        ),
+        (
+            json!({"type": "agent", "maxTurns": "many"}),
+            "/settings/runner/maxTurns",
+            "invalid type",
+        ),
+        (
+            json!({"type": "agent", "decoys": [{"name": "a b", "description": "x"}]}),
+            "/settings/runner/decoys/0/name",
+            "letters, digits",
+        ),
+    ] {
+        let pkg = package(one_case("c", runner.clone(), "x"));
+        let package = Package::open(pkg.path(), &PackageLimits::default()).unwrap();
+        let executor = ExecutorBuilder::new().build();
+        let validation = validate(&package, executor.strategies());
+        let problem = validation
+            .problems
+            .iter()
+            .find(|p| p.pointer == pointer)
+            .unwrap_or_else(|| panic!("{runner}: {:?}", validation.problems));
+        assert!(problem.message.contains(words), "{}", problem.message);
+        assert!(!validation.is_ok());
+    }
 }
 
 #[tokio::test]

@@ -6,8 +6,8 @@
 //! case compiles with its strategy (the strategy checks its own fields, custom scripts
 //! included); `input.files` and fixture paths in `input.context` (strings starting with
 //! `fixtures/` or `eval/fixtures/`) exist and stay inside the package; `weight >= 0`;
-//! timeouts `> 0`; thresholds in [0, 1]; `settings.runner` is `command`, `given` or `llm` and a
-//! `command` runner's script exists; setup/teardown scripts exist; suite ids exist.
+//! timeouts `> 0`; thresholds in [0, 1]; `settings.runner` is `agent`, `command`, `given` or
+//! `llm`, a `command` runner's script exists and an `agent` runner's options are valid; setup/teardown scripts exist; suite ids exist.
 //!
 //! Strategies that need a model (`llm_judge`, `assertions`, `semantic_sim`) check their fields
 //! the same whether or not a provider is configured (e.g. `skilleval validate` has none), so
@@ -411,6 +411,17 @@ impl Validator<'_> {
                         RUNNERS.join(", ")
                     ),
                 );
+            } else if cfg.kind == "agent" {
+                if let Err(e) = crate::runner::agent::AgentOptions::check(&cfg) {
+                    let at = match runner {
+                        RunnerSpec::Detailed(_) if e.field != "." => format!(
+                            "/settings/runner/{}",
+                            e.field.replace(['.', '['], "/").replace(']', "")
+                        ),
+                        _ => "/settings/runner".to_string(),
+                    };
+                    self.error(at, e.to_string());
+                }
             } else if cfg.kind == "command" {
                 match &cfg.script {
                     None => self.error(

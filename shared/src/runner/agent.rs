@@ -117,6 +117,11 @@ pub struct Decoy {
 impl AgentOptions {
     /// Reads the options from a runner configuration; the error names the field.
     pub fn from_runner(runner: &RunnerConfig) -> Result<Self, String> {
+        Self::check(runner).map_err(|e| e.to_string())
+    }
+
+    /// [`AgentOptions::from_runner`], with the option at fault apart (validation points at it).
+    pub fn check(runner: &RunnerConfig) -> Result<Self, OptionError> {
         let known = [
             "maxTurns",
             "maxTokens",
@@ -134,26 +139,46 @@ impl AgentOptions {
             .filter(|(k, _)| known.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let opts: AgentOptions = serde_json::from_value(Value::Object(map))
-            .map_err(|e| format!("runner `agent`: bad option: {e}"))?;
+        let opts: AgentOptions =
+            serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| OptionError {
+                field: e.path().to_string(),
+                message: e.into_inner().to_string(),
+            })?;
+        let bad = |field: &str, message: String| OptionError {
+            field: field.to_string(),
+            message,
+        };
         if opts.max_turns == 0 {
-            return Err("runner `agent`: `maxTurns` must be at least 1".into());
+            return Err(bad("maxTurns", "must be at least 1".into()));
         }
-        AllowedHosts::parse(&opts.allowed_hosts).map_err(|e| format!("runner `agent`: {e}"))?;
-        for d in &opts.decoys {
+        AllowedHosts::parse(&opts.allowed_hosts).map_err(|e| bad("allowedHosts", e))?;
+        for (i, d) in opts.decoys.iter().enumerate() {
             if d.name.is_empty()
                 || !d
                     .name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
             {
-                return Err(format!(
-                    "runner `agent`: `decoys[].name` `{}` must be letters, digits, `-` or `_`",
-                    d.name
+                return Err(bad(
+                    &format!("decoys[{i}].name"),
+                    format!("`{}` must be letters, digits, `-` or `_`", d.name),
                 ));
             }
         }
         Ok(opts)
+    }
+}
+
+/// A bad option of the `agent` runner: which one (`maxTurns`, `decoys[0].name`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for OptionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "runner `agent`: `{}`: {}", self.field, self.message)
     }
 }
 
