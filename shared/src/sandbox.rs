@@ -754,17 +754,7 @@ struct UidTasks {
 /// with a few hundred sandboxes up.
 fn census(range: &std::ops::Range<u32>) -> BTreeMap<u32, Vec<u32>> {
     let mut found: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for (pid, entry) in proc_entries() {
         // A process that exits meanwhile simply has no entry any more.
         let Ok(meta) = entry.metadata() else {
             continue;
@@ -779,6 +769,16 @@ fn census(range: &std::ops::Range<u32>) -> BTreeMap<u32, Vec<u32>> {
         }
     }
     found
+}
+
+/// The pid entries of `/proc` (one per process), with their pids; none when `/proc` cannot
+/// be read.
+fn proc_entries() -> impl Iterator<Item = (u32, std::fs::DirEntry)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse::<u32>().ok()?, e)))
 }
 
 /// The real uid of a task, from its `status`.
@@ -1782,17 +1782,7 @@ impl Inside {
         let mut killed = 0;
         for _ in 0..100 {
             let mut found = 0;
-            let Ok(dir) = std::fs::read_dir("/proc") else {
-                return killed;
-            };
-            for entry in dir.flatten() {
-                let Some(pid) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.parse::<u32>().ok())
-                else {
-                    continue;
-                };
+            for (pid, _) in proc_entries() {
                 if pid == self.init || pid == self.driver {
                     continue;
                 }

@@ -33,7 +33,7 @@ use skilleval::executor::{CaseStatus, ExecutorBuilder};
 use skilleval::llm::{ApiKey, LlmClient, ProviderClients, ProviderConfig, ProviderKind};
 use skilleval::package::{validate, Package, PackageLimits};
 use skilleval::plan::{plan, CaseFilter};
-use skilleval::sandbox::{Sandbox, SandboxMode, SandboxPolicy};
+use skilleval::sandbox::{Sandbox, SandboxMode, SandboxPolicy, SandboxSession};
 
 const LATENCY: Duration = Duration::from_millis(50);
 const TURNS_PER_CASE: u32 = 4;
@@ -139,26 +139,13 @@ fn vm_hwm_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-async fn sandbox_overhead(sandbox: &Sandbox, root: &Path) -> anyhow::Result<()> {
-    let mut opens = Vec::new();
-    for _ in 0..20 {
-        let control = tempfile::tempdir()?;
-        let t0 = Instant::now();
-        let session = sandbox
-            .open_session(
-                root,
-                &[],
-                control.path(),
-                Default::default(),
-                &AllowedHosts::default(),
-            )
-            .await
-            .context("opening a session")?;
-        opens.push(t0.elapsed().as_secs_f64() * 1000.0);
-        session.close().await;
-    }
-    let control = tempfile::tempdir()?;
-    let mut session = sandbox
+/// A session on the package, its files where the runner keeps them (`/dev/shm` by default).
+async fn open(
+    sandbox: &Sandbox,
+    root: &Path,
+) -> anyhow::Result<(tempfile::TempDir, SandboxSession)> {
+    let control = sandbox.session_scratch("skilleval-bench-")?;
+    let session = sandbox
         .open_session(
             root,
             &[],
@@ -166,7 +153,20 @@ async fn sandbox_overhead(sandbox: &Sandbox, root: &Path) -> anyhow::Result<()> 
             Default::default(),
             &AllowedHosts::default(),
         )
-        .await?;
+        .await
+        .context("opening a session")?;
+    Ok((control, session))
+}
+
+async fn sandbox_overhead(sandbox: &Sandbox, root: &Path) -> anyhow::Result<()> {
+    let mut opens = Vec::new();
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let (_control, session) = open(sandbox, root).await?;
+        opens.push(t0.elapsed().as_secs_f64() * 1000.0);
+        session.close().await;
+    }
+    let (_control, mut session) = open(sandbox, root).await?;
     let mut calls = Vec::new();
     for _ in 0..300 {
         let out = session.run("true", Duration::from_secs(10)).await?;
@@ -203,17 +203,8 @@ async fn sandbox_only(sandbox: &Sandbox, root: &Path, concurrency: usize) -> any
     let t0 = Instant::now();
     let phases: Vec<anyhow::Result<[f64; 3]>> = stream::iter(0..n)
         .map(|_| async move {
-            let control = sandbox.session_scratch("skilleval-bench-")?;
             let t = Instant::now();
-            let mut session = sandbox
-                .open_session(
-                    root,
-                    &[],
-                    control.path(),
-                    Default::default(),
-                    &AllowedHosts::default(),
-                )
-                .await?;
+            let (_control, mut session) = open(sandbox, root).await?;
             let open = t.elapsed().as_secs_f64() * 1000.0;
             let t = Instant::now();
             for _ in 0..3 {

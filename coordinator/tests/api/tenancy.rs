@@ -520,6 +520,28 @@ async fn uploads_per_hour_answer_429_at_the_limit() {
     app.cleanup().await;
 }
 
+/// Sends 12 `POST /v1/runs` with `body` at once: exactly one is created, the rest get 429.
+async fn assert_one_of_12_racing_runs_is_created(app: &TestApp, token: &str, body: &Value) {
+    let racing = (0..12).map(|_| {
+        send(
+            app,
+            Method::POST,
+            "/v1/runs",
+            token,
+            Body::Json(body.clone()),
+        )
+    });
+    let mut statuses: Vec<u16> = futures::future::join_all(racing)
+        .await
+        .iter()
+        .map(|a| a.status)
+        .collect();
+    statuses.sort_unstable();
+    let mut want = vec![429; 12];
+    want[0] = 202;
+    assert_eq!(statuses, want);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_runs_answer_429_at_the_limit() {
     let app = app_with(|s| {
@@ -556,24 +578,7 @@ async fn concurrent_runs_answer_429_at_the_limit() {
     // Once the first run is finished, there is room again, for exactly one of several
     // requests racing for it (the check and the creation take turns in PostgreSQL).
     finish_run(&app, id(&a.body, "run_id"), 2, &[]).await;
-    let racing = (0..12).map(|_| {
-        send(
-            &app,
-            Method::POST,
-            "/v1/runs",
-            &gina,
-            Body::Json(body.clone()),
-        )
-    });
-    let mut statuses: Vec<u16> = futures::future::join_all(racing)
-        .await
-        .iter()
-        .map(|a| a.status)
-        .collect();
-    statuses.sort_unstable();
-    let mut want = vec![429; 12];
-    want[0] = 202;
-    assert_eq!(statuses, want);
+    assert_one_of_12_racing_runs_is_created(&app, &gina, &body).await;
     app.cleanup().await;
 }
 
@@ -595,24 +600,7 @@ async fn a_tokens_concurrent_runs_hold_while_its_runs_are_created() {
     .await;
     assert_eq!(a.status, 201, "{}", a.body);
     let body = json!({ "version_id": a.body["version_id"] });
-    let racing = (0..12).map(|_| {
-        send(
-            &app,
-            Method::POST,
-            "/v1/runs",
-            &ivy,
-            Body::Json(body.clone()),
-        )
-    });
-    let mut statuses: Vec<u16> = futures::future::join_all(racing)
-        .await
-        .iter()
-        .map(|a| a.status)
-        .collect();
-    statuses.sort_unstable();
-    let mut want = vec![429; 12];
-    want[0] = 202;
-    assert_eq!(statuses, want);
+    assert_one_of_12_racing_runs_is_created(&app, &ivy, &body).await;
     let b = send(&app, Method::POST, "/v1/runs", &ivy, Body::Json(body)).await;
     assert_refused(
         &app,
