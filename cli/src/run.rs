@@ -241,6 +241,16 @@ fn load_providers(
     Ok(llm)
 }
 
+/// The sandbox the run's options ask for (`--allow-unsandboxed`, `--bwrap`): the cases and the
+/// agent-mode trigger queries run in the same one.
+fn sandbox_for(args: &RunArgs) -> Sandbox {
+    Sandbox::detect(SandboxPolicy {
+        allow_unsandboxed: args.allow_unsandboxed,
+        bwrap: args.bwrap.clone(),
+        ..SandboxPolicy::default()
+    })
+}
+
 /// Registers the strategies and runners (the model-backed ones when a provider is
 /// configured), validates the package against them, prints its warnings, and builds the
 /// executor primed with the compiled graders.
@@ -251,11 +261,7 @@ fn build_executor(
 ) -> Result<Executor, RunError> {
     let executor = ExecutorBuilder::new()
         .providers(llm.map(|setup| setup.clients.clone()))
-        .sandbox(Sandbox::detect(SandboxPolicy {
-            allow_unsandboxed: args.allow_unsandboxed,
-            bwrap: args.bwrap.clone(),
-            ..SandboxPolicy::default()
-        }))
+        .sandbox(sandbox_for(args))
         .build();
     let validation = validate(package, executor.strategies());
     if !validation.is_ok() {
@@ -632,10 +638,7 @@ async fn run_triggers(
     };
     let skill = triggers::SkillCard::new(&package.manifest.name, &package.manifest.description);
     let agent = (args.trigger_mode == crate::TriggerMode::Agent).then(|| triggers::AgentTriggers {
-        sandbox: std::sync::Arc::new(Sandbox::detect(SandboxPolicy {
-            allow_unsandboxed: args.allow_unsandboxed,
-            ..SandboxPolicy::default()
-        })),
+        sandbox: std::sync::Arc::new(sandbox_for(args)),
         package_root: package.root().to_path_buf(),
         max_turns: AGENT_TRIGGER_TURNS,
         timeout: std::time::Duration::from_secs(120),
