@@ -552,6 +552,23 @@ pub async fn report(
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
 }
 
+/// Cancels a live run: the transition, the write-off of its queued jobs (how many were
+/// skipped), and its finalisation at once, since nothing is in flight any more (a failure there
+/// is left to the sweep). The inner `Err` says why the run could not be cancelled.
+pub(crate) async fn cancel_run(
+    state: &AppState,
+    run_id: uuid::Uuid,
+) -> Result<Result<i64, TransitionError>, ApiError> {
+    if let Err(e) = state.store.cancel(run_id).await {
+        return Ok(Err(e));
+    }
+    let skipped = state.launcher.write_off(run_id).await?;
+    if let Err(e) = state.aggregator.finalise(run_id).await {
+        tracing::warn!(%run_id, error = ?e, "finalising the cancelled run failed; the sweep retries");
+    }
+    Ok(Ok(skipped))
+}
+
 /// `POST /v1/runs/{id}/cancel`: the run stops; its cases never recorded are written off as
 /// `skipped`; workers skip the run's remaining jobs.
 #[tracing::instrument(skip_all, fields(run_id = %id))]
@@ -560,8 +577,8 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<CancelResponse>), ApiError> {
     let run_id = parse_uuid("id", &id)?;
-    match state.store.cancel(run_id).await {
-        Ok(()) => {}
+    let skipped = match cancel_run(&state, run_id).await? {
+        Ok(skipped) => skipped,
         Err(TransitionError::NotFound(_)) => return Err(ApiError::not_found("run", run_id)),
         Err(TransitionError::Illegal { state: run, .. }) => {
             return Err(ApiError::conflict(
@@ -571,12 +588,7 @@ pub async fn cancel(
             .with_details(json!({ "status": run.status })))
         }
         Err(TransitionError::Store(e)) => return Err(ApiError::internal(e)),
-    }
-    let skipped = state.launcher.write_off(run_id).await?;
-    // With nothing in flight the run is complete now; finalise without waiting for the sweep.
-    if let Err(e) = state.aggregator.finalise(run_id).await {
-        tracing::warn!(%run_id, error = ?e, "finalising the cancelled run failed; the sweep retries");
-    }
+    };
     Ok((
         StatusCode::ACCEPTED,
         Json(CancelResponse {

@@ -20,15 +20,8 @@ use crate::state::AppState;
 /// Stops a live run the way `POST /v1/runs/{id}/cancel` does (cases never recorded are
 /// written off); a run already finished is left as it is.
 pub async fn stop_if_live(state: &AppState, run_id: Uuid) -> Result<(), ApiError> {
-    match state.store.cancel(run_id).await {
-        Ok(()) => {
-            state.launcher.write_off(run_id).await?;
-            if let Err(e) = state.aggregator.finalise(run_id).await {
-                tracing::warn!(%run_id, error = ?e, "finalising a run before deleting it failed");
-            }
-            Ok(())
-        }
-        Err(TransitionError::NotFound(_) | TransitionError::Illegal { .. }) => Ok(()),
+    match crate::routes::runs::cancel_run(state, run_id).await? {
+        Ok(_) | Err(TransitionError::NotFound(_) | TransitionError::Illegal { .. }) => Ok(()),
         Err(TransitionError::Store(e)) => Err(ApiError::internal(e)),
     }
 }
