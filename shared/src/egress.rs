@@ -246,8 +246,14 @@ impl EgressProxy {
         });
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of descriptors, say: wait rather than spin on the error.
+                        tracing::warn!(error = %e, "sandbox proxy: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
                 };
                 let policy = policy.clone();
                 let mut closed = policy.closed.clone();
