@@ -9,7 +9,6 @@
     clippy::needless_pass_by_value
 )]
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -865,7 +864,6 @@ async fn agent_mode_triggers_count_an_opened_skill_md_and_nothing_else() {
     let system = system_of(&model.requests()[0].1);
     assert!(system.contains("<name>pdf-tools</name>"), "{system}");
     assert!(system.contains("<name>sales-report</name>"), "{system}");
-    let _ = BTreeMap::<String, String>::new();
 }
 
 #[tokio::test]

@@ -115,6 +115,10 @@ async fn the_blind_comparator_judges_each_pair_in_a_seeded_order_beside_the_stat
         .map(|v| v["shown_first"].as_str().unwrap().to_string())
         .collect();
     assert!(orders.iter().all(|o| o == "A" || o == "B"), "{orders:?}");
+    assert!(
+        orders.iter().any(|o| o == "A") && orders.iter().any(|o| o == "B"),
+        "seed 7 shows some pairs each way round: {orders:?}"
+    );
     // The statistics are still there, beside it.
     assert!(c["pass_rate"].is_object() && c["counts"].is_object(), "{c}");
 
@@ -132,6 +136,19 @@ async fn the_blind_comparator_judges_each_pair_in_a_seeded_order_beside_the_stat
         .map(|v| v["shown_first"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(orders, orders_again);
+    let other_seed: Value = app
+        .post_json("/v1/comparisons", &compare(8, false))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let orders_other: Vec<String> = other_seed["blind_comparator"]["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["shown_first"].as_str().unwrap().to_string())
+        .collect();
+    assert_ne!(orders, orders_other, "another seed draws other orders");
     let before = calls.load(Ordering::SeqCst);
     let both: Value = app
         .post_json("/v1/comparisons", &compare(7, true))

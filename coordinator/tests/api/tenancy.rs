@@ -755,7 +755,6 @@ async fn deleting_leaves_no_row_behind_in_any_table() {
     publish_objects(&app, &alice, "alpha").await;
     let b = publish_objects(&app, &bob, "beta").await;
     let alpha_ids = ids_of_skill(&app, "alpha").await;
-    let beta_ids = ids_of_skill(&app, "beta").await;
     assert!(alpha_ids.len() >= 7, "{alpha_ids:?}");
 
     // A run still running is cancelled, then deleted; repeating answers 404 and changes nothing.
@@ -823,6 +822,10 @@ async fn deleting_leaves_no_row_behind_in_any_table() {
         "{}",
         versions.body
     );
+    // What beta holds now: its skill, the remaining version, that version's package, its run.
+    let beta_ids = ids_of_skill(&app, "beta").await;
+    assert!(beta_ids.contains(&b.other_run.to_string()), "{beta_ids:?}");
+    assert!(beta_ids.len() >= 4, "{beta_ids:?}");
 
     // An alert of alpha's monitor and its notification, as the alert round records them.
     let alert = Uuid::now_v7();
@@ -878,7 +881,10 @@ async fn deleting_leaves_no_row_behind_in_any_table() {
     .await;
     assert_eq!(kept.status, 200);
     assert!(!rows_naming(&app, &b.other_run.to_string()).await.is_empty());
-    assert!(beta_ids.len() > 3);
+    assert_eq!(ids_of_skill(&app, "beta").await, beta_ids);
+    for kept in &beta_ids {
+        assert!(!rows_naming(&app, kept).await.is_empty(), "beta's {kept}");
+    }
     // And each deletion is audited.
     let audit = send(
         &app,

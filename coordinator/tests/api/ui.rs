@@ -332,9 +332,20 @@ async fn the_run_table_filters_sorts_and_pages_in_sql() {
     let failed = page("?status=failed").await;
     assert_eq!(rows(&failed), 50);
     assert!(!failed.contains("data-status=\"passed\""));
-    let sorted = page("?sort=score").await;
-    let first_row = sorted.find("<tr class=\"case\"").unwrap();
-    assert!(sorted[first_row..].starts_with("<tr class=\"case\" data-status=\"failed\""));
+    // Rows' statuses in page order: sorted by score, the 50 failures come first; in case order
+    // they alternate with passes.
+    let statuses = |html: &str| -> Vec<String> {
+        let marker = "<tr class=\"case\" data-status=\"";
+        html.match_indices(marker)
+            .filter_map(|(i, _)| html[i + marker.len()..].split('"').next())
+            .map(str::to_string)
+            .collect()
+    };
+    let sorted = statuses(&page("?sort=score").await);
+    assert_eq!(sorted.len(), 100);
+    assert!(sorted[..50].iter().all(|s| s == "failed"), "{sorted:?}");
+    assert!(sorted[50..].iter().all(|s| s == "passed"), "{sorted:?}");
+    assert_eq!(statuses(&all)[..3], ["failed", "passed", "passed"]);
     let bad = app.get(&format!("/ui/runs/{run_id}?status=nope")).await;
     assert_eq!(bad.status().as_u16(), 400);
     assert!(bad.text().await.unwrap().contains("status"));
