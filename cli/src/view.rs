@@ -13,6 +13,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use clap::Args;
+use skilleval::monitor::render::html_escape;
 use skilleval::report::html::{report_page, Assets, REPORT_SCRIPT, STYLE};
 use skilleval::report::{EvaluationReport, ReportContext};
 
@@ -113,13 +114,6 @@ fn read_report(dir: &Path) -> Option<EvaluationReport> {
     serde_json::from_str(&text).ok()
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
 async fn list(State(runs): State<Arc<PathBuf>>) -> Html<String> {
     let mut rows: Vec<(String, EvaluationReport)> = std::fs::read_dir(runs.as_path())
         .map(|entries| {
@@ -144,9 +138,9 @@ async fn list(State(runs): State<Arc<PathBuf>>) -> Html<String> {
     for (name, r) in &rows {
         body.push_str(&format!(
             "<tr><td><a href=\"/runs/{0}\">{0}</a></td><td>{1}</td><td class=\"verdict {2}\">{2}</td><td>{3:.1} %</td><td>{4}</td></tr>",
-            escape(name),
-            escape(&r.task.name),
-            escape(&r.verdict),
+            html_escape(name),
+            html_escape(&r.task.name),
+            html_escape(&r.verdict),
             r.run_summary.pass_rate * 100.0,
             r.created_at.to_rfc3339(),
         ));
