@@ -62,6 +62,23 @@ impl ApiError {
         self
     }
 
+    /// The field a 4xx names (`details.field`), if it names one.
+    pub fn field(&self) -> Option<&str> {
+        self.0.details.get("field").and_then(Value::as_str)
+    }
+
+    /// The same error naming `field` instead, in its message and details (an HTML form names
+    /// its inputs, not the JSON pointers of the API body it was turned into).
+    pub fn naming_field(mut self, field: &str) -> Self {
+        if let Some(rule) = self.0.details.get("rule").and_then(Value::as_str) {
+            self.0.message = format!("`{field}`: {rule}");
+        }
+        if let Some(details) = self.0.details.as_object_mut() {
+            details.insert("field".to_string(), Value::from(field));
+        }
+        self
+    }
+
     fn with_cause(mut self, cause: anyhow::Error) -> Self {
         self.0.cause = Some(cause);
         self

@@ -573,6 +573,15 @@ pub async fn review(
             "choose agree or disagree for the case grade or a criterion",
         )));
     }
+    // The form's input of each review, to name in an error instead of the API's pointer.
+    let inputs: Vec<String> = items
+        .iter()
+        .map(|i| {
+            i.criterion
+                .as_ref()
+                .map_or_else(|| "case".to_string(), |c| format!("criterion:{c}"))
+        })
+        .collect();
     store_reviews(
         &state,
         run_id,
@@ -586,8 +595,27 @@ pub async fn review(
             reviews: items,
         },
     )
-    .await?;
+    .await
+    .map_err(|e| match e.field().and_then(|f| form_input(f, &inputs)) {
+        Some(input) => e.naming_field(&input),
+        None => e,
+    })?;
     Ok(Redirect::to(&format!("/ui/runs/{run_id}/cases/{position}?saved=1")).into_response())
+}
+
+/// The review form's input behind a pointer of the reviews API body: `/reviewer` and
+/// `/reviews/N/note` are the form's `reviewer` and `note`, anything else of review N is the
+/// verdict input it came from (`case` or `criterion:NAME`).
+fn form_input(pointer: &str, inputs: &[String]) -> Option<String> {
+    if pointer == "/reviewer" {
+        return Some("reviewer".to_string());
+    }
+    let mut parts = pointer.strip_prefix("/reviews/")?.splitn(2, '/');
+    let index: usize = parts.next()?.parse().ok()?;
+    match parts.next() {
+        Some("note") => Some("note".to_string()),
+        _ => inputs.get(index).cloned(),
+    }
 }
 
 /// `POST /ui/compare` (a form on the skill page): the stored comparison of two runs, or a

@@ -123,6 +123,19 @@ async fn reviews_are_checked_stored_exported_and_summarised_as_judge_agreement()
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["details"]["field"], "/reviews/0/verdict", "{e}");
     assert_eq!(app.count("case_reviews").await, 0);
+    // The review form's errors name its own inputs, not the API's pointers.
+    let r = app
+        .client
+        .post(format!("{}/ui/runs/{run_id}/cases/0/review", app.address))
+        .form(&[("criterion:tone", "agree")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    let page = r.text().await.unwrap();
+    assert!(page.contains("criterion:tone"), "{page}");
+    assert!(!page.contains("/reviews/0/criterion"), "{page}");
+    assert_eq!(app.count("case_reviews").await, 0);
 
     // The judge passed case-000 and case-002, failed case-001 and case-003. The reviewer agrees
     // on three and says case-001 should have passed: 3/4 agreement; judge labels P F P F,
