@@ -96,6 +96,18 @@ impl ApiError {
             .with_details(json!({ "field": field, "rule": rule }))
     }
 
+    /// 422 naming the field (a JSON pointer or parameter name) and the rule it broke: the
+    /// request parsed, but asks for what the service does not have or allow.
+    pub fn unprocessable_field(code: &'static str, field: &str, rule: impl Into<String>) -> Self {
+        let rule = rule.into();
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            code,
+            format!("`{field}`: {rule}"),
+        )
+        .with_details(json!({ "field": field, "rule": rule }))
+    }
+
     pub fn not_found(what: &str, id: impl std::fmt::Display) -> Self {
         ApiError::new(
             StatusCode::NOT_FOUND,

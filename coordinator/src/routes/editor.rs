@@ -22,16 +22,6 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::state::AppState;
 
-fn unprocessable(code: &'static str, field: &str, rule: impl Into<String>) -> ApiError {
-    let rule = rule.into();
-    ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        code,
-        format!("`{field}`: {rule}"),
-    )
-    .with_details(json!({ "field": field, "rule": rule }))
-}
-
 /// The stored package (hash, ZIP bytes) of `name`'s version labelled `label`.
 pub(crate) async fn version_package(
     state: &AppState,
@@ -147,7 +137,7 @@ pub async fn package(
     ApiJson(body): ApiJson<PackageBody>,
 ) -> Result<Response, ApiError> {
     if !body.definition.is_object() {
-        return Err(unprocessable(
+        return Err(ApiError::unprocessable_field(
             "invalid_body",
             "/definition",
             "must be a JSON object (an eval/tests.json v2)",

@@ -6,7 +6,6 @@
 //! `errored` with the provider error, as it would on a worker without providers.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -42,13 +41,7 @@ pub struct PreviewBody {
 }
 
 fn unprocessable(field: &str, rule: impl Into<String>) -> ApiError {
-    let rule = rule.into();
-    ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_preview",
-        format!("`{field}`: {rule}"),
-    )
-    .with_details(json!({ "field": field, "rule": rule }))
+    ApiError::unprocessable_field("invalid_preview", field, rule)
 }
 
 /// `POST /v1/skills/{name}/preview` → **200** the case's result (`JobResult`), nothing stored.

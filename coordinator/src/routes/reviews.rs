@@ -72,13 +72,7 @@ pub fn criterion_score(r: &JobResult, criterion: &str) -> Option<f64> {
 /// A review that is well-formed JSON but names what the run does not have, or breaks a limit:
 /// 422 naming the field (a JSON pointer) and the rule.
 fn invalid_review(field: &str, rule: impl Into<String>) -> ApiError {
-    let rule = rule.into();
-    ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_review",
-        format!("`{field}`: {rule}"),
-    )
-    .with_details(json!({ "field": field, "rule": rule }))
+    ApiError::unprocessable_field("invalid_review", field, rule)
 }
 
 /// Checks each review against the run's stored results and stores them all, or none.

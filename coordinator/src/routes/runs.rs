@@ -78,12 +78,7 @@ pub const MAX_REPEATS: i64 = 20;
 pub const MAX_TRIGGER_RUNS: i64 = 10;
 
 fn invalid_triggers(field: &str, rule: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_triggers",
-        format!("`{field}`: {rule}"),
-    )
-    .with_details(json!({ "field": field, "rule": rule }))
+    ApiError::unprocessable_field("invalid_triggers", field, rule)
 }
 
 /// Runs per trigger query in range (1 to [`MAX_TRIGGER_RUNS`]; absent: the CLI's default), or
