@@ -361,40 +361,9 @@ pub fn run_summary(runs: &[BenchmarkRun]) -> BaselineSummary {
     }
 }
 
-/// The unbiased pass@k estimator (Chen et al., 2021): the chance that at least one of `k`
-/// attempts drawn without replacement from `n` (of which `c` passed) passes,
-/// `1 - C(n-c, k) / C(n, k)`, computed as a product for numerical stability. `None` when
-/// `k` is 0, `k > n` or `c > n`.
-pub fn pass_at_k(n: u64, c: u64, k: u64) -> Option<f64> {
-    if k == 0 || k > n || c > n {
-        return None;
-    }
-    if n - c < k {
-        return Some(1.0);
-    }
-    let mut none = 1.0f64;
-    for i in (n - c + 1)..=n {
-        none *= 1.0 - k as f64 / i as f64;
-    }
-    Some(1.0 - none)
-}
-
-/// The unbiased estimator of pass^k (all of `k` attempts pass; Yao et al., 2024, τ-bench):
-/// `C(c, k) / C(n, k)` for `c` passes out of `n`, as a product. `None` when `k` is 0,
-/// `k > n` or `c > n`.
-pub fn pass_hat_k(n: u64, c: u64, k: u64) -> Option<f64> {
-    if k == 0 || k > n || c > n {
-        return None;
-    }
-    if c < k {
-        return Some(0.0);
-    }
-    let mut all = 1.0f64;
-    for i in 0..k {
-        all *= (c - i) as f64 / (n - i) as f64;
-    }
-    Some(all)
-}
+/// The estimators live with the other proportion statistics (checked there against known
+/// values); a benchmark reports them per case.
+pub use crate::stats::{pass_at_k, pass_hat_k};
 
 /// The k values reported for `n` attempts: 1, 3, 5, 10 up to `n`, and `n`.
 pub fn reported_ks(n: u64) -> Vec<u64> {
@@ -946,22 +915,11 @@ mod tests {
     }
 
     #[test]
-    fn pass_at_k_matches_the_closed_form() {
-        // n = 5, c = 2: pass@1 = 2/5; pass@2 = 1 - C(3,2)/C(5,2) = 1 - 3/10; pass@3 = 1 - 1/10.
-        assert!((pass_at_k(5, 2, 1).unwrap() - 0.4).abs() < 1e-12);
-        assert!((pass_at_k(5, 2, 2).unwrap() - 0.7).abs() < 1e-12);
-        assert!((pass_at_k(5, 2, 3).unwrap() - 0.9).abs() < 1e-12);
-        assert_eq!(
-            pass_at_k(5, 2, 4),
-            Some(1.0),
-            "n - c < k: some attempt must pass"
-        );
-        assert_eq!(pass_at_k(5, 0, 5), Some(0.0));
-        assert_eq!(pass_at_k(3, 3, 1), Some(1.0));
-        assert_eq!(pass_at_k(3, 1, 4), None);
-        assert_eq!(pass_at_k(3, 1, 0), None);
+    fn reported_ks_are_1_3_5_10_and_n() {
         assert_eq!(reported_ks(4), vec![1, 3, 4]);
         assert_eq!(reported_ks(1), vec![1]);
+        assert_eq!(reported_ks(12), vec![1, 3, 5, 10, 12]);
+        assert_eq!(reported_ks(0), Vec::<u64>::new());
     }
 
     #[test]
