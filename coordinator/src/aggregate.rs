@@ -185,9 +185,9 @@ impl RunAggregator {
         // Streamed row by row: memory does not grow with the run's size.
         let mut summarizer = Summarizer::default();
         let mut not_run = 0u64;
-        // Attempts per case and whether a baseline ran: the run's summary and verdict are
-        // over its with-skill attempts (as the CLI's), the rest is only compared against.
-        let mut repeats = 1u32;
+        // Whether the run has other variants than the primary one: the run's summary and
+        // verdict are over its with-skill attempts (as the CLI's), the rest is only compared
+        // against.
         let mut variants = false;
         let mut trigger_queries = false;
         // A run its budget stopped did not run every case: the cases the stop wrote off
@@ -197,7 +197,6 @@ impl RunAggregator {
             _ => None,
         };
         for_each_result(&self.store, run_id, |r| {
-            repeats = repeats.max(r.variant.run_number);
             variants |= !r.variant.is_primary();
             trigger_queries |= is_trigger_result(&r);
             if r.variant.configuration != Configuration::WithSkill {
