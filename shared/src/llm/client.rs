@@ -363,8 +363,7 @@ impl LlmClient {
                     }
                 })
                 .sum::<usize>();
-        let estimate =
-            chars as u64 / 4 + u64::from(req.max_tokens.unwrap_or(self.config.max_tokens));
+        let estimate = token_estimate(chars, req.max_tokens, self.config.max_tokens);
         let reply = self
             .with_retries(
                 estimate,
@@ -660,11 +659,17 @@ impl LlmClient {
     }
 }
 
-/// Tokens a request may use: about a token per four characters in, plus the output cap.
+/// Tokens a request may use, for the budget's reservation (see [`token_estimate`]).
 fn estimate_tokens(req: &ChatRequest, default_max: u32) -> u64 {
     let chars: usize = req.system.as_deref().map_or(0, str::len)
         + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
-    chars as u64 / 4 + u64::from(req.max_tokens.unwrap_or(default_max))
+    token_estimate(chars, req.max_tokens, default_max)
+}
+
+/// About a token per four characters of input, plus the output cap (the request's, else the
+/// provider's).
+fn token_estimate(input_chars: usize, max_tokens: Option<u32>, default_max: u32) -> u64 {
+    input_chars as u64 / 4 + u64::from(max_tokens.unwrap_or(default_max))
 }
 
 fn redact_fault(fault: Fault, secret: Option<&str>) -> Fault {
