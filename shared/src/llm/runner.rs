@@ -215,7 +215,7 @@ pub fn referenced_paths(body: &str) -> Vec<String> {
 
 /// `root/rel` when `rel` is a plain relative path to a file that stays inside `root` (links
 /// resolved).
-fn resolve_inside(root: &Path, rel: &str) -> Option<PathBuf> {
+pub(crate) fn resolve_inside(root: &Path, rel: &str) -> Option<PathBuf> {
     let rel_path = Path::new(rel);
     if rel_path
         .components()
@@ -228,8 +228,9 @@ fn resolve_inside(root: &Path, rel: &str) -> Option<PathBuf> {
     (full.starts_with(&root) && full.is_file()).then_some(full)
 }
 
-/// The user message: prompt, context, input files. Returns the files included and skipped.
-pub fn user_message(case: &TestCase, root: &Path) -> (String, Vec<String>, Vec<(String, String)>) {
+/// The case's prompt, and its `input.context` (pretty JSON in a `<context>` block) when it
+/// has one.
+pub(crate) fn prompt_with_context(case: &TestCase) -> String {
     let mut s = case.input.prompt.trim().to_string();
     if let Some(ctx) = case.input.context.as_ref().filter(|c| !c.is_null()) {
         let _ = write!(
@@ -238,6 +239,12 @@ pub fn user_message(case: &TestCase, root: &Path) -> (String, Vec<String>, Vec<(
             serde_json::to_string_pretty(ctx).unwrap_or_default()
         );
     }
+    s
+}
+
+/// The user message: prompt, context, input files. Returns the files included and skipped.
+pub fn user_message(case: &TestCase, root: &Path) -> (String, Vec<String>, Vec<(String, String)>) {
+    let mut s = prompt_with_context(case);
     let mut included = Vec::new();
     let mut skipped = Vec::new();
     let mut used = 0usize;

@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use super::{OutputRunner, ProduceRequest, Produced, ProducedFile};
 use crate::egress::AllowedHosts;
 use crate::grade::{Fault, ToolCall, Usage};
-use crate::llm::runner::{repeat_of, without_skill};
+use crate::llm::runner::{prompt_with_context, repeat_of, resolve_inside, without_skill};
 use crate::llm::tools::{AgentMessage, AgentRequest, ToolResult, ToolSpec, ToolUse};
 use crate::llm::{LlmClient, ProviderClients, Purpose};
 use crate::model::RunnerConfig;
@@ -373,21 +373,13 @@ fn sandbox_fault(e: SandboxError) -> Fault {
 /// Copies the case's input files into the workspace, by file name.
 fn seed_workspace(root: &Path, files: &[String], workspace: &Path) -> Result<Vec<String>, Fault> {
     let mut seeded = Vec::new();
-    let root = root
-        .canonicalize()
-        .map_err(|e| io_fault("reading the package", &e))?;
     for rel in files {
         let rel = rel.trim().trim_start_matches("./");
-        let src = root.join(rel);
-        let src = src
-            .canonicalize()
-            .ok()
-            .filter(|s| s.starts_with(&root) && s.is_file())
-            .ok_or_else(|| {
-                Fault::permanent(format!(
-                    "input.files: `{rel}` is not a file inside the package"
-                ))
-            })?;
+        let src = resolve_inside(root, rel).ok_or_else(|| {
+            Fault::permanent(format!(
+                "input.files: `{rel}` is not a file inside the package"
+            ))
+        })?;
         let name = src
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -658,14 +650,7 @@ pub async fn run_agent(
         .await
         .map_err(sandbox_fault)?;
 
-    let mut user = req.case.input.prompt.trim().to_string();
-    if let Some(ctx) = req.case.input.context.as_ref().filter(|c| !c.is_null()) {
-        let _ = write!(
-            user,
-            "\n\n<context>\n{}\n</context>",
-            serde_json::to_string_pretty(ctx).unwrap_or_default()
-        );
-    }
+    let mut user = prompt_with_context(req.case);
     if !seeded.is_empty() {
         let _ = write!(user, "\n\nInput files in /workspace: {}", seeded.join(", "));
     }
