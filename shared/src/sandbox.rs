@@ -1167,7 +1167,9 @@ impl Host {
     }
 
     /// `sh -c 'print the marker; exec the program' program args...`: the marker proves the
-    /// machinery got as far as the program, `exec` keeps the process count unchanged.
+    /// machinery got as far as the program, `exec` keeps the process count unchanged. A
+    /// program that is itself `sh -c SCRIPT` (a session's loop, the probe) runs in that same
+    /// shell, `sh -c 'print the marker; SCRIPT'`: one program start fewer.
     fn exec_with_marker(
         &self,
         program: &Path,
@@ -1178,6 +1180,15 @@ impl Host {
             .get("sh")
             .filter(|i| i.problem.is_none())
             .ok_or(SandboxError::MissingTool { tool: "sh" })?;
+        if let [name, flag, script] = req.argv.as_slice() {
+            if name == "sh" && flag == "-c" && program == sh.path {
+                return Ok(vec![
+                    sh.path.clone().into(),
+                    "-c".into(),
+                    format!("printf '{STARTED_MARKER_PRINTF}' >&2; {script}").into(),
+                ]);
+            }
+        }
         let mut argv: Vec<OsString> = vec![
             sh.path.clone().into(),
             "-c".into(),
