@@ -57,6 +57,16 @@ async fn start_judge() -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle
     (addr, calls, task)
 }
 
+/// Which output each verdict of a blind comparison showed first (`A` or `B`), in order.
+fn shown_first(blind: &Value) -> Vec<String> {
+    blind["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["shown_first"].as_str().unwrap().to_string())
+        .collect()
+}
+
 #[tokio::test]
 async fn the_blind_comparator_judges_each_pair_in_a_seeded_order_beside_the_statistics() {
     let (addr, calls, judge_task) = start_judge().await;
@@ -108,12 +118,7 @@ async fn the_blind_comparator_judges_each_pair_in_a_seeded_order_beside_the_stat
         4,
         "one call per pair"
     );
-    let orders: Vec<String> = blind["verdicts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["shown_first"].as_str().unwrap().to_string())
-        .collect();
+    let orders = shown_first(blind);
     assert!(orders.iter().all(|o| o == "A" || o == "B"), "{orders:?}");
     assert!(
         orders.iter().any(|o| o == "A") && orders.iter().any(|o| o == "B"),
@@ -123,32 +128,25 @@ async fn the_blind_comparator_judges_each_pair_in_a_seeded_order_beside_the_stat
     assert!(c["pass_rate"].is_object() && c["counts"].is_object(), "{c}");
 
     // The same seed shows the pairs in the same orders; both orders judge each twice.
-    let again: Value = app
-        .post_json("/v1/comparisons", &compare(7, false))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let orders_again: Vec<String> = again["blind_comparator"]["verdicts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["shown_first"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(orders, orders_again);
-    let other_seed: Value = app
-        .post_json("/v1/comparisons", &compare(8, false))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let orders_other: Vec<String> = other_seed["blind_comparator"]["verdicts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["shown_first"].as_str().unwrap().to_string())
-        .collect();
-    assert_ne!(orders, orders_other, "another seed draws other orders");
+    let orders_of_seed = |seed: u64| {
+        let app = &app;
+        let body = compare(seed, false);
+        async move {
+            let c: Value = app
+                .post_json("/v1/comparisons", &body)
+                .await
+                .json()
+                .await
+                .unwrap();
+            shown_first(&c["blind_comparator"])
+        }
+    };
+    assert_eq!(orders, orders_of_seed(7).await);
+    assert_ne!(
+        orders,
+        orders_of_seed(8).await,
+        "another seed draws other orders"
+    );
     let before = calls.load(Ordering::SeqCst);
     let both: Value = app
         .post_json("/v1/comparisons", &compare(7, true))

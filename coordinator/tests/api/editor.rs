@@ -309,6 +309,20 @@ fn open_profile_files() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// `POST /v1/skills/validate{query}` with a folder's files.
+async fn validate_folder(
+    app: &TestApp,
+    files: &[(&'static str, Vec<u8>)],
+    query: &str,
+) -> reqwest::Response {
+    app.client
+        .post(format!("{}/v1/skills/validate{query}", app.address))
+        .multipart(folder_form(files))
+        .send()
+        .await
+        .unwrap()
+}
+
 fn folder_form(files: &[(&'static str, Vec<u8>)]) -> reqwest::multipart::Form {
     files
         .iter()
@@ -325,13 +339,7 @@ async fn a_folder_is_zipped_and_its_open_profile_can_be_chosen() {
     let app = spawn_app().await;
     let doc = doc();
     // A folder, as the upload page sends it: validated like the ZIP of it.
-    let r = app
-        .client
-        .post(format!("{}/v1/skills/validate", app.address))
-        .multipart(folder_form(&open_profile_files()))
-        .send()
-        .await
-        .unwrap();
+    let r = validate_folder(&app, &open_profile_files(), "").await;
     assert_eq!(r.status().as_u16(), 200);
     let body: Value = r.json().await.unwrap();
     check(&doc, "post", "/v1/skills/validate", 200, &body);
@@ -341,16 +349,7 @@ async fn a_folder_is_zipped_and_its_open_profile_can_be_chosen() {
     assert_eq!(body["profile_open"], true);
 
     // The profile chosen: written into the package, so it is no longer open.
-    let r = app
-        .client
-        .post(format!(
-            "{}/v1/skills/validate?profile=structured",
-            app.address
-        ))
-        .multipart(folder_form(&open_profile_files()))
-        .send()
-        .await
-        .unwrap();
+    let r = validate_folder(&app, &open_profile_files(), "?profile=structured").await;
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["valid"], true, "{body}");
     assert_eq!(body["profile"], "structured");
@@ -397,13 +396,7 @@ async fn a_folder_is_zipped_and_its_open_profile_can_be_chosen() {
     // A folder's paths meet the package hardening like a ZIP's entries.
     let mut climbing = open_profile_files();
     climbing.push(("open/../../escape.txt", b"out".to_vec()));
-    let r = app
-        .client
-        .post(format!("{}/v1/skills/validate", app.address))
-        .multipart(folder_form(&climbing))
-        .send()
-        .await
-        .unwrap();
+    let r = validate_folder(&app, &climbing, "").await;
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["valid"], false, "{body}");
     assert_eq!(body["code"], "package_refused", "{body}");
@@ -411,26 +404,14 @@ async fn a_folder_is_zipped_and_its_open_profile_can_be_chosen() {
     // A path given twice is the client's mistake, named.
     let mut twice = open_profile_files();
     twice.push(twice[0].clone());
-    let r = app
-        .client
-        .post(format!("{}/v1/skills/validate", app.address))
-        .multipart(folder_form(&twice))
-        .send()
-        .await
-        .unwrap();
+    let r = validate_folder(&app, &twice, "").await;
     assert_eq!(r.status().as_u16(), 400);
     let body: Value = r.json().await.unwrap();
     check(&doc, "post", "/v1/skills/validate", 400, &body);
     assert_eq!(body["error"]["details"]["field"], "files", "{body}");
     assert!(body.to_string().contains(twice[0].0), "{body}");
     // An unknown profile names the parameter too.
-    let r = app
-        .client
-        .post(format!("{}/v1/skills/validate?profile=fancy", app.address))
-        .multipart(folder_form(&open_profile_files()))
-        .send()
-        .await
-        .unwrap();
+    let r = validate_folder(&app, &open_profile_files(), "?profile=fancy").await;
     assert_eq!(r.status().as_u16(), 400);
     let body: Value = r.json().await.unwrap();
     assert!(
