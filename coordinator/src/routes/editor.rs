@@ -6,17 +6,15 @@
 //! inline `eval_config`. The rebuilt ZIP is validated by the upload's own code
 //! ([`super::skills::open_package`]) before it is handed out.
 
-use std::io::{Cursor, Write as _};
-use std::path::Path as FsPath;
-
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use skilleval::package::{EvalFormat, Package, PackageError, PackageLimits, EVAL_FILES};
+use skilleval::package::{EvalFormat, Package, PackageError, PackageLimits};
 
+use super::package_files;
 use super::skills::{open_package, package_error, Opening};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
@@ -182,65 +180,11 @@ async fn rebuild(
     let text = serde_json::to_vec_pretty(&definition)
         .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
     let built = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, PackageError> {
-        let dir = tempfile::tempdir().map_err(|e| PackageError::Io {
-            path: std::env::temp_dir(),
-            source: e,
-        })?;
-        let root = Package::extract_files(&bytes, &limits, dir.path())?;
-        for file in EVAL_FILES {
-            let path = root.join(file);
-            if path.is_file() {
-                std::fs::remove_file(&path).map_err(|e| PackageError::Io {
-                    path: path.clone(),
-                    source: e,
-                })?;
-            }
-        }
-        let target = root.join("eval/tests.json");
-        std::fs::create_dir_all(root.join("eval"))
-            .and_then(|()| std::fs::write(&target, &text))
-            .map_err(|e| PackageError::Io {
-                path: target.clone(),
-                source: e,
-            })?;
-        let mut writer = zip::ZipWriter::new(Cursor::new(Vec::new()));
-        add_dir(&mut writer, &root, "").map_err(|e| PackageError::Io {
-            path: root.clone(),
-            source: e,
-        })?;
-        let out = writer.finish().map_err(|e| PackageError::Io {
-            path: root.clone(),
-            source: std::io::Error::other(e),
-        })?;
-        Ok(out.into_inner())
+        let package = package_files::extract(&bytes, &limits)?;
+        package_files::replace_definition(&package.root, &text)?;
+        package_files::zip_tree(&package.root)
     })
     .await
     .map_err(|e| ApiError::internal(anyhow::anyhow!("rebuilding the package failed: {e}")))?;
     built.map_err(package_error)
-}
-
-/// Adds the files under `dir` (sorted, so the same tree gives the same ZIP) at `prefix`.
-fn add_dir(
-    writer: &mut zip::ZipWriter<Cursor<Vec<u8>>>,
-    dir: &FsPath,
-    prefix: &str,
-) -> std::io::Result<()> {
-    let options = zip::write::SimpleFileOptions::default()
-        .compression_method(zip::CompressionMethod::Deflated);
-    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(std::fs::DirEntry::file_name);
-    for entry in entries {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = format!("{prefix}{name}");
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            add_dir(writer, &entry.path(), &format!("{path}/"))?;
-        } else if kind.is_file() {
-            writer
-                .start_file(path, options)
-                .map_err(std::io::Error::other)?;
-            writer.write_all(&std::fs::read(entry.path())?)?;
-        }
-    }
-    Ok(())
 }

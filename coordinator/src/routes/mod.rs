@@ -25,6 +25,7 @@ pub mod editor;
 pub mod health;
 pub mod history;
 pub mod monitoring;
+pub(crate) mod package_files;
 pub mod preview;
 pub mod reviews;
 pub mod runs;

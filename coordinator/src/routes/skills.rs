@@ -24,6 +24,7 @@ use skilleval::strategy::StrategyRegistry;
 use skilleval_infra::store::samples::{NewRevision, RevisionSource};
 use skilleval_infra::store::versions::{NewVersion, VersionError};
 
+use super::package_files;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
@@ -523,12 +524,8 @@ pub(crate) async fn apply_profile(
     limits: Arc<PackageLimits>,
 ) -> Result<Bytes, ApiError> {
     let rebuilt = tokio::task::spawn_blocking(move || -> Result<Result<Vec<u8>, &'static str>, PackageError> {
-        let dir = tempfile::tempdir().map_err(|source| PackageError::Io {
-            path: std::env::temp_dir(),
-            source,
-        })?;
-        let root = Package::extract_files(&zip, &limits, dir.path())?;
-        let target = root.join("eval/tests.json");
+        let package = package_files::extract(&zip, &limits)?;
+        let target = package.root.join(package_files::DEFINITION);
         let io = |source| PackageError::Io {
             path: target.clone(),
             source,
@@ -549,14 +546,7 @@ pub(crate) async fn apply_profile(
         out.extend_from_slice(format!("\"profile\":\"{}\",", profile.as_str()).as_bytes());
         out.extend_from_slice(&text[brace + 1..]);
         std::fs::write(&target, out).map_err(io)?;
-        let files = collect_files(&root, "").map_err(|source| PackageError::Io {
-            path: root.clone(),
-            source,
-        })?;
-        zip_folder(&files).map(Ok).map_err(|e| PackageError::Io {
-            path: root.clone(),
-            source: std::io::Error::other(e),
-        })
+        package_files::zip_tree(&package.root).map(Ok)
     })
     .await
     .map_err(|e| ApiError::internal(anyhow::anyhow!("applying the profile failed: {e}")))?;
@@ -581,23 +571,6 @@ pub(crate) fn profile_open(path: &std::path::Path) -> Option<bool> {
     let top: Top = serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
     top.test_cases?;
     Some(top.profile.is_none())
-}
-
-/// The files under `dir` (sorted), with their paths relative to it.
-fn collect_files(dir: &std::path::Path, prefix: &str) -> std::io::Result<Vec<(String, Bytes)>> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(std::fs::DirEntry::file_name);
-    let mut out = Vec::new();
-    for entry in entries {
-        let path = format!("{prefix}{}", entry.file_name().to_string_lossy());
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            out.extend(collect_files(&entry.path(), &format!("{path}/"))?);
-        } else if kind.is_file() {
-            out.push((path, Bytes::from(std::fs::read(entry.path())?)));
-        }
-    }
-    Ok(out)
 }
 
 /// Opens and validates on the blocking pool (file system work); refusals and invalid packages
@@ -789,28 +762,9 @@ pub(crate) async fn inline_definition(
     let limits = state.limits.clone();
     let strategies = state.strategies.clone();
     let opened = tokio::task::spawn_blocking(move || -> Result<_, PackageError> {
-        let dir = tempfile::tempdir().map_err(|e| PackageError::Io {
-            path: std::env::temp_dir(),
-            source: e,
-        })?;
-        let root = Package::extract_files(&bytes, &limits, dir.path())?;
-        for file in skilleval::package::EVAL_FILES {
-            let path = root.join(file);
-            if path.is_file() {
-                std::fs::remove_file(&path).map_err(|source| PackageError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-            }
-        }
-        let target = root.join("eval/tests.json");
-        std::fs::create_dir_all(root.join("eval"))
-            .and_then(|()| std::fs::write(&target, &text))
-            .map_err(|source| PackageError::Io {
-                path: target.clone(),
-                source,
-            })?;
-        let mut package = Package::open_dir(&root, &limits)?;
+        let extracted = package_files::extract(&bytes, &limits)?;
+        package_files::replace_definition(&extracted.root, &text)?;
+        let mut package = Package::open_dir(&extracted.root, &limits)?;
         let mut writer = DefinitionWriter::new();
         let validation = check_in_chunks(&mut package, &strategies, CHECK_CHUNK, |cases| {
             writer.write_cases(cases);
