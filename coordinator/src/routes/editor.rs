@@ -19,6 +19,45 @@ use super::skills::{open_package, package_error, Opening};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::state::AppState;
+use skilleval_infra::store::versions::VersionForRun;
+
+/// `name`'s version labelled `label` (the newest when `None`) with its definition: 404 when
+/// there is no such skill, `None` when it has no such version.
+pub(crate) async fn find_version(
+    state: &AppState,
+    name: &str,
+    label: Option<&str>,
+) -> Result<Option<VersionForRun>, ApiError> {
+    let (_, versions) = state
+        .store
+        .versions_of(name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("skill", name))?;
+    // Newest first.
+    let row = match label {
+        None => versions.first(),
+        Some(label) => versions.iter().find(|v| v.version == label),
+    };
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let mut conn = state.store.pool().acquire().await?;
+    let version = state
+        .store
+        .version_for_run(&mut conn, row.version_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("version", row.version_id))?;
+    Ok(Some(version))
+}
+
+/// The stored ZIP of a package the store lists (a 500 if it is gone: the rows reference it).
+pub(crate) async fn stored_package(state: &AppState, hash: &str) -> Result<Vec<u8>, ApiError> {
+    state
+        .store
+        .package_bytes(hash)
+        .await?
+        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("package {hash} is gone")))
+}
 
 /// The stored package (hash, ZIP bytes) of `name`'s version labelled `label`.
 pub(crate) async fn version_package(
@@ -26,28 +65,10 @@ pub(crate) async fn version_package(
     name: &str,
     label: &str,
 ) -> Result<(String, Vec<u8>), ApiError> {
-    let (_, versions) = state
-        .store
-        .versions_of(name)
+    let version = find_version(state, name, Some(label))
         .await?
-        .ok_or_else(|| ApiError::not_found("skill", name))?;
-    let row = versions
-        .iter()
-        .find(|v| v.version == label)
         .ok_or_else(|| ApiError::not_found("version", label))?;
-    let version = {
-        let mut conn = state.store.pool().acquire().await?;
-        state
-            .store
-            .version_for_run(&mut conn, row.version_id)
-            .await?
-    }
-    .ok_or_else(|| ApiError::not_found("version", row.version_id))?;
-    let bytes = state
-        .store
-        .package_bytes(&version.package_hash)
-        .await?
-        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("the version's package is gone")))?;
+    let bytes = stored_package(state, &version.package_hash).await?;
     Ok((version.package_hash, bytes))
 }
 

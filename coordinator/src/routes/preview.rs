@@ -14,6 +14,7 @@ use skilleval::model::{Given, RunnerConfig};
 use skilleval::package::Package;
 use skilleval::plan::CaseFilter;
 
+use super::editor::{find_version, stored_package};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::launch::read_definition;
@@ -57,30 +58,10 @@ pub async fn preview(
             format!("at most {MAX_OUTPUT_BYTES} bytes"),
         ));
     }
-    let (_, versions) = state
-        .store
-        .versions_of(&name)
+    let version = find_version(&state, &name, body.version.as_deref())
         .await?
-        .ok_or_else(|| ApiError::not_found("skill", &name))?;
-    // Newest first.
-    let row = match &body.version {
-        None => versions.first(),
-        Some(label) => versions.iter().find(|v| &v.version == label),
-    }
-    .ok_or_else(|| unprocessable("/version", format!("`{name}` has no such version")))?;
-    let version = {
-        let mut conn = state.store.pool().acquire().await?;
-        state
-            .store
-            .version_for_run(&mut conn, row.version_id)
-            .await?
-    }
-    .ok_or_else(|| ApiError::not_found("version", row.version_id))?;
-    let package_bytes = state
-        .store
-        .package_bytes(&version.package_hash)
-        .await?
-        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("the version's package is gone")))?;
+        .ok_or_else(|| unprocessable("/version", format!("`{name}` has no such version")))?;
+    let package_bytes = stored_package(&state, &version.package_hash).await?;
     let edited = match &body.definition {
         None => None,
         Some(d) if !d.is_object() => {

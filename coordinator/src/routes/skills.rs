@@ -752,11 +752,7 @@ pub(crate) async fn inline_definition(
     package_hash: &str,
     eval_config: &serde_json::Value,
 ) -> Result<DefinitionText, ApiError> {
-    let bytes = state
-        .store
-        .package_bytes(package_hash)
-        .await?
-        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("package {package_hash} is gone")))?;
+    let bytes = super::editor::stored_package(state, package_hash).await?;
     let text =
         serde_json::to_vec(eval_config).map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
     let limits = state.limits.clone();

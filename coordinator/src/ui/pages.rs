@@ -797,22 +797,10 @@ const PREVIEW_CASES: usize = 2_000;
 /// `GET /ui/skills/{name}/preview`: pick a case of the newest version, paste an output, see
 /// how it would be graded (`POST /v1/skills/{name}/preview`), nothing stored.
 pub async fn preview(State(state): State<AppState>, Path(name): Path<String>) -> Page {
-    let (_, versions) = state
-        .store
-        .versions_of(&name)
+    let version = crate::routes::editor::find_version(&state, &name, None)
         .await?
-        .ok_or_else(|| ApiError::not_found("skill", &name))?;
-    let Some(newest) = versions.first() else {
-        return Err(ApiError::not_found("version of skill", &name).into());
-    };
-    let version = {
-        let mut conn = state.store.pool().acquire().await?;
-        state
-            .store
-            .version_for_run(&mut conn, newest.version_id)
-            .await?
-    }
-    .ok_or_else(|| ApiError::not_found("version", newest.version_id))?;
+        .ok_or_else(|| ApiError::not_found("version of skill", &name))?;
+    let version_label = version.version.clone();
     let hash = version.package_hash.clone();
     let ids = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
         let definition = crate::launch::read_definition(version.config)?;
@@ -834,11 +822,11 @@ pub async fn preview(State(state): State<AppState>, Path(name): Path<String>) ->
     .await
     .map_err(|e| ApiError::internal(anyhow::anyhow!("listing cases failed: {e}")))??;
     Ok(layout_with_scripts(
-        &format!("Preview a grade · {name} {}", newest.version),
+        &format!("Preview a grade · {name} {}", version_label),
         html! {
-            p { "Paste an output for one case of version " (newest.version)
+            p { "Paste an output for one case of version " (version_label)
                 " and see how it is graded, by the same strategies as a run. Nothing is stored." }
-            form #preview-form data-skill=(path_segment(&name)) data-version=(newest.version) {
+            form #preview-form data-skill=(path_segment(&name)) data-version=(version_label) {
                 p { label { "case " select #preview-case {
                     @for id in &ids { option value=(id) { (id) } }
                 } } }
