@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use skilleval::llm::ResponseCache;
 use skilleval_infra::store::llm::PgResponseCache;
 
-use crate::e2e::{start_worker_with, wait_for_verdict};
+use crate::e2e::{start_worker_with_providers, wait_for_verdict};
 use crate::e2e_llm::{llm_package_named, start_judge};
 use crate::helpers::{local_provider, only_provider, spawn_app_with, AppOptions, TestApp};
 
@@ -75,10 +75,8 @@ async fn deleting_a_run_version_or_skill_deletes_the_model_answers_only_it_used(
         ..AppOptions::default()
     })
     .await;
-    let mut settings = app.settings.clone();
-    settings.llm.providers = providers;
     let package_cache = tempfile::tempdir().unwrap();
-    let (stop, worker) = start_worker_with(settings, package_cache.path()).await;
+    let (stop, worker) = start_worker_with_providers(&app, providers, package_cache.path()).await;
 
     // An answer stored outside any run (as before links existed): no deletion touches it.
     let unowned = "0".repeat(64);

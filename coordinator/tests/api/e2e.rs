@@ -84,6 +84,17 @@ async fn start_worker(
     start_worker_with(app.settings.clone(), cache).await
 }
 
+/// Starts an in-process worker with the app's settings and `providers` as its model providers.
+pub(crate) async fn start_worker_with_providers(
+    app: &TestApp,
+    providers: skilleval::llm::Providers,
+    cache: &Path,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let mut settings = app.settings.clone();
+    settings.llm.providers = providers;
+    start_worker_with(settings, cache).await
+}
+
 /// Starts an in-process worker with `settings` (the app's, adjusted by the caller).
 pub(crate) async fn start_worker_with(
     settings: skilleval_infra::config::Settings,

@@ -16,7 +16,9 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use skilleval::llm::{DirCache, ProviderClients, ProviderConfig};
 
-use crate::e2e::{assert_same, local_run_with, server_cases, start_worker_with, wait_for_verdict};
+use crate::e2e::{
+    assert_same, local_run_with, server_cases, start_worker_with_providers, wait_for_verdict,
+};
 use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};
 use crate::packages::{skill_md, zip_of};
 
@@ -184,10 +186,8 @@ async fn an_llm_graded_package_gets_the_same_verdict_locally_and_through_the_ser
     );
 
     // Through the service: a worker configured with the same provider.
-    let mut settings = app.settings.clone();
-    settings.llm.providers = providers;
     let package_cache = tempfile::tempdir().unwrap();
-    let (stop, worker) = start_worker_with(settings, package_cache.path()).await;
+    let (stop, worker) = start_worker_with_providers(&app, providers, package_cache.path()).await;
     let upload: Value = app.upload_zip(zip, "").await.json().await.unwrap();
     let run_id = upload["run_id"].as_str().expect("a run").to_string();
     let run = wait_for_verdict(&app, &run_id).await;

@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use skilleval::llm::ProviderConfig;
 
-use crate::e2e::{server_cases, start_worker_with, wait_for_verdict};
+use crate::e2e::{server_cases, start_worker_with_providers, wait_for_verdict};
 use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};
 use crate::packages::zip_of;
 
@@ -84,10 +84,8 @@ async fn a_rescore_grades_stored_outputs_again_without_producing_them() {
         ..AppOptions::default()
     })
     .await;
-    let mut settings = app.settings.clone();
-    settings.llm.providers = providers;
     let package_cache = tempfile::tempdir().unwrap();
-    let (stop, worker) = start_worker_with(settings, package_cache.path()).await;
+    let (stop, worker) = start_worker_with_providers(&app, providers, package_cache.path()).await;
 
     // v1 produces the outputs: the even cases answer `ok` and pass.
     let upload = app.upload_zip(llm_package("One.", "c", "ok"), "").await;
@@ -243,10 +241,8 @@ async fn a_rescore_grades_stored_outputs_against_an_inline_eval_config() {
         ..AppOptions::default()
     })
     .await;
-    let mut settings = app.settings.clone();
-    settings.llm.providers = providers;
     let package_cache = tempfile::tempdir().unwrap();
-    let (stop, worker) = start_worker_with(settings, package_cache.path()).await;
+    let (stop, worker) = start_worker_with_providers(&app, providers, package_cache.path()).await;
 
     let upload: Value = app
         .upload_zip(llm_package("One.", "c", "ok"), "")

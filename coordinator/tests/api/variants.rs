@@ -20,7 +20,7 @@ use axum::{Json, Router};
 use clap::Parser as _;
 use serde_json::{json, Value};
 
-use crate::e2e::{start_worker_with, wait_for_verdict};
+use crate::e2e::{start_worker_with_providers, wait_for_verdict};
 use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};
 use crate::packages::zip_of;
 
@@ -235,10 +235,8 @@ async fn a_baseline_and_repeats_run_reports_the_uplift_and_pass_at_k_the_cli_rep
     })
     .await;
     let providers = only_provider(local_provider(addr, "test", "test-model"));
-    let mut settings = app.settings.clone();
-    settings.llm.providers = providers;
     let package_cache = tempfile::tempdir().unwrap();
-    let (stop, worker) = start_worker_with(settings, package_cache.path()).await;
+    let (stop, worker) = start_worker_with_providers(&app, providers, package_cache.path()).await;
 
     // Bad input first: the rule is named.
     let bad = app.upload_zip(zip.clone(), "?repeats=0").await;
@@ -395,10 +393,8 @@ async fn the_service_runs_trigger_evals_and_reports_the_clis_precision_recall_an
     })
     .await;
     let providers = only_provider(local_provider(addr, "test", "test-model"));
-    let mut settings = app.settings.clone();
-    settings.llm.providers = providers;
     let package_cache = tempfile::tempdir().unwrap();
-    let (stop, worker) = start_worker_with(settings, package_cache.path()).await;
+    let (stop, worker) = start_worker_with_providers(&app, providers, package_cache.path()).await;
 
     let bad = app.upload_zip(zip.clone(), "?trigger_runs=11").await;
     assert_eq!(bad.status().as_u16(), 422);
