@@ -212,24 +212,19 @@ async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -> Re
         )
             .into_response();
     }
-    let cookie = format!(
-        "{SESSION_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
-        hex::encode(token.as_bytes())
-    );
-    let mut response = Redirect::to("/ui/").into_response();
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().insert(header::SET_COOKIE, value);
-    }
-    response
+    session_cookie("/ui/", &hex::encode(token.as_bytes()), "")
 }
 
 async fn logout() -> Response {
-    let mut response = Redirect::to("/ui/login").into_response();
-    response.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static(
-            "skilleval_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
-        ),
-    );
+    session_cookie("/ui/login", "", "; Max-Age=0")
+}
+
+/// A redirect to `to` that sets the session cookie to `value` (`extra`: more attributes).
+fn session_cookie(to: &str, value: &str, extra: &str) -> Response {
+    let mut response = Redirect::to(to).into_response();
+    let cookie = format!("{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict{extra}");
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
     response
 }
