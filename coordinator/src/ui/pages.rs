@@ -787,7 +787,7 @@ pub async fn upload() -> Html<String> {
                 p #live-verdict hidden {}
             }
         },
-        &["upload.js"],
+        &["progress.js", "upload.js"],
     )
 }
 

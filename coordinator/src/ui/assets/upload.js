@@ -64,35 +64,13 @@
   }
   function choose(c) { chosen = c; choice.hidden = true; validate(); }
 
+  // The progress section of the page, followed by progress.js.
   function follow(runId) {
-    var section = document.getElementById("upload-progress");
-    section.hidden = false;
+    document.getElementById("upload-progress").hidden = false;
     var link = document.getElementById("run-link");
     link.href = "/ui/runs/" + encodeURIComponent(runId);
     link.textContent = runId;
-    function set(id, value) { document.getElementById(id).textContent = String(value); }
-    function poll() {
-      fetch("/v1/runs/" + encodeURIComponent(runId), { credentials: "same-origin" })
-        .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
-        .then(function (run) {
-          set("run-status", run.status);
-          set("run-completed", run.counters.completed);
-          set("run-total", run.counters.total);
-          var bar = document.getElementById("run-progress");
-          bar.max = Math.max(run.counters.total, 1);
-          bar.value = run.counters.completed;
-          if (run.verdict) {
-            var v = document.getElementById("live-verdict");
-            v.textContent = "Verdict: " + run.verdict;
-            v.className = "verdict " + run.verdict;
-            v.hidden = false;
-          } else {
-            setTimeout(poll, 1000);
-          }
-        })
-        .catch(function () { setTimeout(poll, 3000); });
-    }
-    poll();
+    window.skillevalFollowRun(runId, "");
   }
 
   start.addEventListener("click", function () {
