@@ -180,21 +180,24 @@ fn retry_secs(wait: Duration) -> u64 {
 fn check_rate(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
     let access = &state.access;
     let clock = DefaultClock::default();
+    // The keys are made only for the limits that are configured.
+    let publisher_key: fn(&Principal) -> String = |p| p.publisher_id.to_string();
+    let token_key: fn(&Principal) -> String = Principal::token_key;
     let checks = [
         (
             &access.publisher_rate,
-            principal.publisher_id.to_string(),
+            publisher_key,
             "coordinator.quotas.publisher.requests_per_second",
         ),
         (
             &access.token_rate,
-            principal.token_key(),
+            token_key,
             "coordinator.quotas.token.requests_per_second",
         ),
     ];
     for (limiter, key, name) in checks {
         let Some(limiter) = limiter else { continue };
-        if let Err(not_until) = limiter.check_key(&key) {
+        if let Err(not_until) = limiter.check_key(&key(principal)) {
             let wait = not_until.wait_time_from(clock.now());
             return Err(refuse(
                 state,
@@ -399,13 +402,16 @@ fn sane_request_id(value: &HeaderValue) -> Option<String> {
         .then(|| s.to_string())
 }
 
+/// Whether a request of `method` may change state (and so is checked for its origin and
+/// audited).
+fn changes_state(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
 /// The middleware: request id, authentication, scope, rate limits, visibility, audit.
 pub async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let path = request.uri().path().to_string();
-    let changes_state = !matches!(
-        *request.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS
-    );
+    let changes_state = changes_state(request.method());
     // A browser's request from another site never changes state here, signed in or not.
     if changes_state && same_origin(&request) == Some(false) {
         return cross_site_refusal().into_response();
@@ -423,7 +429,7 @@ pub async fn guard(State(state): State<AppState>, request: Request, next: Next) 
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let (principal, response) = match admit(&state, request, &method, &route).await {
+    let (principal, response) = match admit(&state, request, &method, &route, changes_state).await {
         Ok((principal, mut request)) => {
             request.extensions_mut().insert(principal.clone());
             (Some(principal), next.run(request).await)
@@ -440,7 +446,7 @@ pub async fn guard(State(state): State<AppState>, request: Request, next: Next) 
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert(REQUEST_ID, value);
     }
-    if !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
+    if changes_state {
         let entry = skilleval_infra::store::tenancy::NewAudit {
             publisher_id: principal.as_ref().map(|p| p.publisher_id),
             token_prefix: principal.as_ref().and_then(|p| p.token_prefix.as_deref()),
@@ -464,6 +470,7 @@ async fn admit(
     request: Request,
     method: &Method,
     route: &str,
+    changes_state: bool,
 ) -> Result<(Principal, Request), Refusal> {
     // The bearer header first; a signed-in browser's session cookie otherwise. A cookie is sent
     // by the browser on its own, so a state change it authenticates must prove that this
@@ -475,10 +482,7 @@ async fn admit(
             None => (None, false),
         },
     };
-    if by_cookie
-        && !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
-        && same_origin(&request) != Some(true)
-    {
+    if by_cookie && changes_state && same_origin(&request) != Some(true) {
         return Err((None, cross_site_refusal()));
     }
     let principal = identify(&state.access.auth, &state.store, presented.as_deref())
