@@ -114,19 +114,50 @@ fn read_report(dir: &Path) -> Option<EvaluationReport> {
     serde_json::from_str(&text).ok()
 }
 
-async fn list(State(runs): State<Arc<PathBuf>>) -> Html<String> {
-    let mut rows: Vec<(String, EvaluationReport)> = std::fs::read_dir(runs.as_path())
+/// What the run list shows of a `report.json` (named as `EvaluationReport` writes them): read
+/// as a stream, everything else (the results) skipped without being kept.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Listed {
+    task: ListedTask,
+    verdict: String,
+    run_summary: ListedSummary,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+#[derive(serde::Deserialize)]
+struct ListedTask {
+    name: String,
+}
+
+#[derive(serde::Deserialize)]
+struct ListedSummary {
+    pass_rate: f64,
+}
+
+/// The run folders under `runs` with a readable `report.json`, newest first.
+fn listed_runs(runs: &Path) -> Vec<(String, Listed)> {
+    let mut rows: Vec<(String, Listed)> = std::fs::read_dir(runs)
         .map(|entries| {
             entries
                 .filter_map(Result::ok)
                 .filter_map(|e| {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    read_report(&e.path()).map(|r| (name, r))
+                    let file = std::fs::File::open(e.path().join("report.json")).ok()?;
+                    let listed: Listed =
+                        serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
+                    Some((e.file_name().to_string_lossy().into_owned(), listed))
                 })
                 .collect()
         })
         .unwrap_or_default();
     rows.sort_by_key(|r| std::cmp::Reverse(r.1.created_at));
+    rows
+}
+
+async fn list(State(runs): State<Arc<PathBuf>>) -> Html<String> {
+    let rows = tokio::task::spawn_blocking(move || listed_runs(&runs))
+        .await
+        .unwrap_or_default();
     // Escaped by hand: a list of links is all this page is (the run page uses the shared
     // renderer, which escapes through maud).
     let mut body = String::from(
