@@ -193,11 +193,7 @@ fn monitor_of(
 impl Store {
     /// The skill's id (`None`: no such skill).
     pub async fn skill_id(&self, name: &str) -> Result<Option<Uuid>, StoreError> {
-        sqlx::query_scalar("SELECT id FROM skills WHERE name = $1")
-            .bind(name)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(StoreError::query("looking up a skill"))
+        self.visible_skill(super::tenancy::Viewer::All, name).await
     }
 
     /// Sets the skill's monitor: a new revision when the document differs from the current

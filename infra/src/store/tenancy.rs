@@ -635,7 +635,7 @@ impl Store {
         }
         if let Some(cutoff) = results {
             let mut tx = self.pool().begin().await.map_err(StoreError::query(ctx))?;
-            swept.runs = delete_runs_where_at(
+            swept.runs = delete_runs_where(
                 &mut tx,
                 "finalised AND status NOT IN ('creating', 'running') AND created_at < $1",
                 cutoff,
@@ -743,32 +743,21 @@ async fn quota_usage(
     })
 }
 
-/// Deletes the runs matching `condition` (on `runs`, binding `$1` to a uuid) with what
+/// Deletes the runs matching `condition` (on `runs`, binding `$1` to `param`) with what
 /// references them without a cascading key: webhook deliveries name the run by id only.
-async fn delete_runs_where(
+async fn delete_runs_where<T>(
     conn: &mut PgConnection,
     condition: &'static str,
-    id: Uuid,
-) -> Result<u64, sqlx::Error> {
+    param: T,
+) -> Result<u64, sqlx::Error>
+where
+    T: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+{
     // `condition` is one of this file's constants, never input. The rows are locked first
     // (see `release_cached_answers`).
     let sql = format!("SELECT id FROM runs WHERE {condition} ORDER BY id FOR UPDATE");
     let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(id)
-        .fetch_all(&mut *conn)
-        .await?;
-    delete_run_ids(conn, &ids).await
-}
-
-/// [`delete_runs_where`] with a timestamp parameter.
-async fn delete_runs_where_at(
-    conn: &mut PgConnection,
-    condition: &'static str,
-    at: DateTime<Utc>,
-) -> Result<u64, sqlx::Error> {
-    let sql = format!("SELECT id FROM runs WHERE {condition} ORDER BY id FOR UPDATE");
-    let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(at)
+        .bind(param)
         .fetch_all(&mut *conn)
         .await?;
     delete_run_ids(conn, &ids).await
