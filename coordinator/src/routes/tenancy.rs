@@ -51,13 +51,11 @@ pub async fn delete_version(
     Path((name, version)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let viewer = principal.viewer();
-    let (Some(skill_id), Some(version_id)) = (
-        state.store.visible_skill(viewer, &name).await?,
-        state
-            .store
-            .visible_version_by_label(viewer, &name, &version)
-            .await?,
-    ) else {
+    let Some((skill_id, version_id)) = state
+        .store
+        .visible_version_by_label(viewer, &name, &version)
+        .await?
+    else {
         return Err(ApiError::not_found("version", format!("{name}@{version}")));
     };
     for run_id in state.store.live_runs_of(skill_id, Some(version_id)).await? {

@@ -358,15 +358,15 @@ impl Store {
         .map_err(StoreError::query("finding a comparison"))
     }
 
-    /// The id of the version `label` of the skill, when the viewer may see it.
+    /// The ids of the skill and of its version `label`, when the viewer may see them.
     pub async fn visible_version_by_label(
         &self,
         viewer: Viewer,
         skill: &str,
         label: &str,
-    ) -> Result<Option<Uuid>, StoreError> {
-        sqlx::query_scalar(
-            "SELECT v.id FROM skill_versions v JOIN skills s ON s.id = v.skill_id
+    ) -> Result<Option<(Uuid, Uuid)>, StoreError> {
+        sqlx::query_as(
+            "SELECT s.id, v.id FROM skill_versions v JOIN skills s ON s.id = v.skill_id
              WHERE s.name = $1 AND v.version = $2 AND ($3::uuid IS NULL OR s.publisher_id = $3)",
         )
         .bind(skill)
