@@ -15,7 +15,8 @@ use std::path::PathBuf;
 
 use chrono::{Duration, Utc};
 use clap::{Args, ValueEnum};
-use skilleval::executor::{ExecutorBuilder, RetryPolicy};
+use skilleval::executor::ExecutorBuilder;
+use skilleval::grade::RetryPolicy;
 use skilleval::monitor::{
     self, alert, graded_sample, is_sampled, parse_jsonl, quality, render, sample_job, BucketSize,
     CriteriaSelection, QualityQuery, SampleJobContext,

@@ -14,6 +14,7 @@ use skilleval::compare::{
     self, CaseFingerprint, CompareError, CompareOptions, Comparison, RunSide,
 };
 use skilleval::executor::JobResult;
+use skilleval::gate::GateConfig;
 use skilleval::llm::client::LlmClient;
 use skilleval::llm::comparator::{judge_pairs, BlindOptions, BlindPair};
 use skilleval::plan::CaseFilter;
@@ -149,7 +150,7 @@ pub async fn compare_and_store(
     base: &RunRow,
     head: &RunRow,
     force: bool,
-    gate: compare::GateConfig,
+    gate: GateConfig,
     blind: Option<&Blind>,
 ) -> Result<Comparison, ComparingError> {
     let (base_side, head_side) = tokio::try_join!(load_side(store, base), load_side(store, head))?;
@@ -277,7 +278,7 @@ pub async fn comparison_between(
     base_run: Uuid,
     head_run: Uuid,
 ) -> anyhow::Result<Option<Value>> {
-    let defaults = json!(compare::GateConfig::default());
+    let defaults = json!(GateConfig::default());
     if let Some(stored) = store
         .find_comparison(base_run, head_run, false, &defaults)
         .await?
@@ -292,16 +293,7 @@ pub async fn comparison_between(
     ) else {
         return Ok(None);
     };
-    match compare_and_store(
-        store,
-        &base,
-        &head,
-        false,
-        compare::GateConfig::default(),
-        None,
-    )
-    .await
-    {
+    match compare_and_store(store, &base, &head, false, GateConfig::default(), None).await {
         Ok(c) => Ok(Some(json!(c))),
         Err(ComparingError::Compare(_)) => Ok(None),
         Err(ComparingError::Internal(e)) => Err(e),
@@ -315,7 +307,7 @@ pub async fn comparison_between(
 pub struct GateReport {
     pub rule: &'static str,
     pub verdict: skilleval::summary::Verdict,
-    pub config: compare::GateConfig,
+    pub config: GateConfig,
     /// The run compared with: the latest completed run of the last earlier version that passed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub base_run: Option<Uuid>,
@@ -338,7 +330,7 @@ pub struct GateReport {
 pub async fn regression_gate(
     store: &Store,
     run: &RunRow,
-    config: compare::GateConfig,
+    config: GateConfig,
 ) -> anyhow::Result<GateReport> {
     let mut report = GateReport {
         rule: "no_regression",

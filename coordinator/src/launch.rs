@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use skilleval::compare::{GateConfig, GateSpec, GateSpecError};
 use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::gate::{GateConfig, GateSpec, GateSpecError};
 use skilleval::llm::benchmark::{Configuration, Variant};
 use skilleval::llm::trigger_runner::TriggerPlan;
 use skilleval::model::{EvalConfig, Given, RunnerConfig, RunnerSpec};

@@ -25,8 +25,9 @@ use crate::grade::{Fault, Grade, SchemaError, Usage};
 use crate::llm::benchmark::Variant;
 use crate::llm::ProviderClients;
 use crate::model::{Profile, TestCase};
+use crate::output::Produced;
 use crate::plan::Job;
-use crate::runner::{ProduceRequest, Produced, RunnerRegistry};
+use crate::runner::{ProduceRequest, RunnerRegistry};
 use crate::sandbox::Sandbox;
 use crate::strategy::{
     CompileContext, DefinitionKey, GradeEnv, GradeInput, Grader, StrategyRegistry,
@@ -219,41 +220,6 @@ impl JobResult {
             started_at,
             finished_at: started_at,
             variant: Variant::of(&job.runner),
-        }
-    }
-}
-
-/// How the CLI retries transient faults (the worker uses delay queues instead).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryPolicy {
-    /// Total deliveries, the first included.
-    pub max_attempts: u32,
-    pub base_delay: Duration,
-    pub max_delay: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 3,
-            base_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(30),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// Delay before delivery `next_attempt` (2, 3, ...): exponential with full jitter,
-    /// at least what the provider asked for with `Retry-After`.
-    pub fn delay(&self, next_attempt: u32, fault: &Fault) -> Duration {
-        let exp = self
-            .base_delay
-            .saturating_mul(1u32 << next_attempt.saturating_sub(2).min(16))
-            .min(self.max_delay);
-        let jittered = exp.mul_f64(0.5 + rand::random::<f64>() * 0.5);
-        match fault.retry_after() {
-            Some(asked) => jittered.max(asked),
-            None => jittered,
         }
     }
 }
@@ -1132,28 +1098,6 @@ mod tests {
             &grader,
             &ex.grader_for(&j, Path::new("/")).unwrap()
         ));
-    }
-
-    #[test]
-    fn retry_delay_grows_and_honours_retry_after() {
-        let p = RetryPolicy::default();
-        let f = Fault::transient("x");
-        let d2 = p.delay(2, &f);
-        assert!(
-            d2 >= Duration::from_millis(250) && d2 <= Duration::from_millis(500),
-            "{d2:?}"
-        );
-        let d4 = p.delay(4, &f);
-        assert!(
-            d4 >= Duration::from_millis(1_000) && d4 <= Duration::from_millis(2_000),
-            "{d4:?}"
-        );
-        let asked = Fault::Transient {
-            message: "429".into(),
-            retry_after_ms: Some(7_000),
-        };
-        assert!(p.delay(2, &asked) >= Duration::from_secs(7));
-        assert!(p.delay(40, &f) <= p.max_delay);
     }
 
     #[test]

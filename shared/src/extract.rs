@@ -8,7 +8,7 @@
 //! be read as text is an error naming the file and the reason, never silently empty.
 
 use crate::model::{ExpectedFile, TestCase};
-use crate::runner::ProducedFile;
+use crate::output::ProducedFile;
 
 /// What the grader reads: `Ok(None)` grades the answer, `Ok(Some(text))` a file's text.
 /// `Err` says why the target cannot be read (the case then fails on it).

@@ -105,7 +105,7 @@ pub struct EvalSettings {
     /// (`"no_regression"` or `{"rule": "no_regression", "alpha": .., "scoreMargin": ..}`);
     /// a run request may set its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gate: Option<crate::compare::GateSpec>,
+    pub gate: Option<crate::gate::GateSpec>,
 }
 
 /// How a case's output is produced.

@@ -801,7 +801,7 @@ async fn produce(
     script: &str,
     environment: &BTreeMap<String, String>,
     timeout: Duration,
-) -> Result<skilleval::runner::Produced, Fault> {
+) -> Result<skilleval::output::Produced, Fault> {
     let tc = case("Say hello to {{who}}");
     let cfg = runner_config(script);
     let req = ProduceRequest {

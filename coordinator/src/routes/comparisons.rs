@@ -7,7 +7,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::json;
-use skilleval::compare::{self, CompareError, Comparison, GateConfig};
+use skilleval::compare::{self, CompareError, Comparison};
+use skilleval::gate::GateConfig;
 
 use crate::auth::Principal;
 use crate::comparing::{compare_and_store, resolve, Blind, ComparingError};

@@ -15,7 +15,7 @@ use axum::{Extension, Json};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
-use skilleval::compare::{GateRule, GateSpec};
+use skilleval::gate::{GateRule, GateSpec};
 use skilleval::model::Profile;
 use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};

@@ -43,7 +43,7 @@ pub struct NewRun<'a> {
     /// Budget: the run stops once its cases spent more than this (`None`: no cap).
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<i64>,
-    /// The regression gate's thresholds (`skilleval::compare::GateConfig` as JSON; `None`:
+    /// The regression gate's thresholds (`skilleval::gate::GateConfig` as JSON; `None`:
     /// no gate).
     pub gate: Option<Value>,
     /// The creating request's W3C trace context, kept so later work on the run joins its trace.

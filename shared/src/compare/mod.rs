@@ -35,6 +35,7 @@ pub use input::{
 };
 pub use markdown::markdown;
 
+use crate::gate::GateConfig;
 use crate::stats::{
     holm_adjust, mcnemar_exact, paired_bootstrap, paired_difference, BootstrapInterval, McNemar,
     PairedDifference, StatsError, DEFAULT_RESAMPLES,
@@ -43,98 +44,6 @@ use crate::summary::Verdict;
 
 /// A case whose score moved less than this is unchanged.
 pub const UNCHANGED_BELOW: f64 = 0.01;
-
-/// When the regression gate fails.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct GateConfig {
-    /// The McNemar test's significance level for "the pass rate fell" (0.05).
-    pub alpha: f64,
-    /// The gate fails when the mean-score interval lies entirely below this (−0.02).
-    pub score_margin: f64,
-}
-
-impl Default for GateConfig {
-    fn default() -> Self {
-        GateConfig {
-            alpha: 0.05,
-            score_margin: -0.02,
-        }
-    }
-}
-
-/// Which regression gate a run asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GateRule {
-    /// Fail when the run is significantly worse than the last version whose run passed.
-    NoRegression,
-    /// No gate (overrides a definition's).
-    None,
-}
-
-/// A gate as a request or a definition states it: its rule alone (the default thresholds),
-/// or the rule with its thresholds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum GateSpec {
-    Rule(GateRule),
-    Detailed {
-        rule: GateRule,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        alpha: Option<f64>,
-        #[serde(
-            default,
-            alias = "scoreMargin",
-            skip_serializing_if = "Option::is_none"
-        )]
-        score_margin: Option<f64>,
-    },
-}
-
-/// A gate threshold out of its range: the field (under the gate) and the rule it broke.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{field}`: {rule}")]
-pub struct GateSpecError {
-    pub field: &'static str,
-    pub rule: &'static str,
-}
-
-impl GateSpec {
-    /// The thresholds to gate with; `None` for the `none` rule. The significance level must
-    /// lie in (0, 1), the score margin in [−1, 0].
-    pub fn config(&self) -> Result<Option<GateConfig>, GateSpecError> {
-        let (rule, alpha, margin) = match *self {
-            GateSpec::Rule(rule) => (rule, None, None),
-            GateSpec::Detailed {
-                rule,
-                alpha,
-                score_margin,
-            } => (rule, alpha, score_margin),
-        };
-        if rule == GateRule::None {
-            return Ok(None);
-        }
-        let defaults = GateConfig::default();
-        let alpha = alpha.unwrap_or(defaults.alpha);
-        if !(alpha > 0.0 && alpha < 1.0) {
-            return Err(GateSpecError {
-                field: "alpha",
-                rule: "must be a number between 0 and 1 (exclusive)",
-            });
-        }
-        let score_margin = margin.unwrap_or(defaults.score_margin);
-        if !(-1.0..=0.0).contains(&score_margin) {
-            return Err(GateSpecError {
-                field: "score_margin",
-                rule: "must be a number between -1 and 0",
-            });
-        }
-        Ok(Some(GateConfig {
-            alpha,
-            score_margin,
-        }))
-    }
-}
 
 /// How a comparison is computed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

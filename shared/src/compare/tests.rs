@@ -554,29 +554,3 @@ fn a_judge_change_only_touches_the_cases_a_model_grades() {
         vec![NotComparableReason::JudgeModel]
     );
 }
-
-#[test]
-fn a_gate_is_a_rule_or_a_rule_with_thresholds_in_range() {
-    let named: GateSpec = serde_json::from_value(json!("no_regression")).unwrap();
-    assert_eq!(named.config().unwrap(), Some(GateConfig::default()));
-    let detailed: GateSpec = serde_json::from_value(
-        json!({"rule": "no_regression", "alpha": 0.01, "scoreMargin": -0.1}),
-    )
-    .unwrap();
-    assert_eq!(
-        detailed.config().unwrap(),
-        Some(GateConfig {
-            alpha: 0.01,
-            score_margin: -0.1
-        })
-    );
-    let none: GateSpec = serde_json::from_value(json!("none")).unwrap();
-    assert_eq!(none.config().unwrap(), None);
-    assert!(serde_json::from_value::<GateSpec>(json!("no_regresion")).is_err());
-    let bad_alpha: GateSpec =
-        serde_json::from_value(json!({"rule": "no_regression", "alpha": 1.0})).unwrap();
-    assert_eq!(bad_alpha.config().unwrap_err().field, "alpha");
-    let bad_margin: GateSpec =
-        serde_json::from_value(json!({"rule": "no_regression", "score_margin": 0.5})).unwrap();
-    assert_eq!(bad_margin.config().unwrap_err().field, "score_margin");
-}

@@ -36,7 +36,7 @@ use super::config::{
 use super::faults::{fault_from_status, fault_from_transport, redact};
 use super::limit::{AdaptiveLimiter, RateLimiter, Unlimited};
 use super::openai::{self, StructuredMode};
-use crate::executor::RetryPolicy;
+use crate::grade::RetryPolicy;
 use crate::grade::{Fault, Usage};
 
 /// Who says a message.

@@ -28,8 +28,9 @@ use super::client::{ChatRequest, Message};
 use super::{ProviderClients, Purpose};
 use crate::grade::Fault;
 use crate::model::{RunnerConfig, TestCase};
+use crate::output::Produced;
 use crate::package::skill_md;
-use crate::runner::{OutputRunner, ProduceRequest, Produced};
+use crate::runner::{OutputRunner, ProduceRequest};
 use crate::strategy::GradeEnv;
 
 /// Runner option: produce without the skill (the baseline configuration).

@@ -20,9 +20,10 @@ use super::{ProviderClients, Purpose};
 use crate::executor::{CaseStatus, JobResult};
 use crate::grade::Fault;
 use crate::model::{Evaluation, Expected, Input, RunnerConfig, TestCase};
+use crate::output::Produced;
 use crate::package::{skill_md, TriggerCase};
 use crate::plan::Job;
-use crate::runner::{OutputRunner, ProduceRequest, Produced};
+use crate::runner::{OutputRunner, ProduceRequest};
 use crate::strategy::GradeEnv;
 
 /// The runner's name.

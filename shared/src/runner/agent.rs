@@ -33,13 +33,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::{OutputRunner, ProduceRequest, Produced, ProducedFile};
+use super::{OutputRunner, ProduceRequest};
 use crate::egress::AllowedHosts;
 use crate::grade::{Fault, ToolCall, Usage};
 use crate::llm::runner::{prompt_with_context, repeat_of, resolve_inside, without_skill};
 use crate::llm::tools::{AgentMessage, AgentRequest, ToolResult, ToolSpec, ToolUse};
 use crate::llm::{LlmClient, ProviderClients, Purpose};
 use crate::model::RunnerConfig;
+use crate::output::{Produced, ProducedFile};
 use crate::package::skill_md;
 use crate::sandbox::{Sandbox, SandboxBind, SandboxError, SandboxSession, SESSION_CONTROL_DIR};
 use crate::strategy::GradeEnv;

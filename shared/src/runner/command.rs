@@ -13,8 +13,9 @@
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-use super::{transcript, OutputRunner, ProduceRequest, Produced};
+use super::{OutputRunner, ProduceRequest};
 use crate::grade::Fault;
+use crate::output::{transcript, Produced};
 use crate::sandbox::{check_package_relative, SandboxError, SandboxRequest};
 use crate::strategy::GradeEnv;
 

@@ -4,8 +4,9 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::{transcript, OutputRunner, ProduceRequest, Produced};
+use super::{OutputRunner, ProduceRequest};
 use crate::grade::Fault;
+use crate::output::{transcript, Produced};
 use crate::strategy::GradeEnv;
 
 #[derive(Debug, Clone, Copy, Default)]

@@ -9,19 +9,17 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use serde_json::Value;
-
-use crate::grade::{Fault, ToolCall, Usage};
+use crate::grade::Fault;
 use crate::llm::runner::LlmRunner;
 use crate::llm::ProviderClients;
 use crate::model::{Given, RunnerConfig, TestCase};
+use crate::output::Produced;
 use crate::strategy::GradeEnv;
+use async_trait::async_trait;
 
 pub mod agent;
 pub mod command;
 pub mod given;
-pub mod transcript;
 
 /// What a runner is asked to produce.
 #[derive(Debug, Clone, Copy)]
@@ -35,36 +33,6 @@ pub struct ProduceRequest<'a> {
     pub environment: &'a BTreeMap<String, String>,
     /// Time left for this attempt; a sandboxed process is killed when it runs out.
     pub timeout: std::time::Duration,
-}
-
-/// A produced output.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Produced {
-    /// The text that is graded.
-    pub output: String,
-    /// Tool calls read from the transcript, when there was one.
-    pub tool_calls: Option<Vec<ToolCall>>,
-    /// Tokens and cost spent producing the output.
-    pub usage: Usage,
-    /// The output was cut at the sandbox's size limit.
-    pub truncated: bool,
-    /// Extra facts for the result's details (stderr tail, exit code...).
-    pub details: Value,
-    /// Files the runner left behind (the `agent` runner's `/workspace`), for graders that
-    /// read files.
-    pub files: Vec<ProducedFile>,
-}
-
-/// A file a runner produced.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ProducedFile {
-    /// Relative to the workspace.
-    pub path: String,
-    pub size: u64,
-    /// Hex SHA-256 of the whole file.
-    pub sha256: String,
-    /// The bytes, when within the kept-content budget.
-    pub content: Option<Vec<u8>>,
 }
 
 /// Produces a test case's output.

@@ -30,8 +30,8 @@ use super::options::OptionReader;
 use super::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
 use crate::grade::{Fault, Grade};
 use crate::model::{TestCase, DEFAULT_TIMEOUT_MS};
+use crate::output::ProducedFile;
 use crate::problem::Problem;
-use crate::runner::ProducedFile;
 use crate::sandbox::{SandboxBind, SandboxError, SandboxOutput, SandboxRequest};
 
 /// Pass threshold for a script that reports no `passed`, when the case sets none.

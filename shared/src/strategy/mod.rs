@@ -85,7 +85,7 @@ pub struct GradeInput<'a> {
     pub tool_calls: Option<&'a [ToolCall]>,
     pub case: &'a TestCase,
     /// Files the runner left (the `agent` runner's workspace); empty for other runners.
-    pub files: &'a [crate::runner::ProducedFile],
+    pub files: &'a [crate::output::ProducedFile],
 }
 
 /// Process-level facilities a grader may use.

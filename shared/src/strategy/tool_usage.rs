@@ -2,7 +2,7 @@
 //! (the evaluator seed's tool usage evaluator).
 //!
 //! Tool calls come from the runner (read from its JSON transcript); when it gave none, the
-//! output itself is read as a transcript ([`crate::runner::transcript::parse`]); with no
+//! output itself is read as a transcript ([`crate::output::transcript::parse`]); with no
 //! transcript at all there were no calls.
 //!
 //! Options:
@@ -225,7 +225,7 @@ fn calls_of<'a>(input: &GradeInput<'a>) -> (Cow<'a, [ToolCall]>, &'static str) {
     if let Some(calls) = input.tool_calls {
         return (Cow::Borrowed(calls), "runner");
     }
-    match crate::runner::transcript::parse(input.output).tool_calls {
+    match crate::output::transcript::parse(input.output).tool_calls {
         Some(calls) => (Cow::Owned(calls), "output_transcript"),
         None => (Cow::Owned(Vec::new()), "none"),
     }
