@@ -1,5 +1,5 @@
 //! Baseline and repeats for `skilleval run`: every planned job becomes one job per
-//! (configuration, attempt) ([`skilleval::llm::benchmark::expand`]), each result labelled by its
+//! (configuration, attempt) ([`skilleval::variant::expand`]), each result labelled by its
 //! [`Variant`], so the run can report the skill's uplift and pass@k in skill-creator's
 //! `benchmark.json` ([`skilleval::llm::benchmark::Extras`], the code the service reports with).
 //!
@@ -13,9 +13,8 @@ use std::path::{Path, PathBuf};
 
 use skilleval::artifacts;
 use skilleval::executor::{Executor, JobResult};
-use skilleval::llm::benchmark;
-pub use skilleval::llm::benchmark::Variant;
 use skilleval::plan::Job;
+pub use skilleval::variant::Variant;
 
 /// The jobs of a run with `repeats` attempts each and, with `baseline`, as many without the
 /// skill (for the runners that can leave it out). With-skill attempts come first, so a budget
@@ -27,7 +26,7 @@ pub fn expand(
     repeats: u32,
     baseline: bool,
 ) -> (Vec<Job>, usize) {
-    benchmark::expand(jobs, repeats, baseline, |j| {
+    skilleval::variant::expand(jobs, repeats, baseline, |j| {
         executor.runs_without_skill(&j.runner.kind)
     })
 }
@@ -63,9 +62,9 @@ pub fn write_other_grading(
 mod tests {
     use super::*;
     use skilleval::executor::ExecutorBuilder;
-    use skilleval::llm::benchmark::Configuration;
-    use skilleval::llm::runner::{repeat_of, without_skill};
     use skilleval::model::{RunnerConfig, TestCase};
+    use skilleval::variant::Configuration;
+    use skilleval::variant::{repeat_of, without_skill};
 
     fn job(id: &str, runner: &str) -> Job {
         Job {

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use skilleval::executor::NO_BASELINE;
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::gate::GateConfig;
-use skilleval::llm::benchmark::{Configuration, Extras};
+use skilleval::llm::benchmark::Extras;
 use skilleval::llm::budget::mark_stopped;
 use skilleval::llm::trigger_runner::{is_trigger_result, trigger_report, TriggerPlan};
 use skilleval::llm::triggers::{self, SkillCard};
@@ -33,6 +33,7 @@ use skilleval::model::EvalSettings;
 use skilleval::plan::Job;
 use skilleval::report::ReportExtras;
 use skilleval::summary::{RunSummary, Summarizer, Verdict};
+use skilleval::variant::Configuration;
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use skilleval_infra::store::lifecycle::{
     Finalising, RunState, RunStatus, StopReason, TransitionError,

@@ -86,7 +86,7 @@ impl ParkingDrain {
                 (
                     j.run_id,
                     j.case.id.as_str(),
-                    skilleval::llm::benchmark::Variant::of(&j.runner),
+                    skilleval::variant::Variant::of(&j.runner),
                 )
             }),
             from_queue,

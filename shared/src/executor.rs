@@ -22,7 +22,6 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::grade::{Fault, Grade, SchemaError, Usage};
-use crate::llm::benchmark::Variant;
 use crate::llm::ProviderClients;
 use crate::model::{Profile, TestCase};
 use crate::output::Produced;
@@ -32,6 +31,7 @@ use crate::sandbox::Sandbox;
 use crate::strategy::{
     CompileContext, DefinitionKey, GradeEnv, GradeInput, Grader, StrategyRegistry,
 };
+use crate::variant::Variant;
 
 /// Outputs longer than this are cut in stored results (the grade saw the whole output).
 pub const MAX_STORED_OUTPUT_BYTES: usize = 256 * 1024;
@@ -150,7 +150,7 @@ pub struct JobResult {
     pub finished_at: DateTime<Utc>,
     /// Which configuration (with or without the skill) and attempt this is; a run without
     /// baseline or repeats has only the primary one (written only when it is not that).
-    #[serde(default, skip_serializing_if = "crate::llm::benchmark::skip_primary")]
+    #[serde(default, skip_serializing_if = "crate::variant::skip_primary")]
     pub variant: Variant,
 }
 
@@ -399,7 +399,7 @@ impl Executor {
     /// leave the skill out ([`crate::runner::OutputRunner::runs_without_skill`]).
     pub fn no_baseline(&self, job: &Job) -> Option<String> {
         let kind = &job.runner.kind;
-        (crate::llm::runner::without_skill(&job.runner)
+        (crate::variant::without_skill(&job.runner)
             && self.runners.get(kind).is_some()
             && !self.runners.runs_without_skill(kind))
         .then(|| format!("{NO_BASELINE}: runner `{kind}` cannot run without the skill"))

@@ -79,7 +79,7 @@ impl CallCounts {
         for j in jobs {
             let strategy = j.case.strategy_name(j.profile);
             let judged = registry.missing_provider(strategy, &j.case).is_some();
-            let llm = crate::llm::runner::has_baseline(&j.runner.kind);
+            let llm = crate::variant::has_baseline(&j.runner.kind);
             self.cases += 1;
             self.llm_runner += u64::from(llm);
             self.judged += u64::from(judged);

@@ -41,3 +41,4 @@ pub mod scale;
 pub mod stats;
 pub mod strategy;
 pub mod summary;
+pub mod variant;

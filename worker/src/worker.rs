@@ -309,7 +309,7 @@ impl Worker {
                 .case_state(
                     job.run_id,
                     &job.case.id,
-                    skilleval::llm::benchmark::Variant::of(&job.runner),
+                    skilleval::variant::Variant::of(&job.runner),
                 )
                 .await
             {

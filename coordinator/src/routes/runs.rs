@@ -10,12 +10,12 @@ use serde_json::json;
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::gate::GateSpec;
-use skilleval::llm::benchmark::{Configuration, Variant};
 use skilleval::llm::trigger_runner::{is_trigger_result, TriggerPlan};
 use skilleval::model::RunnerSpec;
 use skilleval::package::RiskReport;
 use skilleval::plan::CaseFilter;
 use skilleval::report::{render_with, ReportContext, ReportFormat};
+use skilleval::variant::{Configuration, Variant};
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
 
 use crate::aggregate::{load_results, stored_summary, variant_extras};

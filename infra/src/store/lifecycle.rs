@@ -25,7 +25,7 @@
 //! the run's state is read back to say why.
 
 use serde_json::Value;
-use skilleval::llm::benchmark::Variant;
+use skilleval::variant::Variant;
 use uuid::Uuid;
 
 use super::{Store, StoreError};

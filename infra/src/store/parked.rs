@@ -21,7 +21,7 @@
 
 use chrono::{DateTime, Utc};
 use skilleval::executor::JobResult;
-use skilleval::llm::benchmark::{Configuration, Variant};
+use skilleval::variant::{Configuration, Variant};
 use uuid::Uuid;
 
 use super::lifecycle::TransitionError;

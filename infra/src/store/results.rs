@@ -15,8 +15,8 @@ use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use skilleval::executor::{CaseStatus, JobResult};
-use skilleval::llm::benchmark::Variant;
 use skilleval::llm::budget::BUDGET_EXCEEDED;
+use skilleval::variant::Variant;
 use uuid::Uuid;
 
 use super::lifecycle::{self, RunState, StopReason};

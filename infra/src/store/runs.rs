@@ -22,7 +22,7 @@ use super::{Store, StoreError};
 use uuid::Uuid;
 
 use skilleval::executor::CaseStatus;
-use skilleval::llm::benchmark::{Configuration, Variant};
+use skilleval::variant::{Configuration, Variant};
 
 use super::lifecycle::{RunKind, RunState, RunStatus, StopReason};
 

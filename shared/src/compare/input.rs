@@ -235,7 +235,7 @@ impl RunSide {
         // with-skill attempts are compared.
         let with_skill = results
             .iter()
-            .filter(|r| r.variant.configuration == crate::llm::benchmark::Configuration::WithSkill);
+            .filter(|r| r.variant.configuration == crate::variant::Configuration::WithSkill);
         for r in with_skill {
             let i = *index.entry(r.test_case_id.as_str()).or_insert_with(|| {
                 cases.push(CaseRecord {

@@ -21,148 +21,7 @@ use serde_json::{json, Value};
 use crate::artifacts::{expectations, Expectation};
 use crate::executor::{CaseStatus, JobResult};
 use crate::summary::ratio;
-
-/// With or without the skill loaded; or a trigger eval query (a job of the run that is no
-/// case: it asks whether the skill's description gets it selected).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Configuration {
-    WithSkill,
-    WithoutSkill,
-    Trigger,
-}
-
-impl Configuration {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Configuration::WithSkill => "with_skill",
-            Configuration::WithoutSkill => "without_skill",
-            Configuration::Trigger => "trigger",
-        }
-    }
-
-    /// The configuration [`Configuration::as_str`] names.
-    pub fn parse(s: &str) -> Option<Configuration> {
-        match s {
-            "with_skill" => Some(Configuration::WithSkill),
-            "without_skill" => Some(Configuration::WithoutSkill),
-            "trigger" => Some(Configuration::Trigger),
-            _ => None,
-        }
-    }
-}
-
-/// Which configuration and attempt a job (and its result) is: what a baseline and repeats
-/// add to a case. Carried by the job as runner options ([`super::runner::WITHOUT_SKILL_OPTION`],
-/// [`super::runner::REPEAT_OPTION`]), which the runner interprets, and recorded with the
-/// result, so a case's row is one per (configuration, attempt).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Variant {
-    pub configuration: Configuration,
-    /// 1-based attempt number.
-    pub run_number: u32,
-}
-
-impl Default for Variant {
-    fn default() -> Self {
-        Variant::PRIMARY
-    }
-}
-
-impl Variant {
-    /// With the skill, attempt 1: the only variant of a run without baseline or repeats.
-    pub const PRIMARY: Variant = Variant {
-        configuration: Configuration::WithSkill,
-        run_number: 1,
-    };
-
-    pub fn is_primary(&self) -> bool {
-        *self == Variant::PRIMARY
-    }
-
-    /// The variant a job's runner options ask for.
-    pub fn of(runner: &crate::model::RunnerConfig) -> Variant {
-        if super::trigger_runner::is_trigger(runner) {
-            return Variant {
-                configuration: Configuration::Trigger,
-                run_number: 1,
-            };
-        }
-        Variant {
-            configuration: if super::runner::without_skill(runner) {
-                Configuration::WithoutSkill
-            } else {
-                Configuration::WithSkill
-            },
-            run_number: super::runner::repeat_of(runner)
-                .and_then(|n| u32::try_from(n).ok())
-                .unwrap_or(1)
-                .max(1),
-        }
-    }
-
-    /// The variants of a run, in planning order: every with-skill attempt, then (with
-    /// `baseline`) every without-skill one, so a budget stop cuts the comparison first.
-    pub fn all(repeats: u32, baseline: bool) -> Vec<Variant> {
-        let repeats = repeats.max(1);
-        let mut out = Vec::new();
-        for configuration in [Configuration::WithSkill, Configuration::WithoutSkill] {
-            if configuration == Configuration::WithoutSkill && !baseline {
-                continue;
-            }
-            for run_number in 1..=repeats {
-                out.push(Variant {
-                    configuration,
-                    run_number,
-                });
-            }
-        }
-        out
-    }
-
-    /// `job` set to run as this variant (its runner options say so; the runner interprets
-    /// them, see [`crate::runner::OutputRunner::runs_without_skill`]).
-    pub fn apply(self, job: &mut crate::plan::Job) {
-        job.runner = super::runner::runner_for(
-            &job.runner,
-            self.configuration == Configuration::WithoutSkill,
-            self.run_number,
-        );
-    }
-}
-
-/// Serde helper: a result's variant is written only when it is not the primary one.
-pub fn skip_primary(v: &Variant) -> bool {
-    v.is_primary()
-}
-
-/// The jobs of a run with `repeats` attempts each and, with `baseline`, as many without the
-/// skill for the jobs `can_baseline` accepts, each set to its variant, in [`Variant::all`]'s
-/// order. Returns the jobs and how many cases got no baseline.
-pub fn expand(
-    jobs: &[crate::plan::Job],
-    repeats: u32,
-    baseline: bool,
-    can_baseline: impl Fn(&crate::plan::Job) -> bool,
-) -> (Vec<crate::plan::Job>, usize) {
-    let mut out = Vec::new();
-    for variant in Variant::all(repeats, baseline) {
-        for job in jobs {
-            if variant.configuration == Configuration::WithoutSkill && !can_baseline(job) {
-                continue;
-            }
-            let mut j = job.clone();
-            variant.apply(&mut j);
-            out.push(j);
-        }
-    }
-    let no_baseline = if baseline {
-        jobs.iter().filter(|j| !can_baseline(j)).count()
-    } else {
-        0
-    };
-    (out, no_baseline)
-}
+use crate::variant::Configuration;
 
 /// One run's numbers (skill-creator's `runs[].result`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -652,7 +511,7 @@ pub fn uplift_by_case(results: &[JobResult]) -> UpliftByCase {
 }
 
 /// What a baseline and repeats add to a run's outputs, built from every attempt's result
-/// (each labelled by its [`Variant`]). The CLI and the service both report through this.
+/// (each labelled by its [`Variant`](crate::variant::Variant)). The CLI and the service both report through this.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Extras {
     pub runs: Vec<BenchmarkRun>,
@@ -892,6 +751,7 @@ mod tests {
     use super::*;
     use crate::executor::test_result;
     use crate::grade::Usage;
+    use crate::variant::Variant;
 
     pub(crate) fn result(
         id: &str,

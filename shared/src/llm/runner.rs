@@ -27,59 +27,19 @@ use serde_json::{json, Value};
 use super::client::{ChatRequest, Message};
 use super::{ProviderClients, Purpose};
 use crate::grade::Fault;
-use crate::model::{RunnerConfig, TestCase};
+use crate::model::TestCase;
 use crate::output::Produced;
 use crate::package::skill_md;
 use crate::runner::{OutputRunner, ProduceRequest};
 use crate::strategy::GradeEnv;
+use crate::variant::{repeat_of, without_skill};
 
-/// Runner option: produce without the skill (the baseline configuration).
-pub const WITHOUT_SKILL_OPTION: &str = "withoutSkill";
-/// Runner option: which attempt of a repeated run this is (1-based).
-pub const REPEAT_OPTION: &str = "repeat";
 /// Budget for the files SKILL.md references, added to the system prompt.
 pub const MAX_REFERENCED_BYTES: usize = 48 * 1024;
 /// Budget for a case's input files, added to the user message.
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
 /// Package roots whose system prompt is kept.
 const PROMPT_CACHE_CAPACITY: usize = 256;
-
-/// Whether a runner kind asks a model, so it has a baseline without the skill and repeats
-/// that differ: `llm` (no system prompt) and `agent` (the skill left out of the catalogue).
-pub fn has_baseline(kind: &str) -> bool {
-    matches!(kind, "llm" | "agent")
-}
-
-/// Whether a runner configuration asks for the baseline (no skill).
-pub fn without_skill(runner: &RunnerConfig) -> bool {
-    runner
-        .extra
-        .get(WITHOUT_SKILL_OPTION)
-        .and_then(Value::as_bool)
-        == Some(true)
-}
-
-/// The repeat number a runner configuration carries, if any.
-pub fn repeat_of(runner: &RunnerConfig) -> Option<u64> {
-    runner.extra.get(REPEAT_OPTION).and_then(Value::as_u64)
-}
-
-/// A copy of `runner` set for one configuration and attempt (used to plan baselines and
-/// repeats).
-pub fn runner_for(runner: &RunnerConfig, without: bool, repeat: u32) -> RunnerConfig {
-    let mut r = runner.clone();
-    if without {
-        r.extra.insert(WITHOUT_SKILL_OPTION.into(), json!(true));
-    } else {
-        r.extra.remove(WITHOUT_SKILL_OPTION);
-    }
-    if repeat > 1 {
-        r.extra.insert(REPEAT_OPTION.into(), json!(repeat));
-    } else {
-        r.extra.remove(REPEAT_OPTION);
-    }
-    r
-}
 
 /// The skill as a system prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -420,19 +380,5 @@ mod tests {
         );
         assert_eq!(files, vec!["evals/files/t.txt"]);
         assert_eq!(skipped[0].0, "../x");
-    }
-
-    #[test]
-    fn runner_options_for_baseline_and_repeats() {
-        let base = RunnerConfig {
-            kind: "llm".into(),
-            ..RunnerConfig::default()
-        };
-        let r = runner_for(&base, true, 3);
-        assert!(without_skill(&r));
-        assert_eq!(repeat_of(&r), Some(3));
-        let r = runner_for(&r, false, 1);
-        assert!(!without_skill(&r));
-        assert_eq!(repeat_of(&r), None);
     }
 }

@@ -425,7 +425,7 @@ async fn the_baseline_runner_sends_no_system_prompt() {
     let clients = clients_with(server.client(ProviderKind::Openai));
     let runner = super::runner::LlmRunner::new(Some(clients));
     let c = case(json!({"input": {"prompt": "hi"}}));
-    let cfg = super::runner::runner_for(
+    let cfg = crate::variant::runner_for(
         &crate::model::RunnerConfig {
             kind: "llm".into(),
             ..Default::default()

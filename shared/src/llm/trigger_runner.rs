@@ -25,9 +25,8 @@ use crate::package::{skill_md, TriggerCase};
 use crate::plan::Job;
 use crate::runner::{OutputRunner, ProduceRequest};
 use crate::strategy::GradeEnv;
+use crate::variant::TRIGGER_RUNNER;
 
-/// The runner's name.
-pub const TRIGGER_RUNNER: &str = "trigger";
 /// Runner option: the query should select the skill.
 pub const SHOULD_TRIGGER_OPTION: &str = "shouldTrigger";
 /// Runner option: runs per query.
@@ -135,11 +134,6 @@ pub fn trigger_job(
         suites: Vec::new(),
         attempt: 1,
     }
-}
-
-/// Whether a job is a trigger eval query.
-pub fn is_trigger(runner: &RunnerConfig) -> bool {
-    runner.kind == TRIGGER_RUNNER
 }
 
 /// The query result a trigger job's result carries: from its details when it ran, else (it
@@ -285,5 +279,5 @@ pub fn trigger_report(
 
 /// Whether a result is a trigger query's.
 pub fn is_trigger_result(r: &JobResult) -> bool {
-    r.variant.configuration == super::benchmark::Configuration::Trigger
+    r.variant.configuration == crate::variant::Configuration::Trigger
 }

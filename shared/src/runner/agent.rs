@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use super::{OutputRunner, ProduceRequest};
 use crate::egress::AllowedHosts;
 use crate::grade::{Fault, ToolCall, Usage};
-use crate::llm::runner::{prompt_with_context, repeat_of, resolve_inside, without_skill};
+use crate::llm::runner::{prompt_with_context, resolve_inside};
 use crate::llm::tools::{AgentMessage, AgentRequest, ToolResult, ToolSpec, ToolUse};
 use crate::llm::{LlmClient, ProviderClients, Purpose};
 use crate::model::RunnerConfig;
@@ -44,6 +44,7 @@ use crate::output::{Produced, ProducedFile};
 use crate::package::skill_md;
 use crate::sandbox::{Sandbox, SandboxBind, SandboxError, SandboxSession, SESSION_CONTROL_DIR};
 use crate::strategy::GradeEnv;
+use crate::variant::{repeat_of, without_skill};
 
 /// Where the skill is mounted, and the file whose opening counts as using it.
 pub const SKILL_DIR: &str = "/skill";

@@ -47,7 +47,7 @@ pub trait OutputRunner: Send + Sync {
     }
 
     /// Whether this runner honours the "without the skill" option
-    /// ([`crate::llm::runner::WITHOUT_SKILL_OPTION`], a baseline's variant): produces the
+    /// ([`crate::variant::WITHOUT_SKILL_OPTION`], a baseline's variant): produces the
     /// output with the skill left out (the bare model, an agent without it in its catalogue).
     /// A runner that cannot (a script is the skill) gets no baseline: such a job is recorded
     /// `skipped` with the reason, never run with the skill in disguise.
