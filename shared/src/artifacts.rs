@@ -19,7 +19,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::compare::CaseFingerprint;
-use crate::executor::{CaseStatus, JobResult};
+use crate::executor::JobResult;
+use crate::expectations::expectations;
 use crate::summary::RunSummary;
 
 #[derive(Debug, thiserror::Error)]
@@ -125,75 +126,6 @@ pub fn read_run_record(run_dir: &Path) -> Result<(RunRecord, Vec<JobResult>), Ar
 /// SHA-256 hex of a description.
 pub fn description_hash(description: &str) -> String {
     hex::encode(Sha256::digest(description.as_bytes()))
-}
-
-/// One expectation in skill-creator's shape.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Expectation {
-    pub text: String,
-    pub passed: bool,
-    pub evidence: String,
-}
-
-fn short(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.chars().take(300).collect(),
-        other => other.to_string().chars().take(300).collect(),
-    }
-}
-
-/// The expectations a grade stands for: per assertion when the strategy judged assertions, per
-/// check/rule/component when it has them, otherwise one line for the whole grade.
-pub fn expectations(r: &JobResult) -> Vec<Expectation> {
-    let d = &r.details;
-    if let Some(items) = d.get("assertions").and_then(Value::as_array) {
-        return items
-            .iter()
-            .map(|a| Expectation {
-                text: a
-                    .get("assertion")
-                    .or_else(|| a.get("text"))
-                    .map(short)
-                    .unwrap_or_default(),
-                passed: a.get("result").and_then(Value::as_str) == Some("pass")
-                    || a.get("passed").and_then(Value::as_bool) == Some(true),
-                evidence: a.get("evidence").map(short).unwrap_or_default(),
-            })
-            .collect();
-    }
-    for key in ["checks", "rules", "components"] {
-        if let Some(items) = d.get(key).and_then(Value::as_array) {
-            if !items.is_empty() {
-                return items
-                    .iter()
-                    .map(|c| Expectation {
-                        text: c
-                            .get("check")
-                            .or_else(|| c.get("rule"))
-                            .or_else(|| c.get("strategy"))
-                            .map(short)
-                            .unwrap_or_else(|| short(c)),
-                        passed: c.get("passed").and_then(Value::as_bool).unwrap_or(false),
-                        evidence: c
-                            .get("detail")
-                            .or_else(|| c.get("details"))
-                            .map(short)
-                            .unwrap_or_default(),
-                    })
-                    .collect();
-            }
-        }
-    }
-    let evidence = match (&r.error, r.status) {
-        (Some(e), _) => e.to_string(),
-        (None, CaseStatus::Passed | CaseStatus::Failed) => short(&r.details),
-        _ => String::new(),
-    };
-    vec![Expectation {
-        text: format!("{} grading of `{}`", r.strategy, r.test_case_id),
-        passed: r.passed(),
-        evidence,
-    }]
 }
 
 /// The merged `grading.json` of one case.
@@ -391,6 +323,7 @@ pub fn append_benchmark(
 mod tests {
     use super::*;
     use crate::executor::test_result;
+    use crate::executor::CaseStatus;
     use crate::model::EvalSettings;
     use crate::summary::summarize;
     use uuid::Uuid;

@@ -22,6 +22,7 @@ pub mod artifacts;
 pub mod compare;
 pub mod egress;
 pub mod executor;
+pub mod expectations;
 pub mod extract;
 pub mod forecast;
 pub mod gate;

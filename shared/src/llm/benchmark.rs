@@ -18,8 +18,8 @@ use std::fmt::Write;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::artifacts::{expectations, Expectation};
 use crate::executor::{CaseStatus, JobResult};
+use crate::expectations::{expectations, Expectation};
 use crate::summary::ratio;
 use crate::variant::Configuration;
 
