@@ -18,10 +18,10 @@ use clap::{Args, ValueEnum};
 use skilleval::executor::ExecutorBuilder;
 use skilleval::grade::RetryPolicy;
 use skilleval::monitor::{
-    self, alert, graded_sample, is_sampled, parse_jsonl, quality, render, sample_job, BucketSize,
-    CriteriaSelection, QualityQuery, SampleJobContext,
+    self, is_sampled, parse_jsonl, sample_job, CriteriaSelection, SampleJobContext,
 };
 use skilleval::package::{validate, Package, PackageLimits};
+use skilleval::quality::{alert, graded_sample, quality, render, BucketSize, QualityQuery};
 use skilleval::sandbox::{Sandbox, SandboxPolicy};
 use uuid::Uuid;
 

@@ -13,7 +13,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use clap::Args;
-use skilleval::monitor::render::html_escape;
+use skilleval::quality::render::html_escape;
 use skilleval::report::html::{report_page, Assets, REPORT_SCRIPT, STYLE};
 use skilleval::report::{EvaluationReport, ReportContext};
 

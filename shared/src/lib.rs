@@ -35,6 +35,7 @@ pub mod output;
 pub mod package;
 pub mod plan;
 pub mod problem;
+pub mod quality;
 pub mod report;
 pub mod runner;
 pub mod sandbox;

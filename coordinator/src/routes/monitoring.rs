@@ -26,12 +26,13 @@ use chrono::{DateTime, Duration, Utc};
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use skilleval::monitor::quality::CriterionGrade;
 use skilleval::monitor::{
-    is_sampled, parse, parse_batch, render, BatchError, BatchLimits, BucketSize, CriteriaSelection,
-    GradedSample, Monitor, MonitorSource, QualityQuery, SampleError, SampleStatus,
+    is_sampled, parse, parse_batch, BatchError, BatchLimits, CriteriaSelection, Monitor,
+    MonitorSource, SampleError,
 };
 use skilleval::problem::Problem;
+use skilleval::quality::CriterionGrade;
+use skilleval::quality::{render, BucketSize, GradedSample, QualityQuery, SampleStatus};
 use skilleval_infra::store::samples::{
     AlertRow, Disposition, NewRevision, NewSamples, RevisionSource, SampleResultRow, StoredMonitor,
 };
@@ -587,10 +588,10 @@ pub async fn quality(
         version: params.version.clone(),
         criterion: params.criterion.clone(),
     };
-    let report = skilleval::monitor::quality(&name, &samples, &query).map_err(|e| {
+    let report = skilleval::quality::quality(&name, &samples, &query).map_err(|e| {
         let field = match e {
-            skilleval::monitor::quality::QualityError::EmptyRange => "from",
-            skilleval::monitor::quality::QualityError::TooManyBuckets(_) => "bucket",
+            skilleval::quality::QualityError::EmptyRange => "from",
+            skilleval::quality::QualityError::TooManyBuckets(_) => "bucket",
         };
         ApiError::invalid_field("invalid_query", field, e.to_string())
     })?;

@@ -18,9 +18,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::definition::Monitor;
-use super::quality::{CriterionGrade, GradedSample, SampleStatus};
 use super::sample::Sample;
-use crate::executor::{CaseStatus, JobResult};
+
 use crate::model::{Given, Input, Profile, RunnerConfig, TestCase};
 use crate::plan::Job;
 
@@ -172,45 +171,4 @@ pub fn job_info(job: &Job) -> Option<SampleJobInfo> {
         .extra
         .get(INFO_KEY)
         .and_then(|v| serde_json::from_value(v.clone()).ok())
-}
-
-/// The graded sample a job's result stands for. `observed_at` falls back to `received_at`
-/// (the ingest time) when the sample did not say.
-pub fn graded_sample(job: &Job, result: &JobResult, received_at: DateTime<Utc>) -> GradedSample {
-    let info = job_info(job);
-    let status = match result.status {
-        CaseStatus::Passed => SampleStatus::Passed,
-        CaseStatus::Failed => SampleStatus::Failed,
-        _ => SampleStatus::Errored,
-    };
-    let mut criteria = BTreeMap::new();
-    if status != SampleStatus::Errored {
-        if let (Some(info), Some(Value::Array(components))) =
-            (&info, result.details.get("components"))
-        {
-            for c in components {
-                let name = c
-                    .get("strategy")
-                    .and_then(Value::as_str)
-                    .and_then(|s| info.criteria.get(s));
-                let score = c.get("score").and_then(Value::as_f64);
-                let passed = c.get("passed").and_then(Value::as_bool);
-                if let (Some(name), Some(score), Some(passed)) = (name, score, passed) {
-                    criteria.insert(name.clone(), CriterionGrade { score, passed });
-                }
-            }
-        }
-    }
-    GradedSample {
-        sample_id: job.case.id.clone(),
-        observed_at: info
-            .as_ref()
-            .and_then(|i| i.observed_at)
-            .unwrap_or(received_at),
-        version: info.as_ref().and_then(|i| i.version.clone()),
-        monitor_revision: info.as_ref().map_or(0, |i| i.monitor_revision),
-        status,
-        score: result.score.filter(|_| status != SampleStatus::Errored),
-        criteria,
-    }
 }

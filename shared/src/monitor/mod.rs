@@ -5,28 +5,21 @@
 //! A **sample** ([`sample`]) is one real `(input, output, tool calls)`; whether it is graded is
 //! decided by [`sampling`] from a hash, so retries and rate changes are stable. A sampled item
 //! becomes an ordinary [`crate::plan::Job`] with runner `given` ([`job`]) and is graded by the
-//! same [`crate::executor::Executor`] as any run. Graded samples are summarised over time by
-//! [`quality`] (and rendered by [`render`]), and judged against their own past by [`alert`].
+//! same [`crate::executor::Executor`] as any run. What graded samples add up to (quality over
+//! time, alerts) is the analysis layer's [`crate::quality`].
 //!
 //! Everything here is pure: the service's ingest endpoint, store and scheduler, and the CLI's
 //! `skilleval monitor`, feed it and keep what it returns.
 
-pub mod alert;
 pub mod definition;
 pub mod job;
-pub mod quality;
-pub mod render;
 pub mod sample;
 pub mod sampling;
 
-pub use alert::{
-    evaluate, AlertRule, AlertState, AlertTracker, Evaluation, Finding, Transition, WindowCounts,
+pub use definition::{
+    from_package, package_problems, parse, AlertRule, Criterion, Monitor, MonitorSource,
 };
-pub use definition::{from_package, package_problems, parse, Criterion, Monitor, MonitorSource};
-pub use job::{
-    graded_sample, job_info, sample_job, CriteriaSelection, SampleJobContext, SampleJobInfo,
-};
-pub use quality::{quality, BucketSize, GradedSample, QualityQuery, QualityReport, SampleStatus};
+pub use job::{job_info, sample_job, CriteriaSelection, SampleJobContext, SampleJobInfo};
 pub use sample::{parse_batch, parse_jsonl, BatchError, BatchLimits, Sample, SampleError};
 pub use sampling::{is_sampled, sample_point};
 
@@ -34,16 +27,10 @@ pub use sampling::{is_sampled, sample_point};
 #[allow(clippy::unwrap_used, clippy::needless_pass_by_value)]
 mod tests {
     use std::path::Path;
-    use std::sync::Arc;
 
-    use chrono::{TimeZone, Utc};
     use serde_json::json;
-    use uuid::Uuid;
 
     use super::*;
-    use crate::executor::Executor;
-    use crate::runner::RunnerRegistry;
-    use crate::sandbox::Sandbox;
     use crate::strategy::StrategyRegistry;
 
     fn source(root: &Path) -> MonitorSource<'_> {
@@ -160,105 +147,6 @@ mod tests {
         );
         assert!(parse(&json!({"criteria": []}), &source(root.path()), &registry()).is_err());
         assert!(parse(&json!([1]), &source(root.path()), &registry()).is_err());
-    }
-
-    fn sample(id: &str, output: &str, tools: &[&str]) -> Sample {
-        let tool_calls = tools
-            .iter()
-            .map(|t| json!({"name": t, "arguments": {}}))
-            .collect::<Vec<_>>();
-        sample::parse_sample(
-            0,
-            &json!({
-                "sample_id": id, "version": "1.2.0", "observed_at": "2026-03-01T10:00:00Z",
-                "input": "refund A-1001 please", "output": output, "tool_calls": tool_calls
-            }),
-        )
-        .unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_sample_is_graded_as_a_given_job_by_the_executor() {
-        let root = tempfile::tempdir().unwrap();
-        let (m, _) = parse(&monitor_doc(), &source(root.path()), &registry()).unwrap();
-        let ctx = SampleJobContext {
-            run_id: Uuid::nil(),
-            package_hash: "hash",
-            monitor_revision: 3,
-            selection: CriteriaSelection::WithoutModel,
-        };
-        let executor = Executor::new(
-            registry(),
-            RunnerRegistry::builtin(),
-            Arc::new(Sandbox::default()),
-        );
-        let good = sample_job(
-            &m,
-            &sample("s1", "Thank you: APPROVED", &["lookup_order"]),
-            0,
-            &ctx,
-        )
-        .unwrap();
-        assert_eq!(good.runner.kind, "given");
-        assert_eq!(good.strategy(), "hybrid");
-        let info = job_info(&good).unwrap();
-        assert_eq!(info.monitor_revision, 3);
-        assert_eq!(info.skipped_criteria, ["judge"]);
-        let result = executor.execute(&good, root.path()).await;
-        let graded = graded_sample(&good, &result, Utc::now());
-        assert_eq!(graded.status, SampleStatus::Passed, "{result:#?}");
-        assert_eq!(graded.monitor_revision, 3);
-        assert_eq!(graded.version.as_deref(), Some("1.2.0"));
-        assert_eq!(
-            graded.observed_at,
-            Utc.with_ymd_and_hms(2026, 3, 1, 10, 0, 0).unwrap()
-        );
-        assert_eq!(graded.score, Some(1.0));
-        let names: Vec<&String> = graded.criteria.keys().collect();
-        assert_eq!(names, ["looked-up", "polite", "states-decision"]);
-
-        // Impolite, called a forbidden tool: two criteria fail; the score is the weighted
-        // mean (regex 1 x 1, contains 0 x 0.5, tool_usage 2 of 3 checks... x 1) / 2.5.
-        let bad = sample_job(
-            &m,
-            &sample("s2", "APPROVED", &["lookup_order", "delete_order"]),
-            1,
-            &ctx,
-        )
-        .unwrap();
-        let result = executor.execute(&bad, root.path()).await;
-        let graded = graded_sample(&bad, &result, Utc::now());
-        assert_eq!(graded.status, SampleStatus::Failed);
-        assert!(graded.criteria["states-decision"].passed);
-        assert!(!graded.criteria["polite"].passed);
-        assert!(!graded.criteria["looked-up"].passed);
-        let tools = graded.criteria["looked-up"].score;
-        let expect = (1.0 + 0.0 * 0.5 + tools) / 2.5;
-        assert!((graded.score.unwrap() - expect).abs() < 1e-9, "{graded:?}");
-
-        // With the budget available, the model criterion is in the job (and, with no model
-        // provider configured, the sample errors rather than passing without it).
-        let all = SampleJobContext {
-            selection: CriteriaSelection::All,
-            ..ctx
-        };
-        let job = sample_job(
-            &m,
-            &sample("s3", "Thank you: APPROVED", &["lookup_order"]),
-            2,
-            &all,
-        )
-        .unwrap();
-        assert!(job.case.evaluation.weights.contains_key("llm_judge"));
-        let result = executor.execute(&job, root.path()).await;
-        assert_eq!(
-            graded_sample(&job, &result, Utc::now()).status,
-            SampleStatus::Errored
-        );
-
-        // Only model criteria and no budget: no job at all.
-        let (judge_only, _) = parse(&json!({"criteria": [{"name": "j", "strategy": "assertions", "expected": {"assertions": ["is polite"]}}]}), &source(root.path()), &registry()).unwrap();
-        assert!(sample_job(&judge_only, &sample("s4", "x", &[]), 0, &ctx).is_none());
     }
 
     fn package_with(monitoring: serde_json::Value) -> tempfile::TempDir {

@@ -6,7 +6,7 @@
 
 use std::fmt::Write;
 
-use super::quality::{MarkerKind, QualityBucket, QualityReport};
+use crate::quality::{MarkerKind, QualityBucket, QualityReport};
 
 fn pct(v: Option<f64>) -> String {
     v.map_or("–".into(), |v| format!("{:.1} %", v * 100.0))
@@ -56,8 +56,8 @@ fn ci(b: &QualityBucket) -> String {
 
 fn label(r: &QualityReport, b: &QualityBucket) -> String {
     match r.bucket {
-        super::quality::BucketSize::Hour => b.start.format("%Y-%m-%d %H:00").to_string(),
-        super::quality::BucketSize::Day => b.start.format("%Y-%m-%d").to_string(),
+        crate::quality::BucketSize::Hour => b.start.format("%Y-%m-%d %H:00").to_string(),
+        crate::quality::BucketSize::Day => b.start.format("%Y-%m-%d").to_string(),
     }
 }
 
@@ -326,7 +326,7 @@ pub fn html(r: &QualityReport) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::monitor::quality::{quality, GradedSample, QualityQuery, SampleStatus};
+    use crate::quality::{quality, GradedSample, QualityQuery, SampleStatus};
     use chrono::{TimeZone, Utc};
 
     fn report() -> QualityReport {
@@ -348,7 +348,7 @@ mod tests {
                 score: Some(0.5),
                 criteria: [(
                     "a|b<i>".to_string(),
-                    crate::monitor::quality::CriterionGrade {
+                    crate::quality::CriterionGrade {
                         score: 0.5,
                         passed: true,
                     },

@@ -18,102 +18,8 @@ use std::collections::VecDeque;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::monitor::definition::AlertRule;
 use crate::stats::two_proportion_z_test;
-
-/// A pass-rate-drop rule; [`Default`] is the documented default rule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AlertRule {
-    pub name: String,
-    /// The window judged, ending at the evaluation time.
-    pub window_hours: u32,
-    /// The baseline: this many days before the window.
-    pub baseline_days: u32,
-    /// Fewer graded samples in the window is `no_data`.
-    pub min_samples: u64,
-    /// The smallest drop (0.05 = five points) worth an alert, however significant.
-    pub min_drop: f64,
-    /// The z-test's p-value must be below this.
-    pub max_p_value: f64,
-    /// Breached evaluations, among the last `of_last`, that fire the alert.
-    pub breaches: u32,
-    pub of_last: u32,
-}
-
-impl Default for AlertRule {
-    fn default() -> Self {
-        AlertRule {
-            name: "pass-rate-drop".into(),
-            window_hours: 24,
-            baseline_days: 7,
-            min_samples: 100,
-            min_drop: 0.05,
-            max_p_value: 0.01,
-            breaches: 2,
-            of_last: 3,
-        }
-    }
-}
-
-impl AlertRule {
-    /// Each field that breaks a rule, with the rule.
-    pub fn problems(&self) -> Vec<(&'static str, &'static str)> {
-        let mut out = Vec::new();
-        if self.name.trim().is_empty() {
-            out.push(("name", "an alert rule needs a name"));
-        }
-        if self.window_hours == 0 {
-            out.push(("window_hours", "window_hours must be at least 1"));
-        }
-        if self.baseline_days == 0 {
-            out.push(("baseline_days", "baseline_days must be at least 1"));
-        }
-        if self.min_samples == 0 {
-            out.push(("min_samples", "min_samples must be at least 1"));
-        }
-        if !(self.min_drop.is_finite() && (0.0..1.0).contains(&self.min_drop)) {
-            out.push((
-                "min_drop",
-                "min_drop must be at least 0 and below 1 (0.05 = five points)",
-            ));
-        }
-        if !(self.max_p_value > 0.0 && self.max_p_value < 1.0) {
-            out.push((
-                "max_p_value",
-                "max_p_value must be strictly between 0 and 1",
-            ));
-        }
-        if self.of_last == 0 {
-            out.push(("of_last", "of_last must be at least 1"));
-        }
-        if self.breaches == 0 || self.breaches > self.of_last {
-            out.push((
-                "breaches",
-                "breaches must be at least 1 and at most of_last",
-            ));
-        }
-        out
-    }
-
-    /// The window `[start, end)` judged at `now`.
-    pub fn window(&self, now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
-        (now - Duration::hours(i64::from(self.window_hours)), now)
-    }
-
-    /// When a history whose first sample is `first` can first be judged: once it covers a
-    /// whole baseline and a whole window.
-    pub fn ready_at(&self, first: DateTime<Utc>) -> DateTime<Utc> {
-        first
-            + Duration::days(i64::from(self.baseline_days))
-            + Duration::hours(i64::from(self.window_hours))
-    }
-
-    /// The baseline `[start, end)` at `now`: the days before the window.
-    pub fn baseline(&self, now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
-        let (start, _) = self.window(now);
-        (start - Duration::days(i64::from(self.baseline_days)), start)
-    }
-}
 
 /// Graded samples in a window and how many passed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -267,7 +173,7 @@ impl AlertTracker {
 
 /// Counts the graded samples observed in `[start, end)`.
 pub fn counts_in<'a>(
-    samples: impl IntoIterator<Item = &'a super::quality::GradedSample>,
+    samples: impl IntoIterator<Item = &'a crate::quality::GradedSample>,
     start: DateTime<Utc>,
     end: DateTime<Utc>,
 ) -> WindowCounts {
@@ -288,7 +194,7 @@ pub fn counts_in<'a>(
 /// history is [`AlertRule::ready_at`] are `no_data`.
 pub fn replay(
     rule: &AlertRule,
-    samples: &[super::quality::GradedSample],
+    samples: &[crate::quality::GradedSample],
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     every: Duration,
@@ -328,7 +234,7 @@ pub fn replay(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::monitor::quality::{GradedSample, SampleStatus};
+    use crate::quality::{GradedSample, SampleStatus};
     use chrono::TimeZone;
 
     fn t0() -> DateTime<Utc> {

@@ -2,14 +2,25 @@
 //! rate and Wilson 95 % interval, mean score, p10/p50/p90 and per-criterion means, and a
 //! marker wherever the skill's version or the monitor's revision changed.
 //!
+//! A sample's grade is read back from its job's result by [`graded_sample`]; [`alert`] judges a
+//! window of them against the days before it, and [`render`] draws a report as text.
+//!
 //! Pure: the service feeds it rows from the store, the CLI the samples it just graded. Errored
 //! samples were never graded: they are counted per bucket but are not in `n`.
+
+pub mod alert;
+pub mod render;
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, DurationRound, Utc};
 use serde::{Deserialize, Serialize};
 
+use serde_json::Value;
+
+use crate::executor::{CaseStatus, JobResult};
+use crate::monitor::job_info;
+use crate::plan::Job;
 use crate::stats::{wilson_interval, Interval, Quantiles};
 
 /// Most buckets one report may hold (a year of hours is 8,760).
@@ -354,6 +365,47 @@ pub fn quality(
     })
 }
 
+/// The graded sample a job's result stands for. `observed_at` falls back to `received_at`
+/// (the ingest time) when the sample did not say.
+pub fn graded_sample(job: &Job, result: &JobResult, received_at: DateTime<Utc>) -> GradedSample {
+    let info = job_info(job);
+    let status = match result.status {
+        CaseStatus::Passed => SampleStatus::Passed,
+        CaseStatus::Failed => SampleStatus::Failed,
+        _ => SampleStatus::Errored,
+    };
+    let mut criteria = BTreeMap::new();
+    if status != SampleStatus::Errored {
+        if let (Some(info), Some(Value::Array(components))) =
+            (&info, result.details.get("components"))
+        {
+            for c in components {
+                let name = c
+                    .get("strategy")
+                    .and_then(Value::as_str)
+                    .and_then(|s| info.criteria.get(s));
+                let score = c.get("score").and_then(Value::as_f64);
+                let passed = c.get("passed").and_then(Value::as_bool);
+                if let (Some(name), Some(score), Some(passed)) = (name, score, passed) {
+                    criteria.insert(name.clone(), CriterionGrade { score, passed });
+                }
+            }
+        }
+    }
+    GradedSample {
+        sample_id: job.case.id.clone(),
+        observed_at: info
+            .as_ref()
+            .and_then(|i| i.observed_at)
+            .unwrap_or(received_at),
+        version: info.as_ref().and_then(|i| i.version.clone()),
+        monitor_revision: info.as_ref().map_or(0, |i| i.monitor_revision),
+        status,
+        score: result.score.filter(|_| status != SampleStatus::Errored),
+        criteria,
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -506,5 +558,151 @@ mod tests {
             quality("s", &history(), &q),
             Err(QualityError::TooManyBuckets(_))
         ));
+    }
+}
+
+/// A production sample through the whole flow: its monitor's job, graded by the executor,
+/// read back as a graded sample.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod sample_flow_tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use chrono::{TimeZone, Utc};
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::executor::Executor;
+    use crate::monitor::{
+        parse, sample, sample_job, CriteriaSelection, MonitorSource, Sample, SampleJobContext,
+    };
+    use crate::runner::RunnerRegistry;
+    use crate::sandbox::Sandbox;
+    use crate::strategy::StrategyRegistry;
+
+    fn source(root: &Path) -> MonitorSource<'_> {
+        MonitorSource {
+            file: "eval/tests.json",
+            pointer: "/monitoring",
+            package_root: root,
+        }
+    }
+
+    fn registry() -> StrategyRegistry {
+        StrategyRegistry::builtin().build()
+    }
+
+    fn monitor_doc() -> serde_json::Value {
+        json!({
+            "sample_rate": 0.5,
+            "filters": {"channel": ["web", "email"]},
+            "criteria": [
+                {"name": "states-decision", "strategy": "regex_match", "expected": {"patterns": ["APPROVED|DECLINED"]}},
+                {"name": "polite", "strategy": "contains", "options": {"includes": ["thank"], "caseSensitive": false}, "weight": 0.5},
+                {"name": "looked-up", "strategy": "tool_usage", "expected": {"tools": ["lookup_order"], "forbidden": ["delete_order"]}},
+                {"name": "judge", "strategy": "llm_judge"}
+            ]
+        })
+    }
+
+    fn sample(id: &str, output: &str, tools: &[&str]) -> Sample {
+        let tool_calls = tools
+            .iter()
+            .map(|t| json!({"name": t, "arguments": {}}))
+            .collect::<Vec<_>>();
+        sample::parse_sample(
+            0,
+            &json!({
+                "sample_id": id, "version": "1.2.0", "observed_at": "2026-03-01T10:00:00Z",
+                "input": "refund A-1001 please", "output": output, "tool_calls": tool_calls
+            }),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_sample_is_graded_as_a_given_job_by_the_executor() {
+        let root = tempfile::tempdir().unwrap();
+        let (m, _) = parse(&monitor_doc(), &source(root.path()), &registry()).unwrap();
+        let ctx = SampleJobContext {
+            run_id: Uuid::nil(),
+            package_hash: "hash",
+            monitor_revision: 3,
+            selection: CriteriaSelection::WithoutModel,
+        };
+        let executor = Executor::new(
+            registry(),
+            RunnerRegistry::builtin(),
+            Arc::new(Sandbox::default()),
+        );
+        let good = sample_job(
+            &m,
+            &sample("s1", "Thank you: APPROVED", &["lookup_order"]),
+            0,
+            &ctx,
+        )
+        .unwrap();
+        assert_eq!(good.runner.kind, "given");
+        assert_eq!(good.strategy(), "hybrid");
+        let info = job_info(&good).unwrap();
+        assert_eq!(info.monitor_revision, 3);
+        assert_eq!(info.skipped_criteria, ["judge"]);
+        let result = executor.execute(&good, root.path()).await;
+        let graded = graded_sample(&good, &result, Utc::now());
+        assert_eq!(graded.status, SampleStatus::Passed, "{result:#?}");
+        assert_eq!(graded.monitor_revision, 3);
+        assert_eq!(graded.version.as_deref(), Some("1.2.0"));
+        assert_eq!(
+            graded.observed_at,
+            Utc.with_ymd_and_hms(2026, 3, 1, 10, 0, 0).unwrap()
+        );
+        assert_eq!(graded.score, Some(1.0));
+        let names: Vec<&String> = graded.criteria.keys().collect();
+        assert_eq!(names, ["looked-up", "polite", "states-decision"]);
+
+        // Impolite, called a forbidden tool: two criteria fail; the score is the weighted
+        // mean (regex 1 x 1, contains 0 x 0.5, tool_usage 2 of 3 checks... x 1) / 2.5.
+        let bad = sample_job(
+            &m,
+            &sample("s2", "APPROVED", &["lookup_order", "delete_order"]),
+            1,
+            &ctx,
+        )
+        .unwrap();
+        let result = executor.execute(&bad, root.path()).await;
+        let graded = graded_sample(&bad, &result, Utc::now());
+        assert_eq!(graded.status, SampleStatus::Failed);
+        assert!(graded.criteria["states-decision"].passed);
+        assert!(!graded.criteria["polite"].passed);
+        assert!(!graded.criteria["looked-up"].passed);
+        let tools = graded.criteria["looked-up"].score;
+        let expect = (1.0 + 0.0 * 0.5 + tools) / 2.5;
+        assert!((graded.score.unwrap() - expect).abs() < 1e-9, "{graded:?}");
+
+        // With the budget available, the model criterion is in the job (and, with no model
+        // provider configured, the sample errors rather than passing without it).
+        let all = SampleJobContext {
+            selection: CriteriaSelection::All,
+            ..ctx
+        };
+        let job = sample_job(
+            &m,
+            &sample("s3", "Thank you: APPROVED", &["lookup_order"]),
+            2,
+            &all,
+        )
+        .unwrap();
+        assert!(job.case.evaluation.weights.contains_key("llm_judge"));
+        let result = executor.execute(&job, root.path()).await;
+        assert_eq!(
+            graded_sample(&job, &result, Utc::now()).status,
+            SampleStatus::Errored
+        );
+
+        // Only model criteria and no budget: no job at all.
+        let (judge_only, _) = parse(&json!({"criteria": [{"name": "j", "strategy": "assertions", "expected": {"assertions": ["is polite"]}}]}), &source(root.path()), &registry()).unwrap();
+        assert!(sample_job(&judge_only, &sample("s4", "x", &[]), 0, &ctx).is_none());
     }
 }
