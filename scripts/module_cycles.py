@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PATH_START = re.compile(r"\b(crate|super|self)::")
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\*")
 TEST_GATE = re.compile(r"^#\[cfg\(test\)\]\s*\n(?:#\[[^\n]*\]\s*\n)*mod\s+\w+\s*\{", re.M)
+TEST_DECL = re.compile(r"^#\[cfg\(test\)\]\s*\n(?:#\[[^\n]*\]\s*\n)*mod\s+(\w+)\s*;", re.M)
 RAW_STRING = re.compile(r'b?r(#*)"')
 CHAR = re.compile(r"b?'(?:\\.[^']*|[^'\\\n])'")
 
@@ -115,7 +116,10 @@ class Crate:
         self.src = folder / "src"
         # module path (tuple) -> file
         self.modules: dict[tuple[str, ...], Path] = {}
+        test_only = self.test_only_files()
         for path in sorted(self.src.rglob("*.rs")):
+            if path in test_only:
+                continue
             rel = path.relative_to(self.src)
             if path.name in ("tests.rs", "test_support.rs") or "tests" in rel.parts[:-1]:
                 continue
@@ -125,6 +129,23 @@ class Crate:
             if rel.parts[0] == "bin":
                 continue
             self.modules[tuple(parts)] = path
+
+    def test_only_files(self) -> set[Path]:
+        """Files of modules declared under `#[cfg(test)]` (`#[cfg(test)] mod name;`)."""
+        found: set[Path] = set()
+        for path in self.src.rglob("*.rs"):
+            text = path.read_text(encoding="utf-8")
+            for m in TEST_DECL.finditer(text):
+                name = m.group(1)
+                if path.name in ("mod.rs", "lib.rs", "main.rs"):
+                    folder = path.parent
+                else:
+                    folder = path.parent / path.stem
+                for candidate in (folder / f"{name}.rs", folder / name / "mod.rs"):
+                    if candidate.exists():
+                        found.add(candidate)
+                        found.update((candidate.parent / name).rglob("*.rs") if candidate.name != "mod.rs" else candidate.parent.rglob("*.rs"))
+        return found
 
     def module_of(self, path: Path) -> tuple[str, ...]:
         for module, file in self.modules.items():
@@ -321,6 +342,7 @@ class SelfTest(unittest.TestCase):
                 "a.rs": "// crate::b::X\nconst S: &str = \"crate::b::X\";\n",
                 "b.rs": "use crate::a::S;\n#[cfg(test)]\nmod tests { use crate::a; }\n",
                 "tests.rs": "use crate::b; use crate::a;\n",
+
             }
         )
         self.assertEqual(check([root]), [])

@@ -20,9 +20,10 @@ use skilleval::grade::RetryPolicy;
 use skilleval::monitor::{
     self, is_sampled, parse_jsonl, sample_job, CriteriaSelection, SampleJobContext,
 };
-use skilleval::package::{validate, Package, PackageLimits};
+use skilleval::package::{Package, PackageLimits};
 use skilleval::quality::{alert, graded_sample, quality, render, BucketSize, QualityQuery};
 use skilleval::sandbox::{Sandbox, SandboxPolicy};
+use skilleval::validate::validate;
 use uuid::Uuid;
 
 use crate::run::{print_problems, report_package_error};

@@ -24,12 +24,13 @@ use skilleval::llm::benchmark;
 use skilleval::llm::budget::{self, Budget, BudgetLimits};
 use skilleval::llm::{self, triggers};
 use skilleval::model::RunnerConfig;
-use skilleval::package::{validate, Package, PackageError, PackageLimits, RiskReport};
+use skilleval::package::{Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{plan, CaseFilter, Job};
 use skilleval::problem::Problem;
 use skilleval::report::{render_with, ReportContext, ReportExtras, ReportFormat};
 use skilleval::sandbox::{Sandbox, SandboxPolicy};
 use skilleval::summary::{summarize, Verdict};
+use skilleval::validate::validate;
 use uuid::Uuid;
 
 use crate::providers::{self, LlmSetup};

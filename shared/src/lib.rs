@@ -43,4 +43,5 @@ pub mod scale;
 pub mod stats;
 pub mod strategy;
 pub mod summary;
+pub mod validate;
 pub mod variant;

@@ -23,9 +23,10 @@ use serde_json::{json, Value};
 use skilleval::executor::{CaseStatus, ExecutorBuilder, JobResult};
 use skilleval::llm::triggers::{evaluate_triggers, AgentTriggers, SkillCard, TriggerOptions};
 use skilleval::llm::{ApiKey, LlmClient, ProviderClients, ProviderConfig, ProviderKind};
-use skilleval::package::{validate, Package, PackageLimits, TriggerCase};
+use skilleval::package::{Package, PackageLimits, TriggerCase};
 use skilleval::plan::{plan, CaseFilter};
 use skilleval::sandbox::{Sandbox, SandboxMode, SandboxPolicy};
+use skilleval::validate::validate;
 use skilleval::variant::runner_for;
 
 /// What the scripted model does at a turn.

@@ -31,9 +31,10 @@ use serde_json::{json, Value};
 use skilleval::egress::AllowedHosts;
 use skilleval::executor::{CaseStatus, ExecutorBuilder};
 use skilleval::llm::{ApiKey, LlmClient, ProviderClients, ProviderConfig, ProviderKind};
-use skilleval::package::{validate, Package, PackageLimits};
+use skilleval::package::{Package, PackageLimits};
 use skilleval::plan::{plan, CaseFilter};
 use skilleval::sandbox::{Sandbox, SandboxMode, SandboxPolicy, SandboxSession};
+use skilleval::validate::validate;
 
 const LATENCY: Duration = Duration::from_millis(50);
 const TURNS_PER_CASE: u32 = 4;

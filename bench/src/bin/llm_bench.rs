@@ -35,8 +35,9 @@ use serde_json::{json, Value};
 use skilleval::executor::{CaseStatus, Executor, ExecutorBuilder};
 use skilleval::grade::RetryPolicy;
 use skilleval::llm::{NoCache, ProviderClients, Providers, ResponseCache};
-use skilleval::package::{validate, Package, PackageLimits};
+use skilleval::package::{Package, PackageLimits};
 use skilleval::plan::{plan, CaseFilter};
+use skilleval::validate::validate;
 use skilleval_bench::cluster;
 use uuid::Uuid;
 

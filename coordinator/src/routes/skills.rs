@@ -17,10 +17,11 @@ use serde::Deserialize;
 use serde_json::json;
 use skilleval::gate::{GateRule, GateSpec};
 use skilleval::model::Profile;
-use skilleval::package::{check_in_chunks, Package, PackageError, PackageLimits, RiskReport};
+use skilleval::package::{Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
 use skilleval::problem::Problem;
 use skilleval::strategy::StrategyRegistry;
+use skilleval::validate::check_in_chunks;
 use skilleval_infra::store::samples::{NewRevision, RevisionSource};
 use skilleval_infra::store::versions::{NewVersion, VersionError};
 

@@ -1042,7 +1042,7 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
         None,
     )
     .unwrap();
-    let validation = skilleval::package::validate(
+    let validation = skilleval::validate::validate(
         &package,
         &skilleval::strategy::StrategyRegistry::builtin().build(),
     );

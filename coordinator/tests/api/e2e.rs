@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use skilleval::executor::ExecutorBuilder;
-use skilleval::package::{validate, Package};
+use skilleval::package::Package;
 use skilleval::plan::{plan, CaseFilter};
 use skilleval::sandbox::Sandbox;
 use skilleval::summary::{summarize, RunSummary};
+use skilleval::validate::validate;
 use skilleval_infra::store::Store;
 use tokio_util::sync::CancellationToken;
 

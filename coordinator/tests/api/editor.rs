@@ -78,7 +78,7 @@ async fn the_edited_definition_comes_back_as_a_valid_package() {
     assert_eq!(tests["testCases"][1]["name"], "Edited <case>");
     // And it validates as a package.
     let package = Package::from_zip_bytes(&zip, &PackageLimits::default(), None).unwrap();
-    let validation = skilleval::package::validate(&package, &StrategyRegistry::builtin().build());
+    let validation = skilleval::validate::validate(&package, &StrategyRegistry::builtin().build());
     assert!(validation.is_ok(), "{:?}", validation.problems);
     assert_eq!(package.config.test_cases.len(), 2);
     // Nothing was stored: still one version.

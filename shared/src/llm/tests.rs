@@ -27,10 +27,11 @@ use super::ProviderClients;
 use crate::executor::{CaseStatus, ExecutorBuilder};
 use crate::grade::{Fault, Grade};
 use crate::model::{Profile, TestCase};
-use crate::package::{validate, Package, PackageLimits, TriggerCase};
+use crate::package::{Package, PackageLimits, TriggerCase};
 use crate::plan::{plan, CaseFilter};
 use crate::sandbox::Sandbox;
 use crate::strategy::{CompileContext, GradeEnv, GradeInput, StrategyRegistry};
+use crate::validate::validate;
 
 /// One request the server received.
 #[derive(Debug, Clone)]

@@ -168,7 +168,8 @@ mod tests {
 
     #[test]
     fn package_validation_reports_the_monitoring_section() {
-        use crate::package::{validate, Package, PackageLimits};
+        use crate::package::{Package, PackageLimits};
+        use crate::validate::validate;
         let good = package_with(json!({"criteria": [{"name": "clean", "strategy": "toxicity"}]}));
         let pkg = Package::open(good.path(), &PackageLimits::default()).unwrap();
         let v = validate(&pkg, &registry());

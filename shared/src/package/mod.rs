@@ -10,13 +10,12 @@
 //!   formats::convert         v2 / v1 / eval_metadata / skill-creator -> EvalConfig
 //!   template::resolve        {{var}} in v2 prompts
 //! package.risk_report()     risk::scan: what the scripts and SKILL.md ask for (findings)
-//! validate(&package, &registry) -> Validation { problems, graders }
 //! ```
 //!
 //! Hard limits are [`PackageError::Refused`] and stop loading at once: nothing past a refusal
 //! is trusted. Everything else is a [`Problem`] with a file and a JSON pointer, collected so an
-//! author sees every problem in one pass; [`Package::open_validated`] turns error problems into
-//! [`PackageError::Invalid`].
+//! author sees every problem in one pass. Checking a package against the strategies and runners
+//! that will execute it is [`crate::validate`]'s.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -25,17 +24,15 @@ use tempfile::TempDir;
 
 use crate::model::EvalConfig;
 use crate::problem::Problem;
-use crate::strategy::StrategyRegistry;
 
 mod error;
 pub mod formats;
 mod limits;
-mod paths;
+pub mod paths;
 pub mod risk;
 pub mod skill_md;
 pub mod template;
 mod tree;
-pub mod validate;
 mod zip;
 
 pub use error::PackageError;
@@ -44,7 +41,6 @@ pub use limits::PackageLimits;
 pub use risk::{RiskFinding, RiskReport};
 pub use skill_md::SkillManifest;
 pub use tree::PackageFile;
-pub use validate::{check, check_in_chunks, validate, Validation};
 
 use formats::{source_suffix, Renames};
 use skill_md::SKILL_MD;
@@ -81,7 +77,7 @@ pub struct Package {
     case_renames: Vec<Renames>,
     list_pointer: String,
     /// A v2 definition opened without its cases ([`Package::from_zip_bytes_streamed`]), for
-    /// [`validate::check_in_chunks`] to read them.
+    /// [`crate::validate::check_in_chunks`] to read them.
     streamed: Option<StreamedEval>,
 }
 
@@ -145,7 +141,7 @@ impl Package {
 
     /// [`Package::from_zip_bytes`] into a temporary folder, but a v2 definition whose
     /// `testCases` is a list is opened without its cases: only the rest of it is read, and
-    /// [`validate::check_in_chunks`] reads, checks and hands over the cases a chunk at a time.
+    /// [`crate::validate::check_in_chunks`] reads, checks and hands over the cases a chunk at a time.
     /// For a service, whose memory must not grow with the size of a definition (the model of
     /// a 100,000-case definition is ~250 MB). Any other definition is read whole.
     pub fn from_zip_bytes_streamed(
@@ -173,22 +169,6 @@ impl Package {
     /// single sub-folder holding `SKILL.md`), without reading the package.
     pub fn root_of(dir: &Path) -> Result<PathBuf, PackageError> {
         tree::effective_root(dir)
-    }
-
-    /// Opens and validates; any error problem gives [`PackageError::Invalid`] listing every
-    /// problem (warnings included).
-    pub fn open_validated(
-        path: &Path,
-        limits: &PackageLimits,
-        registry: &StrategyRegistry,
-    ) -> Result<(Package, Validation), PackageError> {
-        let package = Package::open(path, limits)?;
-        let validation = validate(&package, registry);
-        if validation.is_ok() {
-            Ok((package, validation))
-        } else {
-            Err(PackageError::Invalid(validation.problems))
-        }
     }
 
     /// The package's folder on disk (the stripped top-level folder of a ZIP, if any).
@@ -427,6 +407,52 @@ impl Package {
             ..crate::model::RunnerConfig::default()
         });
         self.config.settings.runner = Some(runner);
+    }
+
+    /// For a package opened with [`Package::from_zip_bytes_streamed`]: reads its v2 cases
+    /// again from the eval file, `chunk` at a time, converted and templated, and calls `each`
+    /// with the package holding that chunk (in `config.test_cases` and `case_pointers`);
+    /// `each` takes what it keeps. Then puts the loading problems where loading the whole file
+    /// puts them (after the definition's own, before the trigger file's) and infers the runner,
+    /// leaving the package as [`Package::from_zip_bytes`] would have, without its cases.
+    /// Returns how many cases were read, or `None` (and calls nothing) when the package was
+    /// read whole.
+    pub fn stream_cases(
+        &mut self,
+        chunk: usize,
+        mut each: impl FnMut(&mut Package),
+    ) -> Result<Option<usize>, PackageError> {
+        let Some(streamed) = self.streamed.take() else {
+            return Ok(None);
+        };
+        let file = self.eval_file.clone();
+        let mut converting = Vec::new();
+        let mut templating = Vec::new();
+        let mut converted = 0;
+        let mut all_given = true;
+        let opened =
+            fs::File::open(&streamed.path).map_err(|e| PackageError::io(&streamed.path, e))?;
+        formats::v2_case_chunks(&file, opened, chunk, |list| {
+            let (mut cases, sources, problems) = list.into_parts();
+            converting.extend(problems);
+            let pointers: Vec<String> = sources.into_iter().map(|s| s.pointer).collect();
+            templating.extend(template::resolve_cases(&mut cases, &file, &pointers));
+            converted += cases.len();
+            all_given &= cases.iter().all(|c| c.given.is_some());
+            self.config.test_cases = cases;
+            self.case_pointers = pointers;
+            each(self);
+        })?;
+        self.config.test_cases = Vec::new();
+        self.case_pointers = Vec::new();
+        self.infer_runner(all_given);
+        let triggers = self
+            .problems
+            .split_off(streamed.problems_at.min(self.problems.len()));
+        self.problems.extend(converting);
+        self.problems.extend(templating);
+        self.problems.extend(triggers);
+        Ok(Some(converted))
     }
 
     fn load_triggers(&mut self) -> Result<(), PackageError> {

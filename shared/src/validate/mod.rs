@@ -16,13 +16,13 @@
 //! the author wrote, not at the converted v2 field.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::paths;
-use super::Package;
 use crate::model::{RunnerSpec, TestCase};
+use crate::package::{paths, Package, PackageError, PackageLimits};
 use crate::problem::{escape_token, Problem};
 use crate::strategy::{CompileContext, DefinitionKey, Grader, StrategyRegistry};
 
@@ -96,31 +96,10 @@ pub fn check_in_chunks(
     registry: &StrategyRegistry,
     chunk: usize,
     mut write: impl FnMut(Vec<TestCase>),
-) -> Result<Validation, super::PackageError> {
-    let Some(streamed) = pkg.streamed.take() else {
-        let validation = check(pkg, registry);
-        write(std::mem::take(&mut pkg.config.test_cases));
-        pkg.case_pointers = Vec::new();
-        return Ok(validation);
-    };
-    let file = pkg.eval_file.clone();
-    let mut converting = Vec::new();
-    let mut templating = Vec::new();
+) -> Result<Validation, PackageError> {
     let mut checking = Vec::new();
     let mut seen = Seen::default();
-    let mut converted = 0;
-    let mut all_given = true;
-    let opened = std::fs::File::open(&streamed.path)
-        .map_err(|e| super::PackageError::io(&streamed.path, e))?;
-    super::formats::v2_case_chunks(&file, opened, chunk, |list| {
-        let (mut cases, sources, problems) = list.into_parts();
-        converting.extend(problems);
-        let pointers: Vec<String> = sources.into_iter().map(|s| s.pointer).collect();
-        templating.extend(super::template::resolve_cases(&mut cases, &file, &pointers));
-        converted += cases.len();
-        all_given &= cases.iter().all(|c| c.given.is_some());
-        pkg.config.test_cases = cases;
-        pkg.case_pointers = pointers;
+    let streamed = pkg.stream_cases(chunk, |pkg| {
         let mut v = Validator {
             pkg,
             registry,
@@ -134,16 +113,12 @@ pub fn check_in_chunks(
         seen = v.seen;
         write(std::mem::take(&mut pkg.config.test_cases));
     })?;
-    pkg.case_pointers = Vec::new();
-    pkg.infer_runner(all_given);
-    // The loading problems where loading the whole file puts them: after the definition's
-    // own, before the trigger file's.
-    let triggers = pkg
-        .problems
-        .split_off(streamed.problems_at.min(pkg.problems.len()));
-    pkg.problems.extend(converting);
-    pkg.problems.extend(templating);
-    pkg.problems.extend(triggers);
+    let Some(converted) = streamed else {
+        let validation = check(pkg, registry);
+        write(std::mem::take(&mut pkg.config.test_cases));
+        pkg.case_pointers = Vec::new();
+        return Ok(validation);
+    };
     let mut v = Validator {
         pkg,
         registry,
@@ -541,6 +516,25 @@ fn check_fixture(root: &std::path::Path, raw: &str) -> Result<(), String> {
         ))
     }
 }
+
+/// Opens and validates; any error problem gives [`PackageError::Invalid`] listing every
+/// problem (warnings included).
+pub fn open_validated(
+    path: &Path,
+    limits: &PackageLimits,
+    registry: &StrategyRegistry,
+) -> Result<(Package, Validation), PackageError> {
+    let package = Package::open(path, limits)?;
+    let validation = validate(&package, registry);
+    if validation.is_ok() {
+        Ok((package, validation))
+    } else {
+        Err(PackageError::Invalid(validation.problems))
+    }
+}
+
+#[cfg(test)]
+mod package_tests;
 
 #[cfg(test)]
 mod tests {
