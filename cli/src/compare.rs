@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use skilleval::artifacts::{self, ArtifactError, RunRecord};
 use skilleval::compare::{self, CompareError, CompareOptions, RunSide};
-use skilleval::executor::JobResult;
 use skilleval::llm::Purpose;
 use skilleval::package::Package;
+use skilleval::result::JobResult;
 use skilleval::summary::Verdict;
 use uuid::Uuid;
 

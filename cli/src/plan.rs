@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde_json::json;
 use skilleval::artifacts::{self, RunRecord};
-use skilleval::executor::JobResult;
 use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::package::{Package, PackageLimits};
 use skilleval::plan::{plan as plan_jobs, CaseFilter};
+use skilleval::result::JobResult;
 use skilleval::strategy::StrategyRegistry;
 use uuid::Uuid;
 

@@ -18,7 +18,7 @@ use chrono::Utc;
 use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use skilleval::artifacts;
-use skilleval::executor::{CaseStatus, Executor, ExecutorBuilder, JobResult};
+use skilleval::executor::{Executor, ExecutorBuilder};
 use skilleval::grade::RetryPolicy;
 use skilleval::llm::benchmark;
 use skilleval::llm::budget::{self, Budget, BudgetLimits};
@@ -28,6 +28,7 @@ use skilleval::package::{Package, PackageError, PackageLimits, RiskReport};
 use skilleval::plan::{plan, CaseFilter, Job};
 use skilleval::problem::Problem;
 use skilleval::report::{render_with, ReportContext, ReportExtras, ReportFormat};
+use skilleval::result::{CaseStatus, JobResult};
 use skilleval::sandbox::{Sandbox, SandboxPolicy};
 use skilleval::summary::{summarize, Verdict};
 use skilleval::validate::validate;
@@ -786,7 +787,7 @@ async fn execute_with_retry(
     package_root: &Path,
     retry: RetryPolicy,
 ) -> JobResult {
-    let mut previous: Vec<skilleval::executor::Attempt> = Vec::new();
+    let mut previous: Vec<skilleval::result::Attempt> = Vec::new();
     loop {
         let mut result = executor.execute(&job, package_root).await;
         let transient = result.status == CaseStatus::Errored

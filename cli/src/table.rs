@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use skilleval::executor::CaseStatus;
 use skilleval::report::ReportContext;
+use skilleval::result::CaseStatus;
 use skilleval::summary::Verdict;
 
 /// Widest case name shown before it is cut.

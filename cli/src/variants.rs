@@ -12,8 +12,9 @@
 use std::path::{Path, PathBuf};
 
 use skilleval::artifacts;
-use skilleval::executor::{Executor, JobResult};
+use skilleval::executor::Executor;
 use skilleval::plan::Job;
+use skilleval::result::JobResult;
 pub use skilleval::variant::Variant;
 
 /// The jobs of a run with `repeats` attempts each and, with `baseline`, as many without the

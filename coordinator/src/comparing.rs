@@ -13,11 +13,11 @@ use serde_json::{json, Value};
 use skilleval::compare::{
     self, CaseFingerprint, CompareError, CompareOptions, Comparison, RunSide,
 };
-use skilleval::executor::JobResult;
 use skilleval::gate::GateConfig;
 use skilleval::llm::client::LlmClient;
 use skilleval::llm::comparator::{judge_pairs, BlindOptions, BlindPair};
 use skilleval::plan::CaseFilter;
+use skilleval::result::JobResult;
 use skilleval_infra::store::comparisons::NewComparison;
 use skilleval_infra::store::lifecycle::RunStatus;
 use skilleval_infra::store::runs::RunRow;

@@ -20,12 +20,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::gate::{GateConfig, GateSpec, GateSpecError};
 use skilleval::llm::trigger_runner::TriggerPlan;
 use skilleval::model::{EvalConfig, Given, RunnerConfig, RunnerSpec};
 use skilleval::monitor::{sample_job, CriteriaSelection, Monitor, Sample, SampleJobContext};
 use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
+use skilleval::result::{CaseStatus, JobResult};
 use skilleval::variant::{Configuration, Variant};
 use skilleval_infra::messages::EncodedJob;
 use skilleval_infra::store::lifecycle::{

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lapin::types::{AMQPValue, FieldTable};
-use skilleval::executor::JobResult;
 use skilleval::grade::Fault;
+use skilleval::result::JobResult;
 use skilleval_infra::messages::{self, CaseFinished, CasesFinished};
 use skilleval_infra::store::parked::{Drained, NewParked, ParkedState, RequeueError, Requeued};
 use skilleval_infra::store::Store;

@@ -9,8 +9,8 @@
 //! earlier builds, `{"run_id", "test_case_id", "status"}`, is still read.
 
 use serde::{Deserialize, Serialize};
-use skilleval::executor::CaseStatus;
 use skilleval::plan::Job;
+use skilleval::result::CaseStatus;
 use uuid::Uuid;
 
 /// The job format this build writes and reads.

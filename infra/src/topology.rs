@@ -400,7 +400,7 @@ impl Topology {
 
     /// Routing key of an event (`case.passed`, ...: the most serious status of its cases);
     /// bind `case.#` for all.
-    pub fn event_routing_key(status: skilleval::executor::CaseStatus) -> String {
+    pub fn event_routing_key(status: skilleval::result::CaseStatus) -> String {
         format!("case.{}", status.as_str())
     }
 

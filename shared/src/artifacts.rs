@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::compare::CaseFingerprint;
-use crate::executor::JobResult;
 use crate::expectations::expectations;
+use crate::result::JobResult;
 use crate::summary::RunSummary;
 
 #[derive(Debug, thiserror::Error)]
@@ -322,9 +322,9 @@ pub fn append_benchmark(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::test_result;
-    use crate::executor::CaseStatus;
     use crate::model::EvalSettings;
+    use crate::result::test_result;
+    use crate::result::CaseStatus;
     use crate::summary::summarize;
     use uuid::Uuid;
 
@@ -367,7 +367,7 @@ mod tests {
     #[test]
     fn grading_json_splits_the_last_attempt_into_producing_and_grading() {
         let mut r = result("tc/2", json!({}), CaseStatus::Passed);
-        r.attempts = vec![crate::executor::Attempt {
+        r.attempts = vec![crate::result::Attempt {
             number: 1,
             status: CaseStatus::Passed,
             score: Some(1.0),

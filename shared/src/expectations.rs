@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::executor::{CaseStatus, JobResult};
+use crate::result::{CaseStatus, JobResult};
 
 /// One expectation in skill-creator's shape.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -6,8 +6,8 @@
 
 use serde::Serialize;
 
-use crate::executor::{CaseStatus, JobResult};
 use crate::plan::Job;
+use crate::result::{CaseStatus, JobResult};
 use crate::stats::{power_advice, Design, PowerAdvice, StatsError};
 use crate::strategy::StrategyRegistry;
 

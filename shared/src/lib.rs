@@ -37,6 +37,7 @@ pub mod plan;
 pub mod problem;
 pub mod quality;
 pub mod report;
+pub mod result;
 pub mod runner;
 pub mod sandbox;
 pub mod scale;

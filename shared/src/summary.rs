@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::executor::{CaseStatus, JobResult};
 use crate::grade::Usage;
 use crate::model::EvalSettings;
+use crate::result::{CaseStatus, JobResult};
 
 /// Pass rate a run needs when the definition sets none: every case must pass.
 pub const DEFAULT_PASS_THRESHOLD: f64 = 1.0;
@@ -399,7 +399,7 @@ impl Summarizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::test_result;
+    use crate::result::test_result;
     use serde_json::json;
 
     fn result(

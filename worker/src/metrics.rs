@@ -297,7 +297,7 @@ impl WorkerMetrics {
     }
 
     /// Records one execution: its duration, its grader's, and what it spent on models.
-    pub fn executed(&self, result: &skilleval::executor::JobResult, lane: &str) {
+    pub fn executed(&self, result: &skilleval::result::JobResult, lane: &str) {
         let seconds = |ms: u64| ms as f64 / 1000.0;
         let total_ms: u64 = result.attempts.iter().map(|a| a.duration_ms).sum();
         self.job_duration

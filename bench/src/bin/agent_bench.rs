@@ -29,10 +29,11 @@ use axum::Router;
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
 use skilleval::egress::AllowedHosts;
-use skilleval::executor::{CaseStatus, ExecutorBuilder};
+use skilleval::executor::ExecutorBuilder;
 use skilleval::llm::{ApiKey, LlmClient, ProviderClients, ProviderConfig, ProviderKind};
 use skilleval::package::{Package, PackageLimits};
 use skilleval::plan::{plan, CaseFilter};
+use skilleval::result::CaseStatus;
 use skilleval::sandbox::{Sandbox, SandboxMode, SandboxPolicy, SandboxSession};
 use skilleval::validate::validate;
 

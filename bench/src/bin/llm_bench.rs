@@ -32,11 +32,12 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context};
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
-use skilleval::executor::{CaseStatus, Executor, ExecutorBuilder};
+use skilleval::executor::{Executor, ExecutorBuilder};
 use skilleval::grade::RetryPolicy;
 use skilleval::llm::{NoCache, ProviderClients, Providers, ResponseCache};
 use skilleval::package::{Package, PackageLimits};
 use skilleval::plan::{plan, CaseFilter};
+use skilleval::result::CaseStatus;
 use skilleval::validate::validate;
 use skilleval_bench::cluster;
 use uuid::Uuid;
@@ -285,7 +286,7 @@ async fn run(
     root: &Path,
     concurrency: usize,
     spawn: bool,
-) -> Vec<skilleval::executor::JobResult> {
+) -> Vec<skilleval::result::JobResult> {
     if spawn {
         // Diagnostic only: every case a task of its own, so cases run on every runtime thread.
         let root: Arc<Path> = Arc::from(root);
@@ -313,7 +314,7 @@ async fn run(
     .await
 }
 
-fn check(results: &[skilleval::executor::JobResult]) -> anyhow::Result<()> {
+fn check(results: &[skilleval::result::JobResult]) -> anyhow::Result<()> {
     if let Some(r) = results.iter().find(|r| r.status != CaseStatus::Passed) {
         bail!(
             "case {} is {}: {:?}",

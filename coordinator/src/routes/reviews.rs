@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::result::{CaseStatus, JobResult};
 use skilleval::stats::{cohen_kappa, Agreement, AgreementTable};
 use skilleval_infra::store::reviews::{NewReview, ReviewRow, ReviewVerdict};
 use uuid::Uuid;

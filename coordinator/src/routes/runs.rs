@@ -7,7 +7,6 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::json;
-use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::gate::GateSpec;
 use skilleval::llm::trigger_runner::{is_trigger_result, TriggerPlan};
@@ -15,6 +14,7 @@ use skilleval::model::RunnerSpec;
 use skilleval::package::RiskReport;
 use skilleval::plan::CaseFilter;
 use skilleval::report::{render_with, ReportContext, ReportFormat};
+use skilleval::result::{CaseStatus, JobResult};
 use skilleval::variant::{Configuration, Variant};
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
 

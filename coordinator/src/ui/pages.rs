@@ -13,11 +13,11 @@ use axum::Extension;
 use axum::Form;
 use maud::{html, Markup};
 use serde_json::Value;
-use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::package::RiskReport;
 use skilleval::report::html::{
     case_detail, case_table, risk_section, summary_section, CaseRow, HISTOGRAM_BINS,
 };
+use skilleval::result::{CaseStatus, JobResult};
 use skilleval_infra::store::pages::{CaseQuery, CaseSort, SkillSort};
 use skilleval_infra::store::reviews::{ReviewRow, ReviewVerdict};
 use uuid::Uuid;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::executor::CaseStatus;
+use skilleval::result::CaseStatus;
 use skilleval_coordinator::webhook;
 
 use crate::helpers::{record_as_worker, spawn_app, WebhookReceiver, WEBHOOK_SECRET};

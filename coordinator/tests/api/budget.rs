@@ -6,8 +6,8 @@
 //! a budget is never stopped.
 
 use serde_json::{json, Value};
-use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::grade::Usage;
+use skilleval::result::{CaseStatus, JobResult};
 use skilleval_infra::messages::CaseFinished;
 use skilleval_infra::store::Store;
 use uuid::Uuid;

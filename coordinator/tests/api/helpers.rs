@@ -381,7 +381,7 @@ impl Drop for WebhookReceiver {
 pub async fn record_as_worker(
     app: &TestApp,
     run_id: Uuid,
-    outcomes: &[(&str, skilleval::executor::CaseStatus, f64)],
+    outcomes: &[(&str, skilleval::result::CaseStatus, f64)],
 ) -> Vec<skilleval_infra::messages::CaseFinished> {
     let store = skilleval_infra::store::Store::from_pool(app.pool.clone());
     let jobs = planned_jobs(app, run_id).await;
@@ -391,7 +391,7 @@ pub async fn record_as_worker(
             .iter()
             .find(|j| j.case.id == *case_id)
             .expect("the case is planned");
-        let mut r = skilleval::executor::JobResult::skipped(job, "placeholder");
+        let mut r = skilleval::result::JobResult::skipped(job, "placeholder");
         r.status = *status;
         r.score = Some(*score);
         r.details = serde_json::json!({ "simulated": true });

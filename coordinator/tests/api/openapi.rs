@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use serde_json::{json, Value};
-use skilleval::executor::CaseStatus;
+use skilleval::result::CaseStatus;
 use skilleval_coordinator::openapi::OPENAPI_JSON;
 use skilleval_coordinator::routes::ROUTES;
 

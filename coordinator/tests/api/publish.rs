@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::executor::CaseStatus;
+use skilleval::result::CaseStatus;
 use skilleval_coordinator::db;
 use skilleval_coordinator::launch::{PreparedRun, RunRequest, PUBLISH_CHUNK};
 use skilleval_infra::store::lifecycle::RunKind;

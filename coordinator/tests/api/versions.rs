@@ -3,7 +3,7 @@
 //! refusals (`not_comparable` unless forced, unknown ids, unfinished runs) naming the field.
 
 use serde_json::{json, Value};
-use skilleval::executor::CaseStatus;
+use skilleval::result::CaseStatus;
 use uuid::Uuid;
 
 use crate::helpers::{record_as_worker, TestApp};
@@ -507,7 +507,7 @@ async fn a_dry_run_forecasts_cost_and_power_from_the_skills_last_run_and_creates
         .await
         .iter()
         .map(|job| {
-            let mut r = skilleval::executor::JobResult::skipped(job, "placeholder");
+            let mut r = skilleval::result::JobResult::skipped(job, "placeholder");
             let passed = job.case_index >= 5;
             r.status = if passed {
                 CaseStatus::Passed

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::package::Package;
 use skilleval::plan::{plan, CaseFilter};
+use skilleval::result::{CaseStatus, JobResult};
 use skilleval_coordinator::metrics::{Metrics, OutcomeLabels};
 use skilleval_coordinator::webhook::{self, WebhookOutbox, WebhookPolicy};
 use skilleval_infra::config::Settings;

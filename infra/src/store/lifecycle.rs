@@ -513,7 +513,7 @@ pub struct WrittenOff<'a> {
 
 impl<'a> WrittenOff<'a> {
     /// Adds a case: its skipped result (what summaries and reports read) as JSON text.
-    pub fn push(&mut self, result: &'a skilleval::executor::JobResult, text: String) {
+    pub fn push(&mut self, result: &'a skilleval::result::JobResult, text: String) {
         self.ids.push(&result.test_case_id);
         self.names.push(&result.name);
         self.indexes

@@ -6,7 +6,7 @@
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use skilleval::executor::CaseStatus;
+use skilleval::result::CaseStatus;
 
 use super::tenancy::Viewer;
 use super::{Store, StoreError};

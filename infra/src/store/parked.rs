@@ -20,7 +20,7 @@
 //! meanwhile (cancel, budget, failFast) is refused: its cases are not run any more.
 
 use chrono::{DateTime, Utc};
-use skilleval::executor::JobResult;
+use skilleval::result::JobResult;
 use skilleval::variant::{Configuration, Variant};
 use uuid::Uuid;
 

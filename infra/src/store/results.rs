@@ -14,8 +14,8 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::llm::budget::BUDGET_EXCEEDED;
+use skilleval::result::{CaseStatus, JobResult};
 use skilleval::variant::Variant;
 use uuid::Uuid;
 

@@ -21,7 +21,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use super::{Store, StoreError};
 use uuid::Uuid;
 
-use skilleval::executor::CaseStatus;
+use skilleval::result::CaseStatus;
 use skilleval::variant::{Configuration, Variant};
 
 use super::lifecycle::{RunKind, RunState, RunStatus, StopReason};

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::executor::{CaseStatus, JobResult};
 use crate::model::{EvalConfig, Profile, TestCase};
+use crate::result::{CaseStatus, JobResult};
 use crate::strategy::StrategyRegistry;
 
 /// What makes two runs of a case comparable: the same definition, graded the same way.

@@ -3,8 +3,8 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::*;
-use crate::executor::JobResult;
 use crate::model::{Profile, TestCase};
+use crate::result::JobResult;
 
 fn attempt(passed: bool, score: f64) -> AttemptOutcome {
     AttemptOutcome {

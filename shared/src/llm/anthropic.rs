@@ -6,7 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::client::{ChatRequest, Role};
+use super::chat::{ChatRequest, Role};
 use super::config::ProviderConfig;
 use super::openai::ParsedChat;
 
@@ -118,7 +118,7 @@ pub(crate) fn parse_messages(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::super::client::{Message, OutputSchema};
+    use super::super::chat::{Message, OutputSchema};
     use super::super::config::ProviderKind;
     use super::*;
 

@@ -11,7 +11,8 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::client::{ChatRequest, ChatResponse, LlmClient, Message};
+use super::chat::{ChatRequest, ChatResponse, Message};
+use super::client::LlmClient;
 use super::json::{extract_json, Recovery};
 use crate::grade::{Fault, Usage};
 

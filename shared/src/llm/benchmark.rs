@@ -18,8 +18,8 @@ use std::fmt::Write;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::executor::{CaseStatus, JobResult};
 use crate::expectations::{expectations, Expectation};
+use crate::result::{CaseStatus, JobResult};
 use crate::summary::ratio;
 use crate::variant::Configuration;
 
@@ -749,8 +749,8 @@ pub fn markdown(summary: &BaselineSummary, repeats: Option<&RepeatsSummary>) -> 
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::executor::test_result;
     use crate::grade::Usage;
+    use crate::result::test_result;
     use crate::variant::Variant;
 
     pub(crate) fn result(

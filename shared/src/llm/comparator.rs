@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::ask::{ask_json, object_list_schema};
-use super::client::{ChatRequest, LlmClient, Message, OutputSchema};
+use super::chat::{ChatRequest, Message, OutputSchema};
+use super::client::LlmClient;
 use super::fence::Fence;
 use crate::grade::{Fault, Usage};
 use crate::strategy::llm_judge::JUDGE_SYSTEM;

@@ -32,6 +32,7 @@ pub mod ask;
 pub mod benchmark;
 pub mod budget;
 pub mod cache;
+pub mod chat;
 pub mod client;
 pub mod comparator;
 pub mod config;
@@ -49,7 +50,8 @@ pub mod triggers;
 mod tests;
 
 pub use cache::{CacheOwner, DirCache, MemoryCache, NoCache, ResponseCache};
-pub use client::{ChatRequest, ChatResponse, LlmClient, Message, OutputSchema};
+pub use chat::{ChatRequest, ChatResponse, Message, OutputSchema};
+pub use client::LlmClient;
 pub use config::{ApiKey, ConfigError, ProviderConfig, ProviderKind, Providers};
 pub use limit::{LocalRateLimiter, RateLimiter};
 

@@ -9,7 +9,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::client::{ChatRequest, Role};
+use super::chat::{ChatRequest, Role};
 use super::config::ProviderConfig;
 
 /// How structured output is requested from an OpenAI-compatible server.
@@ -191,7 +191,7 @@ pub(crate) fn parse_embeddings(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::super::client::{Message, OutputSchema};
+    use super::super::chat::{Message, OutputSchema};
     use super::super::config::ProviderKind;
     use super::*;
 

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-use super::client::{ChatRequest, Message};
+use super::chat::{ChatRequest, Message};
 use super::{ProviderClients, Purpose};
 use crate::grade::Fault;
 use crate::model::TestCase;

@@ -17,12 +17,12 @@ use serde_json::{json, Value};
 
 use super::triggers::{self, QueryResult, SkillCard, TriggerOptions};
 use super::{ProviderClients, Purpose};
-use crate::executor::{CaseStatus, JobResult};
 use crate::grade::Fault;
 use crate::model::{Evaluation, Expected, Input, RunnerConfig, TestCase};
 use crate::output::Produced;
 use crate::package::{skill_md, TriggerCase};
 use crate::plan::Job;
+use crate::result::{CaseStatus, JobResult};
 use crate::runner::{OutputRunner, ProduceRequest};
 use crate::strategy::GradeEnv;
 use crate::variant::TRIGGER_RUNNER;

@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::ask::ask_json;
-use super::client::{ChatRequest, LlmClient, Message, OutputSchema};
+use super::chat::{ChatRequest, Message, OutputSchema};
+use super::client::LlmClient;
 use crate::grade::Usage;
 use crate::package::TriggerCase;
 

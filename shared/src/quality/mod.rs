@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 
 use serde_json::Value;
 
-use crate::executor::{CaseStatus, JobResult};
 use crate::monitor::job_info;
 use crate::plan::Job;
+use crate::result::{CaseStatus, JobResult};
 use crate::stats::{wilson_interval, Interval, Quantiles};
 
 /// Most buckets one report may hold (a year of hours is 8,760).

@@ -9,8 +9,8 @@
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use crate::executor::{CaseStatus, JobResult};
 use crate::package::RiskReport;
+use crate::result::{CaseStatus, JobResult};
 use crate::summary::RunSummary;
 
 use super::ReportContext;

@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::{render_markdown, ReportContext};
-use crate::executor::JobResult;
 use crate::package::RiskReport;
+use crate::result::JobResult;
 use crate::summary::RunSummary;
 
 /// The seed's `EvaluationReport`, with skilleval's summary, verdict and results added.

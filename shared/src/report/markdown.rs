@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::ReportContext;
-use crate::executor::{CaseStatus, JobResult};
 use crate::package::RiskReport;
+use crate::result::{CaseStatus, JobResult};
 use crate::summary::{GroupStats, RunSummary};
 
 /// Longest excerpt of an output or expected value shown per failing case.
@@ -365,10 +365,10 @@ fn recommendations(out: &mut String, s: &RunSummary, results: &[JobResult]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::test_result;
-    use crate::executor::JobResult;
     use crate::model::EvalSettings;
     use crate::report::{render, ReportFormat};
+    use crate::result::test_result;
+    use crate::result::JobResult;
     use crate::summary::summarize;
     use chrono::Utc;
     use serde_json::json;
@@ -473,7 +473,7 @@ mod tests {
         t.error = Some(crate::grade::Fault::Timeout { timeout_ms: 10 });
         let mut f = result("f", CaseStatus::Passed, Some(1.0));
         f.attempts = vec![
-            crate::executor::Attempt {
+            crate::result::Attempt {
                 number: 1,
                 status: CaseStatus::Failed,
                 score: Some(0.0),
@@ -481,7 +481,7 @@ mod tests {
                 grade_ms: 0,
                 error: None,
             },
-            crate::executor::Attempt {
+            crate::result::Attempt {
                 number: 2,
                 status: CaseStatus::Passed,
                 score: Some(1.0),

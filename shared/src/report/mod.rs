@@ -9,8 +9,8 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::executor::JobResult;
 use crate::package::RiskReport;
+use crate::result::JobResult;
 use crate::summary::RunSummary;
 
 pub mod html;

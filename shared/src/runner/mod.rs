@@ -10,14 +10,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::grade::Fault;
-use crate::llm::runner::LlmRunner;
-use crate::llm::ProviderClients;
 use crate::model::{Given, RunnerConfig, TestCase};
 use crate::output::Produced;
 use crate::strategy::GradeEnv;
 use async_trait::async_trait;
 
 pub mod agent;
+pub mod builtin;
 pub mod command;
 pub mod given;
 
@@ -73,24 +72,6 @@ impl fmt::Debug for RunnerRegistry {
 }
 
 impl RunnerRegistry {
-    /// Every runner, `llm` without a provider (see [`RunnerRegistry::with_providers`]).
-    pub fn builtin() -> Self {
-        RunnerRegistry::with_providers(None)
-    }
-
-    /// `given`, `command`, and `llm` producing with `providers` (none: `llm` refuses to produce
-    /// and says a provider is needed).
-    pub fn with_providers(providers: Option<&Arc<ProviderClients>>) -> Self {
-        RunnerRegistry::default()
-            .with(Arc::new(given::GivenRunner))
-            .with(Arc::new(command::CommandRunner))
-            .with(Arc::new(LlmRunner::new(providers.cloned())))
-            .with(Arc::new(crate::llm::trigger_runner::TriggerRunner::new(
-                providers.cloned(),
-            )))
-            .with(Arc::new(agent::AgentRunner::new(providers.cloned())))
-    }
-
     pub fn with(mut self, runner: Arc<dyn OutputRunner>) -> Self {
         self.by_name.insert(runner.name(), runner);
         self

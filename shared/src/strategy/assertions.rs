@@ -26,7 +26,8 @@ use super::options::OptionReader;
 use super::provider::ModelStrategy;
 use super::GradeInput;
 use crate::grade::{Fault, Grade};
-use crate::llm::client::{LlmClient, OutputSchema};
+use crate::llm::chat::OutputSchema;
+use crate::llm::client::LlmClient;
 use crate::llm::Purpose;
 use crate::model::TestCase;
 
@@ -354,11 +355,11 @@ mod tests {
         assert!(grade_answer(&answer, output, Some(0.5)).passed);
 
         // The artefacts read details.assertions into both grading.json shapes.
-        let r = crate::executor::JobResult {
+        let r = crate::result::JobResult {
             strategy: "assertions".into(),
             details: g.details,
             duration_ms: 1,
-            ..crate::executor::test_result("1", crate::executor::CaseStatus::Failed, Some(g.score))
+            ..crate::result::test_result("1", crate::result::CaseStatus::Failed, Some(g.score))
         };
         let doc = artifacts::grading_json(&r);
         assert_eq!(

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use skilleval::executor::{CaseStatus, JobResult};
+use skilleval::result::{CaseStatus, JobResult};
 use skilleval_infra::store::Store;
 
 use crate::helpers::{Produce, TestEnv};
