@@ -1,5 +1,5 @@
 //! `skilleval compare BASE HEAD`: two local runs (`eval/runs/<run-id>` folders) compared case by
-//! case with the statistics of [`skilleval::compare`], printed as the Markdown table a pull
+//! case with the statistics of [`skilleval_analysis::compare`], printed as the Markdown table a pull
 //! request comment can carry (or as `comparison.json`), gated on "no regression".
 //!
 //! Also [`record_run`]: what `skilleval run` writes so that a run can be compared later.
@@ -7,12 +7,12 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use skilleval::artifacts::{self, ArtifactError, RunRecord};
-use skilleval::compare::{self, CompareError, CompareOptions, RunSide};
-use skilleval::llm::Purpose;
-use skilleval::package::Package;
-use skilleval::result::JobResult;
-use skilleval::summary::Verdict;
+use skilleval_analysis::compare::{self, CompareError, CompareOptions, RunSide};
+use skilleval_analysis::summary::Verdict;
+use skilleval_execution::result::JobResult;
+use skilleval_model::package::Package;
+use skilleval_providers::Purpose;
+use skilleval_reports::artifacts::{self, ArtifactError, RunRecord};
 use uuid::Uuid;
 
 use crate::providers::LlmSetup;
@@ -87,7 +87,7 @@ pub fn record_run(
     let judge_model = llm
         .and_then(|setup| setup.clients.pick(None, Purpose::Judge).ok())
         .map(|client| client.config().model.clone());
-    let with_skill: Vec<JobResult> = skilleval::llm::benchmark::with_skill(results);
+    let with_skill: Vec<JobResult> = skilleval_analysis::benchmark::with_skill(results);
     let record = RunRecord {
         run_id,
         skill_name: package.manifest.name.clone(),

@@ -105,7 +105,7 @@ pub struct RunArgs {
     /// Print the full report in this format on stdout (`md` or `json`), or write it as one
     /// self-contained `report.html` in the output folder (`html`: `eval/report.html`).
     #[arg(long, short = 'f')]
-    pub format: Option<skilleval::report::ReportFormat>,
+    pub format: Option<skilleval_reports::ReportFormat>,
     /// Where run files go (`runs/<run-id>/…`, `benchmark.json`); default: the skill's `eval/`
     /// folder, or `./skilleval-runs/` for a ZIP.
     #[arg(long, short = 'o')]
@@ -152,7 +152,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub max_tokens: Option<u64>,
     /// Runs per trigger query (0: skip the trigger evals).
-    #[arg(long, default_value_t = skilleval::llm::triggers::DEFAULT_RUNS_PER_QUERY, value_name = "N")]
+    #[arg(long, default_value_t = skilleval_execution::triggers::DEFAULT_RUNS_PER_QUERY, value_name = "N")]
     pub trigger_runs: u32,
     /// How trigger evals decide "triggered": `select` asks the model to name a skill from the
     /// catalogue; `agent` gives the query to the `agent` runner and counts an opened SKILL.md.

@@ -15,15 +15,17 @@ use std::path::PathBuf;
 
 use chrono::{Duration, Utc};
 use clap::{Args, ValueEnum};
-use skilleval::executor::ExecutorBuilder;
-use skilleval::grade::RetryPolicy;
-use skilleval::monitor::{
+use skilleval_analysis::quality::{
+    alert, graded_sample, quality, render, BucketSize, QualityQuery,
+};
+use skilleval_execution::executor::ExecutorBuilder;
+use skilleval_execution::monitor::{
     self, is_sampled, parse_jsonl, sample_job, CriteriaSelection, SampleJobContext,
 };
-use skilleval::package::{Package, PackageLimits};
-use skilleval::quality::{alert, graded_sample, quality, render, BucketSize, QualityQuery};
-use skilleval::sandbox::{Sandbox, SandboxPolicy};
-use skilleval::validate::validate;
+use skilleval_execution::validate::validate;
+use skilleval_model::grade::RetryPolicy;
+use skilleval_model::package::{Package, PackageLimits};
+use skilleval_sandbox::{Sandbox, SandboxPolicy};
 use uuid::Uuid;
 
 use crate::run::{print_problems, report_package_error};

@@ -5,19 +5,19 @@
 //! case with `--baseline`, the trigger evals), prices them from the skill's last local run
 //! (`eval/runs/<id>/results.jsonl`: measured tokens and cost per attempt), and gives the
 //! minimum detectable drop in pass rate at 80 % power for the planned cases and repeats, from
-//! the last local run's pass rate, with [`skilleval::stats::power_advice`]'s advice. The
-//! arithmetic is [`skilleval::forecast`]'s, which the service's dry runs use too.
+//! the last local run's pass rate, with [`skilleval_analysis::stats::power_advice`]'s advice. The
+//! arithmetic is [`skilleval_analysis::forecast`]'s, which the service's dry runs use too.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde_json::json;
-use skilleval::artifacts::{self, RunRecord};
-use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
-use skilleval::package::{Package, PackageLimits};
-use skilleval::plan::{plan as plan_jobs, CaseFilter};
-use skilleval::result::JobResult;
-use skilleval::strategy::StrategyRegistry;
+use skilleval_analysis::forecast::{forecast, CallCounts, Measured, Shape};
+use skilleval_execution::plan::{plan as plan_jobs, CaseFilter};
+use skilleval_execution::result::JobResult;
+use skilleval_grading::StrategyRegistry;
+use skilleval_model::package::{Package, PackageLimits};
+use skilleval_reports::artifacts::{self, RunRecord};
 use uuid::Uuid;
 
 use crate::run::report_package_error;
@@ -34,7 +34,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub baseline: bool,
     /// Runs per trigger query (0: no trigger evals).
-    #[arg(long, default_value_t = skilleval::llm::triggers::DEFAULT_RUNS_PER_QUERY, value_name = "N")]
+    #[arg(long, default_value_t = skilleval_execution::triggers::DEFAULT_RUNS_PER_QUERY, value_name = "N")]
     pub trigger_runs: u32,
     /// Where earlier runs are (`runs/<run-id>/…`); default: the skill's `eval/` folder.
     #[arg(long, short = 'o')]

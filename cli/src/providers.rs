@@ -17,7 +17,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use skilleval::llm::{ConfigError, DirCache, NoCache, ProviderClients, Providers, ResponseCache};
+use skilleval_providers::{
+    ConfigError, DirCache, NoCache, ProviderClients, Providers, ResponseCache,
+};
 
 use crate::RunArgs;
 

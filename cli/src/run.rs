@@ -17,21 +17,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use chrono::Utc;
 use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use skilleval::artifacts;
-use skilleval::executor::{Executor, ExecutorBuilder};
-use skilleval::grade::RetryPolicy;
-use skilleval::llm::benchmark;
-use skilleval::llm::budget::{self, Budget, BudgetLimits};
-use skilleval::llm::{self, triggers};
-use skilleval::model::RunnerConfig;
-use skilleval::package::{Package, PackageError, PackageLimits, RiskReport};
-use skilleval::plan::{plan, CaseFilter, Job};
-use skilleval::problem::Problem;
-use skilleval::report::{render_with, ReportContext, ReportExtras, ReportFormat};
-use skilleval::result::{CaseStatus, JobResult};
-use skilleval::sandbox::{Sandbox, SandboxPolicy};
-use skilleval::summary::{summarize, Verdict};
-use skilleval::validate::validate;
+use skilleval_analysis::benchmark;
+use skilleval_analysis::budget::{self, Budget, BudgetLimits};
+use skilleval_analysis::summary::{summarize, Verdict};
+use skilleval_execution::executor::{Executor, ExecutorBuilder};
+use skilleval_execution::plan::{plan, CaseFilter, Job};
+use skilleval_execution::result::{CaseStatus, JobResult};
+use skilleval_execution::triggers;
+use skilleval_execution::validate::validate;
+use skilleval_model::definition::RunnerConfig;
+use skilleval_model::grade::RetryPolicy;
+use skilleval_model::package::{Package, PackageError, PackageLimits, RiskReport};
+use skilleval_model::problem::Problem;
+use skilleval_reports::artifacts;
+use skilleval_reports::{render_with, ReportContext, ReportExtras, ReportFormat};
+use skilleval_sandbox::{Sandbox, SandboxPolicy};
 use uuid::Uuid;
 
 use crate::providers::{self, LlmSetup};
@@ -193,7 +193,7 @@ async fn run_steps(args: &RunArgs) -> Result<Verdict, RunError> {
             let path = out_dir.join("report.html");
             std::fs::create_dir_all(&out_dir)
                 .and_then(|()| {
-                    std::fs::write(&path, skilleval::report::render(&ctx, ReportFormat::Html))
+                    std::fs::write(&path, skilleval_reports::render(&ctx, ReportFormat::Html))
                 })
                 .map_err(|source| artifacts::ArtifactError::Write {
                     path: path.clone(),
@@ -300,7 +300,7 @@ fn plan_jobs(args: &RunArgs, package: &Package, run_id: Uuid) -> Result<Vec<Job>
             .settings
             .runner
             .as_ref()
-            .map(skilleval::model::RunnerSpec::config)
+            .map(skilleval_model::definition::RunnerSpec::config)
             .unwrap_or_default()
     });
     let jobs = plan(
@@ -330,12 +330,13 @@ fn with_recorded_outputs(
                 .into(),
         ));
     }
-    let (record, results) = skilleval::artifacts::read_run_record(run_dir).map_err(|e| {
-        RunError::Config(format!(
-            "{} is not a run folder skilleval can rescore: {e}",
-            run_dir.display()
-        ))
-    })?;
+    let (record, results) =
+        skilleval_reports::artifacts::read_run_record(run_dir).map_err(|e| {
+            RunError::Config(format!(
+                "{} is not a run folder skilleval can rescore: {e}",
+                run_dir.display()
+            ))
+        })?;
     let outputs: std::collections::HashMap<String, String> = results
         .into_iter()
         .filter(|r| !matches!(r.status, CaseStatus::Skipped | CaseStatus::Queued))
@@ -349,7 +350,7 @@ fn with_recorded_outputs(
                 kind: "given".into(),
                 ..RunnerConfig::default()
             };
-            job.given = Some(skilleval::model::Given {
+            job.given = Some(skilleval_model::definition::Given {
                 output,
                 tool_calls: None,
             });
@@ -399,7 +400,7 @@ struct Executed {
     all_results: Vec<JobResult>,
     /// The run proper: the with-skill attempts.
     results: Vec<JobResult>,
-    summary: skilleval::summary::RunSummary,
+    summary: skilleval_analysis::summary::RunSummary,
     started: chrono::DateTime<Utc>,
     budget: Budget,
     /// Cases with no baseline because their runner is neither `llm` nor `agent`.
@@ -633,7 +634,7 @@ async fn run_triggers(
         eprintln!("note: trigger evals not run: {reason}");
         return None;
     }
-    let client = match setup.clients.pick(None, llm::Purpose::Produce) {
+    let client = match setup.clients.pick(None, skilleval_providers::Purpose::Produce) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("note: trigger evals not run: {e}");
@@ -787,7 +788,7 @@ async fn execute_with_retry(
     package_root: &Path,
     retry: RetryPolicy,
 ) -> JobResult {
-    let mut previous: Vec<skilleval::result::Attempt> = Vec::new();
+    let mut previous: Vec<skilleval_execution::result::Attempt> = Vec::new();
     loop {
         let mut result = executor.execute(&job, package_root).await;
         let transient = result.status == CaseStatus::Errored
@@ -805,7 +806,7 @@ async fn execute_with_retry(
         let fault = result
             .error
             .clone()
-            .unwrap_or_else(|| skilleval::grade::Fault::transient("unknown"));
+            .unwrap_or_else(|| skilleval_model::grade::Fault::transient("unknown"));
         let delay = retry.delay(job.attempt + 1, &fault);
         tracing::info!(case = %job.case.id, attempt = job.attempt, ?delay, error = %fault, "transient fault; retrying");
         previous.append(&mut result.attempts);

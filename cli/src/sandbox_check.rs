@@ -3,8 +3,8 @@
 //! sandbox. Without one, running would error each such case and call it a verdict; a missing
 //! sandbox is a problem of this machine, so the run is refused with what to install instead.
 
-use skilleval::plan::Job;
-use skilleval::sandbox::{Sandbox, SandboxMode};
+use skilleval_execution::plan::Job;
+use skilleval_sandbox::{Sandbox, SandboxMode};
 
 /// Cases listed by id in the refusal, at most.
 const LISTED: usize = 5;

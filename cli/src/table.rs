@@ -2,9 +2,9 @@
 
 use std::fmt::Write;
 
-use skilleval::report::ReportContext;
-use skilleval::result::CaseStatus;
-use skilleval::summary::Verdict;
+use skilleval_analysis::summary::Verdict;
+use skilleval_execution::result::CaseStatus;
+use skilleval_reports::ReportContext;
 
 /// Widest case name shown before it is cut.
 const NAME_WIDTH: usize = 40;

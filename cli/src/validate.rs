@@ -1,9 +1,9 @@
 //! `skilleval validate`: open and check a package without running anything; every problem is
 //! listed with its file and JSON pointer, then the package's risk findings (docs/security.md).
 
-use skilleval::package::{Package, PackageLimits};
-use skilleval::strategy::StrategyRegistry;
-use skilleval::validate::validate as validate_package;
+use skilleval_execution::validate::validate as validate_package;
+use skilleval_grading::StrategyRegistry;
+use skilleval_model::package::{Package, PackageLimits};
 
 use crate::run::{print_problems, print_risk, report_package_error};
 use crate::{ValidateArgs, EXIT_BAD_INPUT, EXIT_PASS};

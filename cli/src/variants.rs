@@ -1,7 +1,7 @@
 //! Baseline and repeats for `skilleval run`: every planned job becomes one job per
-//! (configuration, attempt) ([`skilleval::variant::expand`]), each result labelled by its
+//! (configuration, attempt) ([`skilleval_execution::variant::expand`]), each result labelled by its
 //! [`Variant`], so the run can report the skill's uplift and pass@k in skill-creator's
-//! `benchmark.json` ([`skilleval::llm::benchmark::Extras`], the code the service reports with).
+//! `benchmark.json` ([`skilleval_analysis::benchmark::Extras`], the code the service reports with).
 //!
 //! The `with_skill` attempts are the run: its summary and verdict are over them (with repeats,
 //! every attempt counts). The `without_skill` attempts (`--baseline`, runners that can leave
@@ -11,11 +11,11 @@
 
 use std::path::{Path, PathBuf};
 
-use skilleval::artifacts;
-use skilleval::executor::Executor;
-use skilleval::plan::Job;
-use skilleval::result::JobResult;
-pub use skilleval::variant::Variant;
+use skilleval_execution::executor::Executor;
+use skilleval_execution::plan::Job;
+use skilleval_execution::result::JobResult;
+pub use skilleval_execution::variant::Variant;
+use skilleval_reports::artifacts;
 
 /// The jobs of a run with `repeats` attempts each and, with `baseline`, as many without the
 /// skill (for the runners that can leave it out). With-skill attempts come first, so a budget
@@ -27,7 +27,7 @@ pub fn expand(
     repeats: u32,
     baseline: bool,
 ) -> (Vec<Job>, usize) {
-    skilleval::variant::expand(jobs, repeats, baseline, |j| {
+    skilleval_execution::variant::expand(jobs, repeats, baseline, |j| {
         executor.runs_without_skill(&j.runner.kind)
     })
 }
@@ -62,10 +62,10 @@ pub fn write_other_grading(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skilleval::executor::ExecutorBuilder;
-    use skilleval::model::{RunnerConfig, TestCase};
-    use skilleval::variant::Configuration;
-    use skilleval::variant::{repeat_of, without_skill};
+    use skilleval_execution::executor::ExecutorBuilder;
+    use skilleval_execution::variant::Configuration;
+    use skilleval_execution::variant::{repeat_of, without_skill};
+    use skilleval_model::definition::{RunnerConfig, TestCase};
 
     fn job(id: &str, runner: &str) -> Job {
         Job {
@@ -75,7 +75,7 @@ mod tests {
                 ..TestCase::default()
             },
             case_index: 0,
-            profile: skilleval::model::Profile::Creative,
+            profile: skilleval_model::definition::Profile::Creative,
             runner: RunnerConfig {
                 kind: runner.into(),
                 ..RunnerConfig::default()

@@ -1,7 +1,7 @@
 //! `skilleval view [DIR]`: the run pages of a skill's local runs (`eval/runs/<run-id>/
 //! report.json`), served on 127.0.0.1 with no services: a list of the runs, and each run's
 //! page, rendered by the same code as the coordinator's run page and `report.html`
-//! (`skilleval::report::html`), with its stylesheet and script served beside it so the
+//! (`skilleval_reports::html`), with its stylesheet and script served beside it so the
 //! Content-Security-Policy forbids inline script.
 
 use std::path::{Path, PathBuf};
@@ -13,9 +13,9 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use clap::Args;
-use skilleval::quality::render::html_escape;
-use skilleval::report::html::{report_page, Assets, REPORT_SCRIPT, STYLE};
-use skilleval::report::{EvaluationReport, ReportContext};
+use skilleval_analysis::quality::render::html_escape;
+use skilleval_reports::html::{report_page, Assets, REPORT_SCRIPT, STYLE};
+use skilleval_reports::{EvaluationReport, ReportContext};
 
 use crate::EXIT_BAD_INPUT;
 

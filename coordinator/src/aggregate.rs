@@ -22,18 +22,15 @@ use crate::db::CaseRow;
 use anyhow::Context as _;
 use futures::TryStreamExt as _;
 use serde_json::{json, Value};
-use skilleval::gate::GateConfig;
-use skilleval::llm::benchmark::Extras;
-use skilleval::llm::budget::mark_stopped;
-use skilleval::llm::trigger_runner::{is_trigger_result, trigger_report, TriggerPlan};
-use skilleval::llm::triggers::{self, SkillCard};
-use skilleval::model::EvalSettings;
-use skilleval::plan::Job;
-use skilleval::report::ReportExtras;
-use skilleval::result::NO_BASELINE;
-use skilleval::result::{CaseStatus, JobResult};
-use skilleval::summary::{RunSummary, Summarizer, Verdict};
-use skilleval::variant::Configuration;
+use skilleval_analysis::benchmark::Extras;
+use skilleval_analysis::budget::mark_stopped;
+use skilleval_analysis::summary::{RunSummary, Summarizer, Verdict};
+use skilleval_execution::plan::Job;
+use skilleval_execution::result::NO_BASELINE;
+use skilleval_execution::result::{CaseStatus, JobResult};
+use skilleval_execution::runner::trigger::{is_trigger_result, trigger_report, TriggerPlan};
+use skilleval_execution::triggers::{self, SkillCard};
+use skilleval_execution::variant::Configuration;
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use skilleval_infra::store::lifecycle::{
     Finalising, RunState, RunStatus, StopReason, TransitionError,
@@ -41,6 +38,9 @@ use skilleval_infra::store::lifecycle::{
 use skilleval_infra::store::outbox::NewWebhook;
 use skilleval_infra::store::runs::RunRow;
 use skilleval_infra::store::Store;
+use skilleval_model::definition::EvalSettings;
+use skilleval_model::gate::GateConfig;
+use skilleval_reports::ReportExtras;
 use tracing::Instrument as _;
 use uuid::Uuid;
 

@@ -17,9 +17,9 @@
 use anyhow::Context as _;
 use chrono::{DateTime, Duration, Utc};
 use serde_json::json;
-use skilleval::monitor::Monitor;
-use skilleval::quality::alert::Finding;
-use skilleval::quality::alert::{evaluate, AlertTracker, WindowCounts};
+use skilleval_analysis::quality::alert::Finding;
+use skilleval_analysis::quality::alert::{evaluate, AlertTracker, WindowCounts};
+use skilleval_execution::monitor::Monitor;
 use skilleval_infra::store::outbox::NewWebhook;
 use skilleval_infra::store::samples::NewAlert;
 use skilleval_infra::store::Store;
@@ -145,7 +145,7 @@ impl AlertScheduler {
                 let Some(t) = transition else { continue };
                 let alert_id = Uuid::now_v7();
                 let evaluation = serde_json::to_value(&t.evaluation).context("evaluation")?;
-                let event = if t.to == skilleval::quality::alert::AlertState::Firing {
+                let event = if t.to == skilleval_analysis::quality::alert::AlertState::Firing {
                     "alert.firing"
                 } else {
                     "alert.resolved"

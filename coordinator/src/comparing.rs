@@ -1,5 +1,5 @@
 //! Comparisons in the service: a run's stored results become a [`RunSide`] (cases with their
-//! attempts and fingerprints), two sides go through `skilleval::compare` exactly as the CLI's
+//! attempts and fingerprints), two sides go through `skilleval_analysis::compare` exactly as the CLI's
 //! run folders do, and the answer is stored in `comparisons`.
 //!
 //! Fingerprints come from the run's version's stored definition (what each case asks and how
@@ -10,18 +10,18 @@ use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use serde_json::{json, Value};
-use skilleval::compare::{
+use skilleval_analysis::compare::{
     self, CaseFingerprint, CompareError, CompareOptions, Comparison, RunSide,
 };
-use skilleval::gate::GateConfig;
-use skilleval::llm::client::LlmClient;
-use skilleval::llm::comparator::{judge_pairs, BlindOptions, BlindPair};
-use skilleval::plan::CaseFilter;
-use skilleval::result::JobResult;
+use skilleval_execution::plan::CaseFilter;
+use skilleval_execution::result::JobResult;
+use skilleval_grading::comparator::{judge_pairs, BlindOptions, BlindPair};
 use skilleval_infra::store::comparisons::NewComparison;
 use skilleval_infra::store::lifecycle::RunStatus;
 use skilleval_infra::store::runs::RunRow;
 use skilleval_infra::store::Store;
+use skilleval_model::gate::GateConfig;
+use skilleval_providers::client::LlmClient;
 use uuid::Uuid;
 
 use crate::aggregate::load_results;
@@ -306,7 +306,7 @@ pub async fn comparison_between(
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GateReport {
     pub rule: &'static str,
-    pub verdict: skilleval::summary::Verdict,
+    pub verdict: skilleval_analysis::summary::Verdict,
     pub config: GateConfig,
     /// The run compared with: the latest completed run of the last earlier version that passed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -334,7 +334,7 @@ pub async fn regression_gate(
 ) -> anyhow::Result<GateReport> {
     let mut report = GateReport {
         rule: "no_regression",
-        verdict: skilleval::summary::Verdict::Pass,
+        verdict: skilleval_analysis::summary::Verdict::Pass,
         config,
         base_run: None,
         base_version: None,

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use skilleval::plan::PlanError;
+use skilleval_execution::plan::PlanError;
 
 use skilleval_infra::store::StoreError;
 

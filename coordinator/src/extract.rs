@@ -118,7 +118,7 @@ fn json_pointer(path: &str) -> String {
         let (name, tail) = rest.split_at(name_end);
         if !name.is_empty() {
             out.push('/');
-            out.push_str(&skilleval::problem::escape_token(name));
+            out.push_str(&skilleval_model::problem::escape_token(name));
         }
         rest = tail;
         while let Some(stripped) = rest.strip_prefix('[') {

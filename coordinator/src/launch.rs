@@ -20,13 +20,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use skilleval::gate::{GateConfig, GateSpec, GateSpecError};
-use skilleval::llm::trigger_runner::TriggerPlan;
-use skilleval::model::{EvalConfig, Given, RunnerConfig, RunnerSpec};
-use skilleval::monitor::{sample_job, CriteriaSelection, Monitor, Sample, SampleJobContext};
-use skilleval::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
-use skilleval::result::{CaseStatus, JobResult};
-use skilleval::variant::{Configuration, Variant};
+use skilleval_execution::monitor::{
+    sample_job, CriteriaSelection, Monitor, Sample, SampleJobContext,
+};
+use skilleval_execution::plan::{CaseFilter, DefinitionText, Job, PlanError, TextError};
+use skilleval_execution::result::{CaseStatus, JobResult};
+use skilleval_execution::runner::trigger::TriggerPlan;
+use skilleval_execution::variant::{Configuration, Variant};
 use skilleval_infra::messages::EncodedJob;
 use skilleval_infra::store::lifecycle::{
     Planning, RunKind, Transition, TransitionError, WrittenOff,
@@ -34,6 +34,8 @@ use skilleval_infra::store::lifecycle::{
 use skilleval_infra::store::runs::OwnDefinition;
 use skilleval_infra::store::{Store, StoreError};
 use skilleval_infra::topology::Lane;
+use skilleval_model::definition::{EvalConfig, Given, RunnerConfig, RunnerSpec};
+use skilleval_model::gate::{GateConfig, GateSpec, GateSpecError};
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres};
 use tracing::Instrument as _;

@@ -21,14 +21,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lapin::types::{AMQPValue, FieldTable};
-use skilleval::grade::Fault;
-use skilleval::result::JobResult;
+use skilleval_execution::result::JobResult;
 use skilleval_infra::messages::{self, CaseFinished, CasesFinished};
 use skilleval_infra::store::parked::{Drained, NewParked, ParkedState, RequeueError, Requeued};
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::{
     header_integer, header_text, DELIVERY_COUNT_HEADER, PARKED_FROM_HEADER, PARKED_REASON_HEADER,
 };
+use skilleval_model::grade::Fault;
 use uuid::Uuid;
 
 use crate::aggregate::RunAggregator;
@@ -86,7 +86,7 @@ impl ParkingDrain {
                 (
                     j.run_id,
                     j.case.id.as_str(),
-                    skilleval::variant::Variant::of(&j.runner),
+                    skilleval_execution::variant::Variant::of(&j.runner),
                 )
             }),
             from_queue,

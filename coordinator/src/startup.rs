@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use skilleval::strategy::StrategyRegistry;
+use skilleval_grading::StrategyRegistry;
 use skilleval_infra::config::{RetentionSettings, Settings};
 use skilleval_infra::store::tenancy::Swept;
 use skilleval_infra::store::Store;
@@ -331,12 +331,13 @@ pub async fn sweep_samples(store: &Store, retention_days: u32) {
 /// rate limits (the workers' fleet-wide limits are for the jobs). Providers that do not
 /// connect here (a key variable only the workers have) leave the comparator off, with a
 /// warning: the coordinator's other work needs no model.
-fn comparator_clients(settings: &Settings) -> Option<Arc<skilleval::llm::ProviderClients>> {
+fn comparator_clients(settings: &Settings) -> Option<Arc<skilleval_providers::ProviderClients>> {
     if settings.llm.providers.is_empty() {
         return None;
     }
-    let cache: Arc<dyn skilleval::llm::ResponseCache> = Arc::new(skilleval::llm::cache::NoCache);
-    match skilleval::llm::ProviderClients::connect(&settings.llm.providers, &cache, None) {
+    let cache: Arc<dyn skilleval_providers::ResponseCache> =
+        Arc::new(skilleval_providers::cache::NoCache);
+    match skilleval_providers::ProviderClients::connect(&settings.llm.providers, &cache, None) {
         Ok(clients) => Some(Arc::new(clients)),
         Err(e) => {
             tracing::warn!(error = %e, "the blind comparator is off: its model providers (llm.providers) do not connect");

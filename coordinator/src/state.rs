@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use skilleval::package::risk::RiskPolicy;
-use skilleval::package::PackageLimits;
-use skilleval::strategy::StrategyRegistry;
+use skilleval_grading::StrategyRegistry;
 use skilleval_infra::config::SamplingSettings;
 use skilleval_infra::store::Store;
+use skilleval_model::package::risk::RiskPolicy;
+use skilleval_model::package::PackageLimits;
 
 use crate::access::Access;
 use crate::aggregate::RunAggregator;
@@ -41,7 +41,7 @@ pub struct AppState {
     pub risk_policy: RiskPolicy,
     /// The model providers (`llm.providers`) the blind comparator of `POST /v1/comparisons`
     /// judges with; `None` when none is configured.
-    pub comparator: Option<Arc<skilleval::llm::ProviderClients>>,
+    pub comparator: Option<Arc<skilleval_providers::ProviderClients>>,
 }
 
 impl std::fmt::Debug for AppState {

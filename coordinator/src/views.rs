@@ -5,10 +5,10 @@ use crate::db::{Counters, ResultRow, RunRow};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use skilleval::package::RiskReport;
-use skilleval::problem::Problem;
 use skilleval_infra::store::lifecycle::StopReason;
 use skilleval_infra::store::versions::VersionRow;
+use skilleval_model::package::RiskReport;
+use skilleval_model::problem::Problem;
 use uuid::Uuid;
 
 use crate::aggregate::stored_summary;

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use skilleval::package::formats;
+use skilleval_model::package::formats;
 
 fuzz_target!(|data: &[u8]| {
     let _ = formats::convert("eval/eval_metadata.json", data);

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use skilleval::package::formats;
+use skilleval_model::package::formats;
 
 fuzz_target!(|data: &[u8]| {
     let file = "eval/tests.json";

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use skilleval::package::{Package, PackageLimits};
+use skilleval_model::package::{Package, PackageLimits};
 
 fuzz_target!(|data: &[u8]| {
     // Small limits: the fuzzer explores the checks, not the disk.

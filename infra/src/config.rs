@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use skilleval::llm::Providers;
-use skilleval::package::risk::RiskPolicy;
-use skilleval::package::PackageLimits;
-use skilleval::sandbox::SandboxPolicy;
+use skilleval_model::package::risk::RiskPolicy;
+use skilleval_model::package::PackageLimits;
+use skilleval_providers::Providers;
+use skilleval_sandbox::SandboxPolicy;
 
 /// The longest AMQP heartbeat allowed: a dead peer must be noticed within seconds, not minutes.
 pub const MAX_HEARTBEAT_SECS: u16 = 15;

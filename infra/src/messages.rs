@@ -9,8 +9,8 @@
 //! earlier builds, `{"run_id", "test_case_id", "status"}`, is still read.
 
 use serde::{Deserialize, Serialize};
-use skilleval::plan::Job;
-use skilleval::result::CaseStatus;
+use skilleval_execution::plan::Job;
+use skilleval_execution::result::CaseStatus;
 use uuid::Uuid;
 
 /// The job format this build writes and reads.
@@ -210,7 +210,7 @@ impl From<CaseFinished> for CasesFinished {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skilleval::model::{Profile, RunnerConfig, TestCase};
+    use skilleval_model::definition::{Profile, RunnerConfig, TestCase};
 
     fn job() -> Job {
         Job {

@@ -53,7 +53,7 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
     PublisherConfirm,
 };
-use skilleval::plan::Job;
+use skilleval_execution::plan::Job;
 use tracing::Instrument;
 
 use crate::config::{AmqpSettings, Settings};
@@ -400,7 +400,7 @@ impl Topology {
 
     /// Routing key of an event (`case.passed`, ...: the most serious status of its cases);
     /// bind `case.#` for all.
-    pub fn event_routing_key(status: skilleval::result::CaseStatus) -> String {
+    pub fn event_routing_key(status: skilleval_execution::result::CaseStatus) -> String {
         format!("case.{}", status.as_str())
     }
 

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use skilleval::result::JobResult;
+use skilleval_execution::result::JobResult;
 use skilleval_infra::messages::CaseFinished;
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::Lane;

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use skilleval::executor::{Executor, ExecutorBuilder};
-use skilleval::llm::{ConfigError, ProviderClients, RateLimiter, ResponseCache};
-use skilleval::sandbox::Sandbox;
+use skilleval_execution::executor::{Executor, ExecutorBuilder};
 use skilleval_infra::config::Settings;
 use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache, WriteBehindCache};
 use skilleval_infra::store::Store;
+use skilleval_providers::{ConfigError, ProviderClients, RateLimiter, ResponseCache};
+use skilleval_sandbox::Sandbox;
 
 /// The clients of the configured providers, on the fleet's cache and limits; `None` when no
 /// provider is configured. Fails when a provider's API key variable is not set.

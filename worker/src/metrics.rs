@@ -97,7 +97,7 @@ pub struct WorkerMetrics {
     /// HTTP 429 answers from each model provider.
     pub provider_rate_limited: Family<ProviderLabels, Counter>,
     /// The provider clients whose counts `provider_*` mirror (set once, when providers exist).
-    providers: OnceLock<Arc<skilleval::llm::ProviderClients>>,
+    providers: OnceLock<Arc<skilleval_providers::ProviderClients>>,
     /// Serialises [`WorkerMetrics::sync_providers`]: two scrapes at once would add a delta twice.
     sync: Mutex<()>,
     /// Jobs that met a fault of the host (the sandbox failing before the skill's code ran).
@@ -273,7 +273,7 @@ impl WorkerMetrics {
     }
 
     /// Mirrors these clients' request and 429 counts in `provider_*` from now on.
-    pub fn watch_providers(&self, clients: Arc<skilleval::llm::ProviderClients>) {
+    pub fn watch_providers(&self, clients: Arc<skilleval_providers::ProviderClients>) {
         for client in clients.clients() {
             let labels = ProviderLabels {
                 provider: client.name().to_string(),
@@ -297,7 +297,7 @@ impl WorkerMetrics {
     }
 
     /// Records one execution: its duration, its grader's, and what it spent on models.
-    pub fn executed(&self, result: &skilleval::result::JobResult, lane: &str) {
+    pub fn executed(&self, result: &skilleval_execution::result::JobResult, lane: &str) {
         let seconds = |ms: u64| ms as f64 / 1000.0;
         let total_ms: u64 = result.attempts.iter().map(|a| a.duration_ms).sum();
         self.job_duration

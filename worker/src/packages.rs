@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use skilleval::grade::Fault;
-use skilleval::package::{Package, PackageLimits};
 use skilleval_infra::store::Store;
+use skilleval_model::grade::Fault;
+use skilleval_model::package::{Package, PackageLimits};
 
 /// Folders of packages being extracted start with this; leftovers of a crash are removed at
 /// start.

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use skilleval::grade::Fault;
 use skilleval_infra::topology::Topology;
+use skilleval_model::grade::Fault;
 
 /// The backoff after delivery `attempt` (1-based) faulted with `fault`.
 pub fn backoff(topology: &Topology, attempt: u32, fault: &Fault) -> Duration {

@@ -5,7 +5,7 @@
 //! to run anything (no usable bubblewrap and unsandboxed runs not allowed); and while running,
 //! when `worker.host_fault_threshold` jobs within `worker.host_fault_window_secs` met a fault
 //! of the host (the sandbox failing before a skill's code ran, see
-//! [`skilleval::sandbox`]). While it is closed, `/readyz` answers 503 with the reason, the
+//! [`skilleval_sandbox`]). While it is closed, `/readyz` answers 503 with the reason, the
 //! consume loop has no consumers (the broker gives the jobs to other workers), and the sandbox
 //! is probed every `worker.sandbox_probe_interval_ms`; the first probe that passes opens it
 //! again and the consumers come back. Each closing is logged once, with its reason.
@@ -14,8 +14,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use skilleval::sandbox::{Sandbox, SandboxMode};
 use skilleval_infra::config::WorkerSettings;
+use skilleval_sandbox::{Sandbox, SandboxMode};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -24,14 +24,14 @@ use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Connection, Consumer};
-use skilleval::executor::Executor;
-use skilleval::grade::Fault;
-use skilleval::plan::Job;
-use skilleval::result::{CaseStatus, JobResult};
+use skilleval_execution::executor::Executor;
+use skilleval_execution::plan::Job;
+use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_infra::config::{Settings, WorkerSettings};
 use skilleval_infra::messages::{self, CaseFinished};
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::{self, BrokerError, Lane, Publisher, Topology, TRACEPARENT_HEADER};
+use skilleval_model::grade::Fault;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -67,7 +67,7 @@ pub enum WorkerError {
     #[error("starting the health/metrics server: {0}")]
     Http(#[source] std::io::Error),
     #[error("model providers: {0}")]
-    Providers(#[from] skilleval::llm::ConfigError),
+    Providers(#[from] skilleval_providers::ConfigError),
     /// The database's migrations differ from the ones this binary embeds: consuming would
     /// write rows in a shape the schema does not have.
     #[error("refusing to consume: {0}")]
@@ -310,7 +310,7 @@ impl Worker {
                 .case_state(
                     job.run_id,
                     &job.case.id,
-                    skilleval::variant::Variant::of(&job.runner),
+                    skilleval_execution::variant::Variant::of(&job.runner),
                 )
                 .await
             {
@@ -361,7 +361,7 @@ impl Worker {
                 Ok(root) => {
                     // The model answers this job stores or is served are linked to its run,
                     // and deleted with it (docs/security.md).
-                    let owner = skilleval::llm::CacheOwner { run_id: job.run_id };
+                    let owner = skilleval_providers::CacheOwner { run_id: job.run_id };
                     let result = owner.scope(self.executor.execute(&job, &root)).await;
                     self.metrics.executed(&result, lane.as_str());
                     result

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use skilleval::model::{Profile, TestCase};
-use skilleval::sandbox::Sandbox;
-use skilleval::strategy::{CompileContext, GradeEnv, GradeInput, StrategyRegistry};
+use skilleval_grading::{CompileContext, GradeEnv, GradeInput, StrategyRegistry};
+use skilleval_model::definition::{Profile, TestCase};
+use skilleval_sandbox::Sandbox;
 
 const MAX_ITERATIONS: u64 = 200_000;
 const BUDGET: Duration = Duration::from_secs(1);
@@ -212,7 +212,7 @@ fn main() -> anyhow::Result<()> {
                     break;
                 }
             }
-            Ok::<_, skilleval::grade::Fault>((graded, start.elapsed(), passed))
+            Ok::<_, skilleval_model::grade::Fault>((graded, start.elapsed(), passed))
         })?;
         let rate = graded as f64 / elapsed.as_secs_f64();
         println!("{name:<20} {rate:>12.0} {graded:>10} {passed:>8}");

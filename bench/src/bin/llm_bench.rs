@@ -32,14 +32,14 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context};
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
-use skilleval::executor::{Executor, ExecutorBuilder};
-use skilleval::grade::RetryPolicy;
-use skilleval::llm::{NoCache, ProviderClients, Providers, ResponseCache};
-use skilleval::package::{Package, PackageLimits};
-use skilleval::plan::{plan, CaseFilter};
-use skilleval::result::CaseStatus;
-use skilleval::validate::validate;
 use skilleval_bench::cluster;
+use skilleval_execution::executor::{Executor, ExecutorBuilder};
+use skilleval_execution::plan::{plan, CaseFilter};
+use skilleval_execution::result::CaseStatus;
+use skilleval_execution::validate::validate;
+use skilleval_model::grade::RetryPolicy;
+use skilleval_model::package::{Package, PackageLimits};
+use skilleval_providers::{NoCache, ProviderClients, Providers, ResponseCache};
 use uuid::Uuid;
 
 use skilleval_bench::mock_provider::{self, LATENCY};
@@ -227,7 +227,7 @@ async fn bench(server: &Server, max_concurrency: u32, spawn: bool) -> anyhow::Re
     );
     for concurrency in CONCURRENCY {
         let cases = cases_for(concurrency);
-        let cycle = |n: usize| -> Vec<skilleval::plan::Job> {
+        let cycle = |n: usize| -> Vec<skilleval_execution::plan::Job> {
             jobs.iter().cycle().take(n).cloned().collect()
         };
         let warm_up = cycle(concurrency);
@@ -282,11 +282,11 @@ async fn round_trip(server: &Server) -> anyhow::Result<f64> {
 
 async fn run(
     executor: &Arc<Executor>,
-    jobs: Vec<skilleval::plan::Job>,
+    jobs: Vec<skilleval_execution::plan::Job>,
     root: &Path,
     concurrency: usize,
     spawn: bool,
-) -> Vec<skilleval::result::JobResult> {
+) -> Vec<skilleval_execution::result::JobResult> {
     if spawn {
         // Diagnostic only: every case a task of its own, so cases run on every runtime thread.
         let root: Arc<Path> = Arc::from(root);
@@ -314,7 +314,7 @@ async fn run(
     .await
 }
 
-fn check(results: &[skilleval::result::JobResult]) -> anyhow::Result<()> {
+fn check(results: &[skilleval_execution::result::JobResult]) -> anyhow::Result<()> {
     if let Some(r) = results.iter().find(|r| r.status != CaseStatus::Passed) {
         bail!(
             "case {} is {}: {:?}",

@@ -104,11 +104,11 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use serde_json::{json, Value};
-use skilleval::package::{Package, PackageLimits};
-use skilleval::plan::{plan, CaseFilter};
+use skilleval_execution::plan::{plan, CaseFilter};
 use skilleval_infra::config::Settings;
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::Topology;
+use skilleval_model::package::{Package, PackageLimits};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 use uuid::Uuid;
 use zip::write::SimpleFileOptions;

@@ -7,15 +7,15 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::json;
-use skilleval::compare::{self, CompareError, Comparison};
-use skilleval::gate::GateConfig;
+use skilleval_analysis::compare::{self, CompareError, Comparison};
+use skilleval_model::gate::GateConfig;
 
 use crate::auth::Principal;
 use crate::comparing::{compare_and_store, resolve, Blind, ComparingError};
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
 use crate::state::AppState;
-use skilleval::llm::comparator::{default_criteria, BlindOptions};
+use skilleval_grading::comparator::{default_criteria, BlindOptions};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,7 +67,7 @@ pub async fn create(
                 .with_details(json!({ "field": "/comparator", "rule": rule })));
         };
         let client = clients
-            .pick(None, skilleval::llm::Purpose::Judge)
+            .pick(None, skilleval_providers::Purpose::Judge)
             .map_err(|e| {
                 ApiError::conflict("comparator_unavailable", e.clone())
                     .with_details(json!({ "field": "/comparator", "rule": e }))

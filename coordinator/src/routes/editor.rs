@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use skilleval::package::{EvalFormat, Package, PackageError, PackageLimits};
+use skilleval_model::package::{EvalFormat, Package, PackageError, PackageLimits};
 
 use super::package_files;
 use super::skills::{open_package, package_error, Opening};
@@ -117,7 +117,7 @@ pub struct SchemaBody {
 /// draft's meta-schema and compiled as the `json_schema` strategy compiles it (offline, no
 /// remote `$ref`). A schema that does not compile is a successful check listing why.
 pub async fn check_schema(ApiJson(body): ApiJson<SchemaBody>) -> Json<Value> {
-    use skilleval::strategy::json_schema::{compile_schema, declared_draft};
+    use skilleval_grading::json_schema::{compile_schema, declared_draft};
     let draft = declared_draft(&body.schema).ok().flatten();
     match compile_schema(&body.schema) {
         Ok(_) => Json(json!({

@@ -8,8 +8,8 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use skilleval::llm::benchmark::{benchmark_json, benchmark_run, run_summary};
-use skilleval::variant::Configuration;
+use skilleval_analysis::benchmark::{benchmark_json, benchmark_run, run_summary};
+use skilleval_execution::variant::Configuration;
 use skilleval_infra::store::comparisons::HistoryRow;
 use uuid::Uuid;
 

@@ -26,16 +26,16 @@ use chrono::{DateTime, Duration, Utc};
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use skilleval::monitor::{
+use skilleval_analysis::quality::CriterionGrade;
+use skilleval_analysis::quality::{render, BucketSize, GradedSample, QualityQuery, SampleStatus};
+use skilleval_execution::monitor::{
     is_sampled, parse, parse_batch, BatchError, BatchLimits, CriteriaSelection, Monitor,
     MonitorSource, SampleError,
 };
-use skilleval::problem::Problem;
-use skilleval::quality::CriterionGrade;
-use skilleval::quality::{render, BucketSize, GradedSample, QualityQuery, SampleStatus};
 use skilleval_infra::store::samples::{
     AlertRow, Disposition, NewRevision, NewSamples, RevisionSource, SampleResultRow, StoredMonitor,
 };
+use skilleval_model::problem::Problem;
 use uuid::Uuid;
 
 use crate::error::ApiError;
@@ -197,8 +197,9 @@ async fn validate_monitor(
     let limits = state.limits.clone();
     let strategies = state.strategies.clone();
     let parsed = tokio::task::spawn_blocking(move || {
-        let package = zip
-            .and_then(|zip| skilleval::package::Package::from_zip_bytes(&zip, &limits, None).ok());
+        let package = zip.and_then(|zip| {
+            skilleval_model::package::Package::from_zip_bytes(&zip, &limits, None).ok()
+        });
         // Every skill has a version (skills are created by uploads); without a package, a
         // custom grader's file is simply not found.
         let root = package
@@ -588,10 +589,10 @@ pub async fn quality(
         version: params.version.clone(),
         criterion: params.criterion.clone(),
     };
-    let report = skilleval::quality::quality(&name, &samples, &query).map_err(|e| {
+    let report = skilleval_analysis::quality::quality(&name, &samples, &query).map_err(|e| {
         let field = match e {
-            skilleval::quality::QualityError::EmptyRange => "from",
-            skilleval::quality::QualityError::TooManyBuckets(_) => "bucket",
+            skilleval_analysis::quality::QualityError::EmptyRange => "from",
+            skilleval_analysis::quality::QualityError::TooManyBuckets(_) => "bucket",
         };
         ApiError::invalid_field("invalid_query", field, e.to_string())
     })?;

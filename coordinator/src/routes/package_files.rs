@@ -6,7 +6,7 @@
 use std::io::{Cursor, Write as _};
 use std::path::{Path, PathBuf};
 
-use skilleval::package::{Package, PackageError, PackageLimits, EVAL_FILES};
+use skilleval_model::package::{Package, PackageError, PackageLimits, EVAL_FILES};
 
 /// Where the replaced definition is written.
 pub(crate) const DEFINITION: &str = "eval/tests.json";

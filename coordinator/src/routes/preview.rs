@@ -9,10 +9,10 @@ use axum::extract::{Path, State};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use skilleval::executor::ExecutorBuilder;
-use skilleval::model::{Given, RunnerConfig};
-use skilleval::package::Package;
-use skilleval::plan::CaseFilter;
+use skilleval_execution::executor::ExecutorBuilder;
+use skilleval_execution::plan::CaseFilter;
+use skilleval_model::definition::{Given, RunnerConfig};
+use skilleval_model::package::Package;
 
 use super::editor::{find_version, stored_package};
 use crate::error::ApiError;

@@ -15,8 +15,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use skilleval::result::{CaseStatus, JobResult};
-use skilleval::stats::{cohen_kappa, Agreement, AgreementTable};
+use skilleval_analysis::stats::{cohen_kappa, Agreement, AgreementTable};
+use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_infra::store::reviews::{NewReview, ReviewRow, ReviewVerdict};
 use uuid::Uuid;
 

@@ -7,16 +7,16 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::json;
-use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
-use skilleval::gate::GateSpec;
-use skilleval::llm::trigger_runner::{is_trigger_result, TriggerPlan};
-use skilleval::model::RunnerSpec;
-use skilleval::package::RiskReport;
-use skilleval::plan::CaseFilter;
-use skilleval::report::{render_with, ReportContext, ReportFormat};
-use skilleval::result::{CaseStatus, JobResult};
-use skilleval::variant::{Configuration, Variant};
+use skilleval_analysis::forecast::{forecast, CallCounts, Measured, Shape};
+use skilleval_execution::plan::CaseFilter;
+use skilleval_execution::result::{CaseStatus, JobResult};
+use skilleval_execution::runner::trigger::{is_trigger_result, TriggerPlan};
+use skilleval_execution::variant::{Configuration, Variant};
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
+use skilleval_model::definition::RunnerSpec;
+use skilleval_model::gate::GateSpec;
+use skilleval_model::package::RiskReport;
+use skilleval_reports::{render_with, ReportContext, ReportFormat};
 
 use crate::aggregate::{load_results, stored_summary, variant_extras};
 use crate::auth::Principal;
@@ -85,7 +85,7 @@ fn invalid_triggers(field: &str, rule: &str) -> ApiError {
 /// a 422 naming `field` and the rule.
 pub(crate) fn check_trigger_runs(field: &str, runs: Option<i64>) -> Result<u32, ApiError> {
     match runs {
-        None => Ok(skilleval::llm::triggers::DEFAULT_RUNS_PER_QUERY),
+        None => Ok(skilleval_execution::triggers::DEFAULT_RUNS_PER_QUERY),
         Some(n) if (1..=MAX_TRIGGER_RUNS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
         Some(_) => Err(invalid_triggers(
             field,
@@ -99,7 +99,7 @@ pub(crate) fn check_trigger_runs(field: &str, runs: Option<i64>) -> Result<u32, 
 pub(crate) fn trigger_plan(
     field: &str,
     runs_per_query: u32,
-    queries: Vec<skilleval::package::TriggerCase>,
+    queries: Vec<skilleval_model::package::TriggerCase>,
 ) -> Result<TriggerPlan, ApiError> {
     if queries.is_empty() {
         return Err(invalid_triggers(
@@ -117,7 +117,7 @@ pub(crate) fn trigger_plan(
 async fn stored_triggers(
     state: &AppState,
     version_id: uuid::Uuid,
-) -> Result<Vec<skilleval::package::TriggerCase>, ApiError> {
+) -> Result<Vec<skilleval_model::package::TriggerCase>, ApiError> {
     let version = {
         let mut conn = state.store.pool().acquire().await?;
         state.store.version_for_run(&mut conn, version_id).await?
@@ -130,7 +130,7 @@ async fn stored_triggers(
         .ok_or_else(|| ApiError::not_found("version", version_id))?;
     let limits = state.limits.clone();
     let package = tokio::task::spawn_blocking(move || {
-        skilleval::package::Package::from_zip_bytes_streamed(&bytes, &limits)
+        skilleval_model::package::Package::from_zip_bytes_streamed(&bytes, &limits)
     })
     .await
     .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?
@@ -255,14 +255,14 @@ async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::V
         let mut conn = state.store.pool().acquire().await?;
         state.launcher.prepare_stored(&mut conn, request).await?
     };
-    let registry = skilleval::strategy::StrategyRegistry::builtin().build();
+    let registry = skilleval_grading::StrategyRegistry::builtin().build();
     let mut counts = CallCounts::default();
     let mut chunks = prepared.plan.chunks(0, usize::MAX);
     while let Some(chunk) = chunks.recv().await {
         let jobs = chunk.map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
         // The cases once each: the shape below multiplies them by the repeats and baseline
         // (and adds the trigger queries), as `skilleval plan` does.
-        let primary: Vec<skilleval::plan::Job> = jobs
+        let primary: Vec<skilleval_execution::plan::Job> = jobs
             .into_iter()
             .filter(|j| Variant::of(&j.runner).is_primary())
             .collect();
@@ -520,7 +520,7 @@ pub async fn report(
         None
     };
     let extras = variant_extras(&all, &run, triggers.as_ref());
-    let results = skilleval::llm::benchmark::with_skill(&all);
+    let results = skilleval_analysis::benchmark::with_skill(&all);
     // A version stored before risk reports existed has none; an unreadable one is left out.
     let risk: Option<RiskReport> = run
         .risk_report
@@ -706,7 +706,7 @@ pub async fn rescore(
             let mut conn = state.store.pool().acquire().await?;
             state.launcher.prepare_stored(&mut conn, &request).await?
         };
-        let registry = skilleval::strategy::StrategyRegistry::builtin().build();
+        let registry = skilleval_grading::StrategyRegistry::builtin().build();
         let mut counts = CallCounts::default();
         let mut chunks = prepared.plan.chunks(0, usize::MAX);
         while let Some(chunk) = chunks.recv().await {

@@ -15,15 +15,15 @@ use axum::{Extension, Json};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
-use skilleval::gate::{GateRule, GateSpec};
-use skilleval::model::Profile;
-use skilleval::package::{Package, PackageError, PackageLimits, RiskReport};
-use skilleval::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
-use skilleval::problem::Problem;
-use skilleval::strategy::StrategyRegistry;
-use skilleval::validate::check_in_chunks;
+use skilleval_execution::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
+use skilleval_execution::validate::check_in_chunks;
+use skilleval_grading::StrategyRegistry;
 use skilleval_infra::store::samples::{NewRevision, RevisionSource};
 use skilleval_infra::store::versions::{NewVersion, VersionError};
+use skilleval_model::definition::Profile;
+use skilleval_model::gate::{GateRule, GateSpec};
+use skilleval_model::package::{Package, PackageError, PackageLimits, RiskReport};
+use skilleval_model::problem::Problem;
 
 use super::package_files;
 use crate::auth::Principal;
@@ -601,12 +601,12 @@ pub(crate) async fn open_package(
         }
         let definition = writer.finish(&package.config);
         // Validation passed, so a `monitoring` section present is a valid monitor.
-        let monitor = match skilleval::monitor::from_package(&package, &strategies) {
+        let monitor = match skilleval_execution::monitor::from_package(&package, &strategies) {
             Ok(Some((monitor, _))) => package
                 .format
-                .filter(|f| *f == skilleval::package::EvalFormat::V2)
+                .filter(|f| *f == skilleval_model::package::EvalFormat::V2)
                 .and_then(|_| {
-                    skilleval::monitor::definition::read_section(
+                    skilleval_execution::monitor::definition::read_section(
                         &package.root().join(&package.eval_file),
                     )
                     .ok()
@@ -643,7 +643,7 @@ pub(crate) type OpenedPackage = (
 /// A package's `monitoring` section: as written, and validated.
 pub(crate) struct PackageMonitor {
     document: serde_json::Value,
-    monitor: skilleval::monitor::Monitor,
+    monitor: skilleval_execution::monitor::Monitor,
 }
 
 /// Why an upload's package could not be opened: the package's fault (counted as refused or
@@ -707,7 +707,7 @@ pub async fn validate(
     match open_package(zip, state.limits.clone(), state.strategies.clone()).await {
         Ok((package, definition, warnings, _, risk)) => {
             let eval = package.root().join(&package.eval_file);
-            let open = package.format == Some(skilleval::package::EvalFormat::V2)
+            let open = package.format == Some(skilleval_model::package::EvalFormat::V2)
                 && package.eval_file == "eval/tests.json"
                 && tokio::task::spawn_blocking(move || profile_open(&eval))
                     .await

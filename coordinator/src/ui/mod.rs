@@ -1,7 +1,7 @@
 //! The web interface: server-rendered pages under `/ui/` (and `/` redirecting there).
 //!
 //! Pages are HTML rendered with `maud` (every interpolated value escaped), the run page's
-//! pieces shared with `skilleval run --format html` through `skilleval::report::html`. A
+//! pieces shared with `skilleval run --format html` through `skilleval_reports::html`. A
 //! little vanilla JavaScript (upload with validation, live run progress, the skill page's
 //! quality chart) is served from `/ui/static/`, compiled into the binary with the stylesheet:
 //! nothing is loaded from another origin. Every page carries a Content-Security-Policy that
@@ -78,7 +78,7 @@ async fn security_headers(request: axum::extract::Request, next: Next) -> Respon
 /// Static files, compiled in.
 async fn asset(Path(file): Path<String>) -> Response {
     let (body, content_type): (&'static str, &'static str) = match file.as_str() {
-        "style.css" => (skilleval::report::html::STYLE, "text/css; charset=utf-8"),
+        "style.css" => (skilleval_reports::html::STYLE, "text/css; charset=utf-8"),
         "upload.js" => (
             include_str!("assets/upload.js"),
             "text/javascript; charset=utf-8",

@@ -13,13 +13,13 @@ use axum::Extension;
 use axum::Form;
 use maud::{html, Markup};
 use serde_json::Value;
-use skilleval::package::RiskReport;
-use skilleval::report::html::{
-    case_detail, case_table, risk_section, summary_section, CaseRow, HISTOGRAM_BINS,
-};
-use skilleval::result::{CaseStatus, JobResult};
+use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_infra::store::pages::{CaseQuery, CaseSort, SkillSort};
 use skilleval_infra::store::reviews::{ReviewRow, ReviewVerdict};
+use skilleval_model::package::RiskReport;
+use skilleval_reports::html::{
+    case_detail, case_table, risk_section, summary_section, CaseRow, HISTOGRAM_BINS,
+};
 use uuid::Uuid;
 
 use super::charts::{line_chart, sparkline};
@@ -808,7 +808,7 @@ pub async fn preview(State(state): State<AppState>, Path(name): Path<String>) ->
         definition.plan_chunks(
             &hash,
             Uuid::nil(),
-            &skilleval::plan::CaseFilter::default(),
+            &skilleval_execution::plan::CaseFilter::default(),
             None,
             500,
             |jobs| {

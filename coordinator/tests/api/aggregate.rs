@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::result::CaseStatus;
 use skilleval_coordinator::webhook;
+use skilleval_execution::result::CaseStatus;
 
 use crate::helpers::{record_as_worker, spawn_app, WebhookReceiver, WEBHOOK_SECRET};
 use crate::packages::given_package;

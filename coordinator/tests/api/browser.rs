@@ -1036,15 +1036,15 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
                 .collect::<Vec<_>>()
         )
     });
-    let package = skilleval::package::Package::from_zip_bytes(
+    let package = skilleval_model::package::Package::from_zip_bytes(
         &bytes,
-        &skilleval::package::PackageLimits::default(),
+        &skilleval_model::package::PackageLimits::default(),
         None,
     )
     .unwrap();
-    let validation = skilleval::validate::validate(
+    let validation = skilleval_execution::validate::validate(
         &package,
-        &skilleval::strategy::StrategyRegistry::builtin().build(),
+        &skilleval_grading::StrategyRegistry::builtin().build(),
     );
     assert!(validation.is_ok(), "{:?}", validation.problems);
     let case0 = &package.config.test_cases[0];

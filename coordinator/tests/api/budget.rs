@@ -6,10 +6,10 @@
 //! a budget is never stopped.
 
 use serde_json::{json, Value};
-use skilleval::grade::Usage;
-use skilleval::result::{CaseStatus, JobResult};
+use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_infra::messages::CaseFinished;
 use skilleval_infra::store::Store;
+use skilleval_model::grade::Usage;
 use uuid::Uuid;
 
 use crate::helpers::{planned_jobs, spawn_app, TestApp};

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::llm::ResponseCache;
 use skilleval_infra::store::llm::PgResponseCache;
+use skilleval_providers::ResponseCache;
 
 use crate::e2e::{start_worker_with_providers, wait_for_verdict};
 use crate::e2e_llm::{llm_package_named, start_judge};

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::executor::ExecutorBuilder;
-use skilleval::package::Package;
-use skilleval::plan::{plan, CaseFilter};
-use skilleval::sandbox::Sandbox;
-use skilleval::summary::{summarize, RunSummary};
-use skilleval::validate::validate;
+use skilleval_analysis::summary::{summarize, RunSummary};
+use skilleval_execution::executor::ExecutorBuilder;
+use skilleval_execution::plan::{plan, CaseFilter};
+use skilleval_execution::validate::validate;
 use skilleval_infra::store::Store;
+use skilleval_model::package::Package;
+use skilleval_sandbox::Sandbox;
 use tokio_util::sync::CancellationToken;
 
 use crate::helpers::{spawn_app_with, AppOptions, TestApp};
@@ -36,7 +36,7 @@ pub(crate) fn local_run(
 pub(crate) fn local_run_with(
     zip: &[u8],
     settings: &skilleval_infra::config::Settings,
-    clients: Option<&Arc<skilleval::llm::ProviderClients>>,
+    clients: Option<&Arc<skilleval_providers::ProviderClients>>,
 ) -> (RunSummary, CaseScores) {
     let package = Package::from_zip_bytes(zip, &settings.limits, None).expect("the package opens");
     let executor = ExecutorBuilder::new()
@@ -88,7 +88,7 @@ async fn start_worker(
 /// Starts an in-process worker with the app's settings and `providers` as its model providers.
 pub(crate) async fn start_worker_with_providers(
     app: &TestApp,
-    providers: skilleval::llm::Providers,
+    providers: skilleval_providers::Providers,
     cache: &Path,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let mut settings = app.settings.clone();

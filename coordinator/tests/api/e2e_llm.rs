@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use skilleval::llm::{DirCache, ProviderClients, ProviderConfig};
+use skilleval_providers::{DirCache, ProviderClients, ProviderConfig};
 
 use crate::e2e::{
     assert_same, local_run_with, server_cases, start_worker_with_providers, wait_for_verdict,
@@ -170,7 +170,7 @@ async fn an_llm_graded_package_gets_the_same_verdict_locally_and_through_the_ser
         let providers = providers.clone();
         let dir = local_cache.path().to_path_buf();
         tokio::task::spawn_blocking(move || {
-            let cache: Arc<dyn skilleval::llm::ResponseCache> = Arc::new(DirCache::new(dir));
+            let cache: Arc<dyn skilleval_providers::ResponseCache> = Arc::new(DirCache::new(dir));
             let clients = Arc::new(ProviderClients::connect(&providers, &cache, None).unwrap());
             local_run_with(&zip, &settings, Some(&clients))
         })

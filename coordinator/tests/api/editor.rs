@@ -6,8 +6,8 @@
 use std::io::{Cursor, Read as _};
 
 use serde_json::{json, Value};
-use skilleval::package::{Package, PackageLimits};
-use skilleval::strategy::StrategyRegistry;
+use skilleval_grading::StrategyRegistry;
+use skilleval_model::package::{Package, PackageLimits};
 
 use crate::helpers::{spawn_app, TestApp};
 use crate::openapi::{check, doc};
@@ -78,7 +78,8 @@ async fn the_edited_definition_comes_back_as_a_valid_package() {
     assert_eq!(tests["testCases"][1]["name"], "Edited <case>");
     // And it validates as a package.
     let package = Package::from_zip_bytes(&zip, &PackageLimits::default(), None).unwrap();
-    let validation = skilleval::validate::validate(&package, &StrategyRegistry::builtin().build());
+    let validation =
+        skilleval_execution::validate::validate(&package, &StrategyRegistry::builtin().build());
     assert!(validation.is_ok(), "{:?}", validation.problems);
     assert_eq!(package.config.test_cases.len(), 2);
     // Nothing was stored: still one version.

@@ -32,9 +32,9 @@ pub struct AppOptions {
     pub sweep_interval_secs: u64,
     pub auth_tokens: Vec<String>,
     /// `coordinator.risk`.
-    pub risk: skilleval::package::risk::RiskPolicy,
+    pub risk: skilleval_model::package::risk::RiskPolicy,
     /// Model providers of the coordinator itself (`llm.providers`: the blind comparator).
-    pub providers: Option<skilleval::llm::Providers>,
+    pub providers: Option<skilleval_providers::Providers>,
 }
 
 impl Default for AppOptions {
@@ -45,7 +45,7 @@ impl Default for AppOptions {
             publish_grace_secs: 30,
             sweep_interval_secs: 1,
             auth_tokens: Vec::new(),
-            risk: skilleval::package::risk::RiskPolicy::default(),
+            risk: skilleval_model::package::risk::RiskPolicy::default(),
             providers: None,
         }
     }
@@ -235,7 +235,7 @@ impl TestApp {
     }
 
     /// Takes every message off the jobs queue, decoded.
-    pub async fn drain_jobs(&self) -> Vec<skilleval::plan::Job> {
+    pub async fn drain_jobs(&self) -> Vec<skilleval_execution::plan::Job> {
         let queue = self.topology.jobs_queue();
         let mut jobs = Vec::new();
         while let Some(msg) = self
@@ -381,7 +381,7 @@ impl Drop for WebhookReceiver {
 pub async fn record_as_worker(
     app: &TestApp,
     run_id: Uuid,
-    outcomes: &[(&str, skilleval::result::CaseStatus, f64)],
+    outcomes: &[(&str, skilleval_execution::result::CaseStatus, f64)],
 ) -> Vec<skilleval_infra::messages::CaseFinished> {
     let store = skilleval_infra::store::Store::from_pool(app.pool.clone());
     let jobs = planned_jobs(app, run_id).await;
@@ -391,7 +391,7 @@ pub async fn record_as_worker(
             .iter()
             .find(|j| j.case.id == *case_id)
             .expect("the case is planned");
-        let mut r = skilleval::result::JobResult::skipped(job, "placeholder");
+        let mut r = skilleval_execution::result::JobResult::skipped(job, "placeholder");
         r.status = *status;
         r.score = Some(*score);
         r.details = serde_json::json!({ "simulated": true });
@@ -430,7 +430,7 @@ impl TestApp {
 }
 
 /// The run's jobs as its plan gives them (what the coordinator publishes).
-pub async fn planned_jobs(app: &TestApp, run_id: Uuid) -> Vec<skilleval::plan::Job> {
+pub async fn planned_jobs(app: &TestApp, run_id: Uuid) -> Vec<skilleval_execution::plan::Job> {
     app.state
         .launcher
         .plan_of(run_id)
@@ -459,16 +459,22 @@ pub fn local_provider(
     addr: std::net::SocketAddr,
     name: &str,
     model: &str,
-) -> skilleval::llm::ProviderConfig {
-    skilleval::llm::ProviderConfig {
+) -> skilleval_providers::ProviderConfig {
+    skilleval_providers::ProviderConfig {
         base_url: format!("http://{addr}/v1"),
-        ..skilleval::llm::ProviderConfig::new(name, skilleval::llm::ProviderKind::Openai, model)
+        ..skilleval_providers::ProviderConfig::new(
+            name,
+            skilleval_providers::ProviderKind::Openai,
+            model,
+        )
     }
 }
 
 /// `config` as the only provider, the default one.
-pub fn only_provider(config: skilleval::llm::ProviderConfig) -> skilleval::llm::Providers {
-    let mut providers = skilleval::llm::Providers::default();
+pub fn only_provider(
+    config: skilleval_providers::ProviderConfig,
+) -> skilleval_providers::Providers {
+    let mut providers = skilleval_providers::Providers::default();
     providers.insert(config, true);
     providers
 }

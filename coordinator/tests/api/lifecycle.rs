@@ -2,8 +2,8 @@
 //! as it was; results arriving for a run that no longer takes them change nothing.
 
 use serde_json::{json, Value};
-use skilleval::result::CaseStatus;
 use skilleval_coordinator::launch::{LaunchError, RunRequest};
+use skilleval_execution::result::CaseStatus;
 use skilleval_infra::store::lifecycle::{
     RunKind, RunStatus, StopReason, Transition, TransitionError,
 };

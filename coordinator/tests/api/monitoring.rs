@@ -8,8 +8,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use skilleval::llm::{ProviderConfig, ProviderKind, Providers};
 use skilleval_infra::store::Store;
+use skilleval_providers::{ProviderConfig, ProviderKind, Providers};
 use tokio_util::sync::CancellationToken;
 
 use crate::e2e::wait_for_verdict;

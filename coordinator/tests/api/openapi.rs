@@ -5,9 +5,9 @@
 use std::collections::BTreeSet;
 
 use serde_json::{json, Value};
-use skilleval::result::CaseStatus;
 use skilleval_coordinator::openapi::OPENAPI_JSON;
 use skilleval_coordinator::routes::ROUTES;
+use skilleval_execution::result::CaseStatus;
 
 use crate::helpers::{record_as_worker, spawn_app, spawn_app_with, AppOptions};
 use crate::packages::{given_package, invalid_tests_package, zip_slip};

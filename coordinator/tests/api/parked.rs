@@ -9,7 +9,7 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPu
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use serde_json::{json, Value};
-use skilleval::result::CaseStatus;
+use skilleval_execution::result::CaseStatus;
 use skilleval_infra::topology::{DELIVERY_LIMIT, PARKED_FROM_HEADER, PARKED_REASON_HEADER};
 use uuid::Uuid;
 

@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::result::CaseStatus;
 use skilleval_coordinator::db;
 use skilleval_coordinator::launch::{PreparedRun, RunRequest, PUBLISH_CHUNK};
+use skilleval_execution::result::CaseStatus;
 use skilleval_infra::store::lifecycle::RunKind;
 use uuid::Uuid;
 

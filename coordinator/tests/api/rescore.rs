@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use skilleval::llm::ProviderConfig;
+use skilleval_providers::ProviderConfig;
 
 use crate::e2e::{server_cases, start_worker_with_providers, wait_for_verdict};
 use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};

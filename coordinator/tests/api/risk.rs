@@ -6,7 +6,7 @@ use std::io::{Cursor, Write as _};
 use std::path::Path;
 
 use serde_json::{json, Value};
-use skilleval::package::risk::{RiskPolicy, Severity};
+use skilleval_model::package::risk::{RiskPolicy, Severity};
 use zip::write::SimpleFileOptions;
 
 use crate::helpers::{spawn_app_with, AppOptions};
@@ -16,7 +16,7 @@ use crate::packages::given_tests;
 /// runs anywhere.
 fn risky_zip() -> Vec<u8> {
     let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tests/fixtures/risky-skill");
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/model/tests/fixtures/risky-skill");
     let read = |p: &str| std::fs::read(fixture.join(p)).unwrap();
     let tests = serde_json::to_vec(&given_tests(&["ok"], json!({}))).unwrap();
     let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));

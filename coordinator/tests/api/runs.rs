@@ -2,7 +2,7 @@
 //! errors that name the field and the rule.
 
 use serde_json::{json, Value};
-use skilleval::result::CaseStatus;
+use skilleval_execution::result::CaseStatus;
 
 use crate::helpers::{record_as_worker, spawn_app};
 use crate::packages::given_package;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use skilleval::monitor::is_sampled;
+use skilleval_execution::monitor::is_sampled;
 use uuid::Uuid;
 
 use crate::e2e::start_worker_with;
@@ -768,7 +768,7 @@ async fn an_upload_run_is_not_starved_by_queued_samples() {
         ..AppOptions::default()
     })
     .await;
-    if skilleval::sandbox::Sandbox::detect(app.settings.sandbox.clone())
+    if skilleval_sandbox::Sandbox::detect(app.settings.sandbox.clone())
         .unavailable_reason()
         .is_some()
     {
@@ -908,7 +908,7 @@ async fn a_spent_daily_cost_cap_stops_the_model_criteria_visibly() {
     let jobs = crate::helpers::planned_jobs(&app, run_id).await;
     assert_eq!(jobs.len(), 2);
     for job in &jobs {
-        let info = skilleval::monitor::job_info(job).unwrap();
+        let info = skilleval_execution::monitor::job_info(job).unwrap();
         assert_eq!(info.skipped_criteria, ["judge"]);
         assert!(!job.case.evaluation.weights.contains_key("llm_judge"));
     }

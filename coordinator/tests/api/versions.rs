@@ -3,7 +3,7 @@
 //! refusals (`not_comparable` unless forced, unknown ids, unfinished runs) naming the field.
 
 use serde_json::{json, Value};
-use skilleval::result::CaseStatus;
+use skilleval_execution::result::CaseStatus;
 use uuid::Uuid;
 
 use crate::helpers::{record_as_worker, TestApp};
@@ -507,7 +507,7 @@ async fn a_dry_run_forecasts_cost_and_power_from_the_skills_last_run_and_creates
         .await
         .iter()
         .map(|job| {
-            let mut r = skilleval::result::JobResult::skipped(job, "placeholder");
+            let mut r = skilleval_execution::result::JobResult::skipped(job, "placeholder");
             let passed = job.case_index >= 5;
             r.status = if passed {
                 CaseStatus::Passed
@@ -555,9 +555,9 @@ async fn a_dry_run_forecasts_cost_and_power_from_the_skills_last_run_and_creates
     let cost = plan["estimated_cost_usd"].as_f64().unwrap();
     assert!((cost - 0.04).abs() < 1e-9, "{cost}");
     // The power numbers are the shared statistics' (what `skilleval plan` prints).
-    let expected = skilleval::stats::power_advice(
-        &skilleval::stats::Design::paired(20, 1, 0.75),
-        skilleval::forecast::TARGET_DROP,
+    let expected = skilleval_analysis::stats::power_advice(
+        &skilleval_analysis::stats::Design::paired(20, 1, 0.75),
+        skilleval_analysis::forecast::TARGET_DROP,
     )
     .unwrap();
     assert_eq!(plan["mde_pass_rate"].as_f64().unwrap(), expected.mde.drop);

@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use skilleval::package::Package;
-use skilleval::plan::{plan, CaseFilter};
-use skilleval::result::{CaseStatus, JobResult};
 use skilleval_coordinator::metrics::{Metrics, OutcomeLabels};
 use skilleval_coordinator::webhook::{self, WebhookOutbox, WebhookPolicy};
+use skilleval_execution::plan::{plan, CaseFilter};
+use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_infra::config::Settings;
 use skilleval_infra::store::outbox::{DeliveryState, NewWebhook};
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::Topology;
+use skilleval_model::package::Package;
 use skilleval_test_support::Scratch;
 use uuid::Uuid;
 

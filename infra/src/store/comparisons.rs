@@ -2,7 +2,7 @@
 //! runs a comparison or the regression gate picks (a version's latest completed run, the
 //! previous version's, the last version that passed), and a skill's history page.
 //!
-//! A comparison is computed in full by `skilleval::compare` when it is asked for and stored
+//! A comparison is computed in full by `skilleval_analysis::compare` when it is asked for and stored
 //! whole (`result`, the `comparison.json` shape); it is `completed` when stored.
 
 use chrono::{DateTime, Utc};

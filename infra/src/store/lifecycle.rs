@@ -25,7 +25,7 @@
 //! the run's state is read back to say why.
 
 use serde_json::Value;
-use skilleval::variant::Variant;
+use skilleval_execution::variant::Variant;
 use uuid::Uuid;
 
 use super::{Store, StoreError};
@@ -513,7 +513,7 @@ pub struct WrittenOff<'a> {
 
 impl<'a> WrittenOff<'a> {
     /// Adds a case: its skipped result (what summaries and reports read) as JSON text.
-    pub fn push(&mut self, result: &'a skilleval::result::JobResult, text: String) {
+    pub fn push(&mut self, result: &'a skilleval_execution::result::JobResult, text: String) {
         self.ids.push(&result.test_case_id);
         self.names.push(&result.name);
         self.indexes

@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
-use skilleval::llm::{CacheOwner, Providers, RateLimiter, ResponseCache};
+use skilleval_providers::{CacheOwner, Providers, RateLimiter, ResponseCache};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 

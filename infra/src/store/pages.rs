@@ -6,7 +6,7 @@
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use skilleval::result::CaseStatus;
+use skilleval_execution::result::CaseStatus;
 
 use super::tenancy::Viewer;
 use super::{Store, StoreError};

@@ -20,8 +20,8 @@
 //! meanwhile (cancel, budget, failFast) is refused: its cases are not run any more.
 
 use chrono::{DateTime, Utc};
-use skilleval::result::JobResult;
-use skilleval::variant::{Configuration, Variant};
+use skilleval_execution::result::JobResult;
+use skilleval_execution::variant::{Configuration, Variant};
 use uuid::Uuid;
 
 use super::lifecycle::TransitionError;

@@ -2,7 +2,7 @@
 //! which cases are recorded, the room `maxConcurrentTests` leaves, the sweeper's list of runs
 //! to resume, and the session lock that serialises a run's publishers.
 
-use skilleval::variant::{Configuration, Variant};
+use skilleval_execution::variant::{Configuration, Variant};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 

@@ -14,9 +14,9 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use skilleval::llm::budget::BUDGET_EXCEEDED;
-use skilleval::result::{CaseStatus, JobResult};
-use skilleval::variant::Variant;
+use skilleval_analysis::budget::BUDGET_EXCEEDED;
+use skilleval_execution::result::{CaseStatus, JobResult};
+use skilleval_execution::variant::Variant;
 use uuid::Uuid;
 
 use super::lifecycle::{self, RunState, StopReason};

@@ -21,8 +21,8 @@ use sqlx::{PgConnection, PgPool, Row};
 use super::{Store, StoreError};
 use uuid::Uuid;
 
-use skilleval::result::CaseStatus;
-use skilleval::variant::{Configuration, Variant};
+use skilleval_execution::result::CaseStatus;
+use skilleval_execution::variant::{Configuration, Variant};
 
 use super::lifecycle::{RunKind, RunState, RunStatus, StopReason};
 
@@ -43,7 +43,7 @@ pub struct NewRun<'a> {
     /// Budget: the run stops once its cases spent more than this (`None`: no cap).
     pub max_cost_usd: Option<f64>,
     pub max_tokens: Option<i64>,
-    /// The regression gate's thresholds (`skilleval::gate::GateConfig` as JSON; `None`:
+    /// The regression gate's thresholds (`skilleval_model::gate::GateConfig` as JSON; `None`:
     /// no gate).
     pub gate: Option<Value>,
     /// The creating request's W3C trace context, kept so later work on the run joins its trace.

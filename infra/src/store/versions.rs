@@ -23,7 +23,7 @@ pub struct NewVersion<'a> {
     pub eval_version: &'a str,
     pub profile: &'a str,
     /// The templated definition (`EvalConfig`) the runs are planned from, as deflated JSON
-    /// text (`skilleval::plan::DefinitionText::deflated`: a definition of 100,000 cases is
+    /// text (`skilleval_execution::plan::DefinitionText::deflated`: a definition of 100,000 cases is
     /// 44 MB of JSON, about 2 MB deflated).
     pub config_deflate: &'a [u8],
     /// The definition's `settings` alone (`null` when it has none): read on every poll of a
@@ -34,7 +34,7 @@ pub struct NewVersion<'a> {
     pub publisher_id: Uuid,
     /// An `admin` upload may add a version to any publisher's skill (the owner stays).
     pub any_owner: bool,
-    /// The package's risk report (`skilleval::package::RiskReport` as JSON).
+    /// The package's risk report (`skilleval_model::package::RiskReport` as JSON).
     pub risk_report: Value,
 }
 

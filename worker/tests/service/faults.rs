@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use lapin::types::{AMQPValue, FieldTable};
-use skilleval::result::JobResult;
+use skilleval_execution::result::JobResult;
 use skilleval_infra::store::lifecycle::WrittenOff;
 use skilleval_infra::topology::{Outgoing, JOB_ROUTING_KEY, PARKED_REASON_HEADER};
 

@@ -13,11 +13,11 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use skilleval::llm::{
-    ChatRequest, LlmClient, Message, ProviderConfig, ProviderKind, RateLimiter, ResponseCache,
-};
 use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache, Reservation, WriteBehindCache};
 use skilleval_infra::store::Store;
+use skilleval_providers::{
+    ChatRequest, LlmClient, Message, ProviderConfig, ProviderKind, RateLimiter, ResponseCache,
+};
 
 use crate::helpers::{Produce, TestEnv};
 
@@ -347,7 +347,7 @@ where
 
 #[tokio::test]
 async fn answers_are_linked_to_the_runs_that_stored_or_were_served_them() {
-    use skilleval::llm::CacheOwner;
+    use skilleval_providers::CacheOwner;
     let env = TestEnv::new().await;
     let pool = env.store.pool().clone();
     let first = env

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use skilleval::result::{CaseStatus, JobResult};
+use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_infra::store::Store;
 
 use crate::helpers::{Produce, TestEnv};
@@ -59,7 +59,7 @@ async fn a_result_changes_its_row_once_and_counters_by_exactly_that() {
     let mut failed = JobResult::skipped(&j[1], "x");
     failed.status = CaseStatus::Failed;
     failed.score = Some(0.0);
-    let errored = JobResult::errored(&j[2], skilleval::grade::Fault::transient("boom"));
+    let errored = JobResult::errored(&j[2], skilleval_model::grade::Fault::transient("boom"));
 
     // A duplicate inside one batch counts once.
     let changed = env
@@ -208,7 +208,7 @@ async fn a_flood_of_samples_does_not_hold_up_ci_jobs() {
     let env = TestEnv::new().await;
     let samples = env.seed_run(12, &Produce::Sleep { secs: 1.0 }).await;
     let ci = env.seed_run(8, &Produce::Sleep { secs: 1.1 }).await;
-    let publish = |jobs: Vec<skilleval::plan::Job>, lane| {
+    let publish = |jobs: Vec<skilleval_execution::plan::Job>, lane| {
         let publisher = env.publisher.clone();
         async move {
             for r in publisher.publish_jobs(&jobs, lane).await {
@@ -326,7 +326,7 @@ async fn concurrent_first_uses_of_a_package_fetch_it_once() {
     let hash = seeded.jobs[0].package_hash.clone();
     let cache = std::sync::Arc::new(PackageCache::new(
         env.cache_dir.path().to_path_buf(),
-        skilleval::package::PackageLimits::default(),
+        skilleval_model::package::PackageLimits::default(),
         env.store.clone(),
     ));
     cache.prepare().unwrap();
@@ -356,7 +356,7 @@ async fn concurrent_first_uses_of_a_package_fetch_it_once() {
         .unwrap();
     let other = PackageCache::new(
         env.cache_dir.path().to_path_buf(),
-        skilleval::package::PackageLimits::default(),
+        skilleval_model::package::PackageLimits::default(),
         env.store.clone(),
     );
     assert_eq!(other.root(&hash).await.unwrap(), roots[0]);

@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use serde_json::json;
-use skilleval::monitor::{
+use skilleval_execution::monitor::{
     parse, sample_job, CriteriaSelection, MonitorSource, Sample, SampleJobContext,
 };
-use skilleval::package::{Package, PackageLimits};
-use skilleval::plan::Job;
-use skilleval::strategy::StrategyRegistry;
+use skilleval_execution::plan::Job;
+use skilleval_grading::StrategyRegistry;
 use skilleval_infra::store::samples::{NewRevision, NewSamples, RevisionSource};
 use skilleval_infra::topology::Lane;
+use skilleval_model::package::{Package, PackageLimits};
 use uuid::Uuid;
 use zip::write::SimpleFileOptions;
 
@@ -150,7 +150,7 @@ async fn seed_samples_run(env: &TestEnv, n: usize) -> (Uuid, Vec<Job>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_batch_leaves_every_sample_graded_exactly_once() {
     let env = TestEnv::new().await;
-    if skilleval::sandbox::Sandbox::detect(env.settings("probe").sandbox)
+    if skilleval_sandbox::Sandbox::detect(env.settings("probe").sandbox)
         .unavailable_reason()
         .is_some()
     {

@@ -1,0 +1,26 @@
+//! skilleval's execution layer: everything that turns a validated package into graded results.
+//!
+//! - [`validate`] checks a package against the strategies and runners that will execute it,
+//!   every problem at once with its JSON pointer;
+//! - [`plan`] turns it into [`plan::Job`]s, one per test case (and [`variant`]: per baseline
+//!   configuration and repeat), each carrying the resolved case;
+//! - [`executor`] runs one job: a [`runner`] produces the output (sandboxed when the code is the
+//!   package's), a strategy of `skilleval_grading` grades it under the case's timeout, and the
+//!   outcome is a [`result::JobResult`];
+//! - [`triggers`]: does the skill's description get it picked among others;
+//! - [`monitor`]: a skill's production monitor and its samples as `given` jobs.
+//!
+//! The CLI feeds jobs from an in-process pool, the worker from RabbitMQ; both call the same
+//! [`executor::Executor`].
+
+pub mod executor;
+pub mod monitor;
+pub mod plan;
+pub mod result;
+pub mod runner;
+pub mod triggers;
+pub mod validate;
+pub mod variant;
+
+#[cfg(test)]
+mod model_backed_tests;
