@@ -889,7 +889,7 @@ async fn the_sales_report_example_passes_when_the_agent_runs_its_script() {
         }
     })
     .await;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/skills/sales-report");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/skills/sales-report");
     let pkg = tempfile::tempdir().unwrap();
     copy_tree(&root, pkg.path());
     let clients = model.clients(ProviderKind::Openai);
