@@ -1,4 +1,5 @@
-//! skilleval's analysis layer: what graded results add up to.
+//! skilleval's analysis layer: what graded results add up to. Pure functions over results: no
+//! I/O, no database, no model calls; statistics are checked against known values (scipy's).
 //!
 //! - [`summary`]: a run's statistics and verdict; [`expectations`]: a result as skill-creator's
 //!   expectations;

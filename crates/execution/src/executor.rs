@@ -3,7 +3,7 @@
 //! This is the one code path that grades, whether the job came from the CLI's in-process pool or
 //! from RabbitMQ. It never sleeps or retries a *fault* itself: a transient fault comes back in
 //! the [`JobResult`] (`status: errored`, `error.kind: transient`) and the caller decides — the
-//! CLI with [`RetryPolicy`], the worker through its delay queues. What the executor does repeat
+//! CLI with [`RetryPolicy`](skilleval_model::grade::RetryPolicy), the worker through its delay queues. What the executor does repeat
 //! is a *failing* case with `retryCount` (flaky cases), keeping every attempt.
 //!
 //! Graders are compiled once per definition ([`DefinitionKey`]: package, strategy, `expected`,

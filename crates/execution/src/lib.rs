@@ -1,4 +1,8 @@
 //! skilleval's execution layer: everything that turns a validated package into graded results.
+//! It is the one code path that produces and grades an output, whether the job came from the
+//! CLI's in-process pool or from RabbitMQ; it holds no SQL, no broker and no HTTP server, and
+//! decides nothing about retries across deliveries (a transient fault comes back in the
+//! result for the caller to schedule).
 //!
 //! - [`validate`] checks a package against the strategies and runners that will execute it,
 //!   every problem at once with its JSON pointer;

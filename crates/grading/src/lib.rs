@@ -1,5 +1,8 @@
-//! Grading strategies: one file per strategy, all behind [`Strategy`], registered by name in
-//! one place ([`StrategyRegistry::with_providers`], in `builtin.rs`).
+//! Grading: every strategy behind one trait ([`Strategy`]), registered by name in one place
+//! (`builtin.rs`), plus what graders share (scales, rubrics, the text of produced files, the
+//! blind A/B [`comparator`]). A strategy checks a case's fields at compile time and scores one
+//! output at grade time; it never retries, sleeps or decides a case's status (the executor
+//! does), and code of a package (custom graders) runs only through `skilleval_sandbox`.
 //!
 //! A strategy has two phases. [`Strategy::compile`] runs once per test-case definition (at
 //! validation and when a worker first sees a case): it checks the case's fields, reports every

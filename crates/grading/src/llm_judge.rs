@@ -7,7 +7,7 @@
 //!   or without a provider ([`super::provider`]).
 //! - The prompt gives each criterion's name, description, weight, scale and score descriptions;
 //!   the judge answers `{criteria: [{name, score, reasoning}], feedback?}` (a forced tool call
-//!   or a JSON-schema response format; see [`super::ask`]).
+//!   or a JSON-schema response format; see [`skilleval_providers::ask`]).
 //! - A score outside its scale is clamped into it and flagged (`clamped` in details, `given` on
 //!   the criterion). A criterion left unscored makes the judge try once more, then the case
 //!   errors with the raw answer.

@@ -1,4 +1,7 @@
-//! skilleval's model: what a skill and its evaluation are.
+//! skilleval's model: what a skill and its evaluation are, and the vocabulary every layer above
+//! speaks. It reads a package's files (hardened against hostile archives) but never runs them,
+//! does no network I/O and needs no async runtime; it knows strategies and runners only by
+//! name.
 //!
 //! - [`package`] opens a skill folder or ZIP (hardened against hostile archives), reads
 //!   `SKILL.md` and converts any accepted eval format into the one [`definition`], reporting

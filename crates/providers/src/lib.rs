@@ -1,21 +1,21 @@
-//! Model providers and everything that calls them but grades no case: the `llm` runner, the A/B
-//! comparator, trigger evals, and the pure arithmetic of baselines, repeats and budgets. The
-//! model-backed strategies (`llm_judge`, `assertions`, `semantic_sim`) live with the others in
-//! `skilleval_grading` and get their clients from here.
+//! Model providers: the only crate that talks to a model over the network. It sends chat and
+//! embedding requests (OpenAI-compatible chat completions and embeddings, the Anthropic
+//! Messages API, tool use included), prices them, caches answers, enforces rate and
+//! concurrency limits, and retries transient faults within bounds (the one place below the
+//! executor that waits: see [`client`]). It produces no case's output and grades nothing: the
+//! `llm` and `agent` runners (`skilleval_execution`) and the model-backed strategies
+//! (`skilleval_grading`) are built on it.
 //!
 //! Layout:
 //! - [`config`]: [`Providers`] by name ([`ProviderConfig`]: endpoint, model, key variable,
 //!   prices, limits), from TOML or the `SKILLEVAL_PROVIDER_*` variables; [`ApiKey`].
-//! - [`client`]: [`LlmClient`], one per provider — OpenAI-compatible chat completions and
-//!   embeddings, the Anthropic Messages API — with the call layer around every request:
+//! - [`chat`]: requests and answers, provider-neutral; [`tools`]: tool-use turns for agents.
+//! - [`client`]: [`LlmClient`], one per provider, with the call layer around every request:
 //!   response [`cache`], [`limit`]s (adaptive concurrency, requests/tokens per minute) and
 //!   bounded retries of transient [`faults`] honouring `Retry-After`.
 //! - [`ask`] + [`json`]: a JSON answer of a known shape from a model, recovered when fenced,
-//!   wrapped in prose or truncated, corrected once, else a fault carrying the raw answer.
-//! - [`runner`]: the `llm` runner (SKILL.md as system prompt; baseline without it; repeats).
-//! - [`comparator`] (A/B comparison of two outputs); [`triggers`] (does the skill's
-//!   description make a model pick it).
-//! - [`benchmark`] (pass@k, uplift, skill-creator's `benchmark.json`) and [`budget`]: pure.
+//!   wrapped in prose or truncated, corrected once, else a fault carrying the raw answer;
+//!   [`fence`]: untrusted text put in a prompt as data.
 //!
 //! The CLI builds [`ProviderClients`] with a [`cache::DirCache`] and in-process limits; the
 //! service builds them with its Postgres-backed [`cache::ResponseCache`] and

@@ -1,3 +1,8 @@
+//! Reports: a finished run rendered for people (Markdown, the HTML run page) and machines
+//! (JSON), and the files a local run leaves for skill-creator's tools ([`artifacts`]). It
+//! renders what the layers below computed and computes no statistic of its own; the only
+//! files it writes are a local run's, in [`artifacts`].
+//!
 //! Reports of a finished run, in Markdown for people and JSON for machines, and the run page
 //! in HTML ([`html`]: the web interface's and the self-contained `report.html`).
 //!

@@ -8,8 +8,8 @@
 //!   `input.files` (package-relative), each in a `<file path="…">` block, within
 //!   [`MAX_INPUT_BYTES`].
 //! - Runner options (`RunnerConfig`, set by the run): `provider` picks the provider;
-//!   [`WITHOUT_SKILL_OPTION`] (`withoutSkill: true`) sends no system prompt — the baseline,
-//!   "the bare model"; [`REPEAT_OPTION`] (`repeat: n`) marks the n-th attempt of a repeated run,
+//!   [`WITHOUT_SKILL_OPTION`](crate::variant::WITHOUT_SKILL_OPTION) (`withoutSkill: true`) sends no system prompt — the baseline,
+//!   "the bare model"; [`REPEAT_OPTION`](crate::variant::REPEAT_OPTION) (`repeat: n`) marks the n-th attempt of a repeated run,
 //!   so the response cache does not hand every attempt the same answer.
 //!
 //! `Produced.usage` is what producing cost; `Produced.details` says which provider and model

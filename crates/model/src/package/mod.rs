@@ -71,7 +71,7 @@ pub struct Package {
     pub triggers: Vec<TriggerCase>,
     /// The trigger file read, when there was one.
     pub trigger_file: Option<String>,
-    /// Problems found while loading (SKILL.md, JSON, conversion, templating); [`validate`]
+    /// Problems found while loading (SKILL.md, JSON, conversion, templating); `skilleval_execution::validate`
     /// reports them with its own.
     pub problems: Vec<Problem>,
     case_renames: Vec<Renames>,
