@@ -3,7 +3,7 @@
 //! hand a skill to a skilleval server (`submit`), grade a log of its production samples with
 //! its monitor (`monitor`), or send such a log to a server (`samples push`).
 //!
-//! Local runs use the same `skilleval` library code path as the service's workers: open and
+//! Local runs use the same domain crates' code path as the service's workers: open and
 //! validate the package, plan one job per case, execute jobs on an in-process pool, summarise,
 //! render the report and write the skill-creator compatible files.
 //!

@@ -1,4 +1,4 @@
-//! The process-level wiring the coordinator and the worker share; the domain stays in `shared`.
+//! The process-level wiring the coordinator and the worker share; the domain stays in `crates/`.
 //!
 //! - [`config`] loads the one typed [`config::Settings`]: built-in defaults, then
 //!   `config/default.toml` and `config/{SKILLEVAL_ENV}.toml`, then `SKILLEVAL__SECTION__KEY`

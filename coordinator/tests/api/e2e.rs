@@ -1,6 +1,6 @@
 //! End to end: upload -> a real worker (the worker library, in-process, on the same broker and
 //! database) -> the run completes -> its verdict, summary and per-case scores equal a local
-//! run of the same package through `shared` (executor + summarize, as `skilleval run` does).
+//! run of the same package through the domain crates (executor + summarize, as `skilleval run` does).
 
 use std::collections::BTreeMap;
 use std::path::Path;
