@@ -43,6 +43,10 @@ fi
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
+log "no module imports one that imports it back (docs/architecture.md), and the check finds planted loops"
+python3 scripts/module_cycles.py --self-test
+python3 scripts/module_cycles.py
+
 log "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

@@ -1,9 +1,12 @@
 # Shell helpers shared by the set-up scripts (sourced, not run): logging, running as root, and
 # installing Debian packages with one `apt-get update` per script run.
 
-# Bold on a terminal, plain text in a log file or a CI log.
+# Bold on a terminal, plain text in a log file or a CI log; each line says how long the script
+# has run (bash's SECONDS), so a slow step shows in the log.
 log() {
-    if [ -t 2 ]; then printf '\033[1m==> %s\033[0m\n' "$*" >&2; else printf '==> %s\n' "$*" >&2; fi
+    local at
+    at=$(printf '%d:%02d' $((SECONDS / 60)) $((SECONDS % 60)))
+    if [ -t 2 ]; then printf '\033[1m==> [%s] %s\033[0m\n' "$at" "$*" >&2; else printf '==> [%s] %s\n' "$at" "$*" >&2; fi
 }
 
 as_root() {
