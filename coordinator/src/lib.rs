@@ -47,6 +47,7 @@ pub mod launch;
 pub mod metrics;
 pub mod openapi;
 pub mod parked;
+pub mod policy;
 pub mod routes;
 pub mod startup;
 pub mod state;

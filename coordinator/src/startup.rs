@@ -17,7 +17,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::access::Access;
 use crate::aggregate::RunAggregator;
 use crate::alerts::AlertScheduler;
 use crate::auth::{AuthConfig, Tokens};
@@ -26,6 +25,7 @@ use crate::jobs::JobSink;
 use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
 use crate::parked::{ParkingDrain, PARKING_PREFETCH};
+use crate::policy::AccessPolicy;
 use crate::routes::router;
 use crate::state::AppState;
 use crate::webhook::{WebhookOutbox, WebhookPolicy};
@@ -117,7 +117,7 @@ impl Application {
             limits: Arc::new(settings.limits.clone()),
             max_upload_bytes: settings.coordinator.max_upload_bytes,
             sampling: settings.coordinator.sampling.clone(),
-            access: Arc::new(Access::new(
+            access: Arc::new(AccessPolicy::new(
                 AuthConfig {
                     tokens: Tokens::new(
                         settings.coordinator.auth_tokens.iter().map(|t| t.expose()),

@@ -8,12 +8,12 @@ use skilleval::strategy::StrategyRegistry;
 use skilleval_infra::config::SamplingSettings;
 use skilleval_infra::store::Store;
 
-use crate::access::Access;
 use crate::aggregate::RunAggregator;
 use crate::alerts::AlertScheduler;
 use crate::jobs::JobSink;
 use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
+use crate::policy::AccessPolicy;
 use crate::webhook::WebhookOutbox;
 
 /// Shared by every request: cheap to clone.
@@ -35,8 +35,8 @@ pub struct AppState {
     pub max_upload_bytes: u64,
     /// `coordinator.sampling`: ingest limits, retention, alert schedule.
     pub sampling: SamplingSettings,
-    /// Authentication, scopes, quotas and rate limits (`crate::access`).
-    pub access: Arc<Access>,
+    /// Authentication, quotas and rate limits, applied to each request by `crate::access`.
+    pub access: Arc<AccessPolicy>,
     /// `coordinator.risk`: which package risk findings refuse an upload.
     pub risk_policy: RiskPolicy,
     /// The model providers (`llm.providers`) the blind comparator of `POST /v1/comparisons`
