@@ -40,7 +40,7 @@ use uuid::Uuid;
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::launch::SamplesRun;
-use crate::routes::skills::check_callback_url;
+use crate::routes::fields::check_callback_url;
 use crate::state::AppState;
 
 /// The configuration keys named in 413 responses.

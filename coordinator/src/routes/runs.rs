@@ -11,7 +11,7 @@ use skilleval::compare::GateSpec;
 use skilleval::executor::{CaseStatus, JobResult};
 use skilleval::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval::llm::benchmark::{Configuration, Variant};
-use skilleval::llm::trigger_runner::{is_trigger_result, TriggerPlan};
+use skilleval::llm::trigger_runner::is_trigger_result;
 use skilleval::model::RunnerSpec;
 use skilleval::package::RiskReport;
 use skilleval::plan::CaseFilter;
@@ -23,7 +23,7 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
 use crate::launch::RunRequest;
-use crate::routes::skills::check_callback_url;
+use crate::routes::fields::{check_callback_url, check_repeats, check_trigger_runs, trigger_plan};
 use crate::state::AppState;
 use crate::views::{CancelResponse, CreateRunResponse, ResultPage, ResultView, RunView};
 
@@ -60,57 +60,16 @@ pub struct CreateRunBody {
     /// Also run each case without the skill (the runner leaves it out) and report the uplift.
     #[serde(default)]
     pub baseline: bool,
-    /// Attempts per case (pass@k, pass^k, flaky cases); 1 to [`MAX_REPEATS`]. Signed so that
+    /// Attempts per case (pass@k, pass^k, flaky cases); 1 to [`MAX_REPEATS`](super::fields::MAX_REPEATS). Signed so that
     /// a negative value reaches the range check and its message, not a type error.
     #[serde(default)]
     pub repeats: Option<i64>,
     /// Also run the package's trigger evals (precision, recall, F1 of selecting the skill).
     #[serde(default)]
     pub triggers: bool,
-    /// Runs per trigger query (1 to [`MAX_TRIGGER_RUNS`]; default 3); implies `triggers`.
+    /// Runs per trigger query (1 to [`MAX_TRIGGER_RUNS`](super::fields::MAX_TRIGGER_RUNS); default 3); implies `triggers`.
     #[serde(default)]
     pub trigger_runs: Option<i64>,
-}
-
-/// The most attempts per case a run may ask for.
-pub const MAX_REPEATS: i64 = 20;
-/// The most runs per trigger query a run may ask for.
-pub const MAX_TRIGGER_RUNS: i64 = 10;
-
-fn invalid_triggers(field: &str, rule: &str) -> ApiError {
-    ApiError::unprocessable_field("invalid_triggers", field, rule)
-}
-
-/// Runs per trigger query in range (1 to [`MAX_TRIGGER_RUNS`]; absent: the CLI's default), or
-/// a 422 naming `field` and the rule.
-pub(crate) fn check_trigger_runs(field: &str, runs: Option<i64>) -> Result<u32, ApiError> {
-    match runs {
-        None => Ok(skilleval::llm::triggers::DEFAULT_RUNS_PER_QUERY),
-        Some(n) if (1..=MAX_TRIGGER_RUNS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
-        Some(_) => Err(invalid_triggers(
-            field,
-            &format!("must be an integer from 1 to {MAX_TRIGGER_RUNS}"),
-        )),
-    }
-}
-
-/// The trigger evals over the package's `queries`, or a 422 naming `field` when the package
-/// has no trigger file.
-pub(crate) fn trigger_plan(
-    field: &str,
-    runs_per_query: u32,
-    queries: Vec<skilleval::package::TriggerCase>,
-) -> Result<TriggerPlan, ApiError> {
-    if queries.is_empty() {
-        return Err(invalid_triggers(
-            field,
-            "the package has no trigger evals (eval/triggers.json or evals/triggers.json)",
-        ));
-    }
-    Ok(TriggerPlan {
-        queries,
-        runs_per_query,
-    })
 }
 
 /// The trigger eval queries of a stored version's package (opened from its stored ZIP).
@@ -136,23 +95,6 @@ async fn stored_triggers(
     .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?
     .map_err(|e| ApiError::internal(anyhow::anyhow!("the stored package does not open: {e}")))?;
     Ok(package.triggers)
-}
-
-/// `repeats` in range (1 to [`MAX_REPEATS`]; absent: 1), or a 422 naming `field` and the rule.
-pub(crate) fn check_repeats(field: &str, repeats: Option<i64>) -> Result<u32, ApiError> {
-    match repeats {
-        None => Ok(1),
-        Some(n) if (1..=MAX_REPEATS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
-        Some(_) => {
-            let rule = format!("must be an integer from 1 to {MAX_REPEATS}");
-            Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_repeats",
-                format!("`{field}`: {rule}"),
-            )
-            .with_details(json!({ "field": field, "rule": rule })))
-        }
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -654,7 +596,8 @@ pub async fn rescore(
     }
     let definition = match &body.eval_config {
         Some(config) => Some(std::sync::Arc::new(
-            crate::routes::skills::inline_definition(&state, &source.package_hash, config).await?,
+            crate::routes::validation::inline_definition(&state, &source.package_hash, config)
+                .await?,
         )),
         None => None,
     };
