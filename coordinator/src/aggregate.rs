@@ -18,9 +18,7 @@
 
 use std::sync::Arc;
 
-use crate::db::CaseRow;
 use anyhow::Context as _;
-use futures::TryStreamExt as _;
 use serde_json::{json, Value};
 use skilleval::compare::GateConfig;
 use skilleval::executor::NO_BASELINE;
@@ -30,9 +28,8 @@ use skilleval::llm::budget::mark_stopped;
 use skilleval::llm::trigger_runner::{is_trigger_result, trigger_report, TriggerPlan};
 use skilleval::llm::triggers::{self, SkillCard};
 use skilleval::model::EvalSettings;
-use skilleval::plan::Job;
 use skilleval::report::ReportExtras;
-use skilleval::summary::{RunSummary, Summarizer, Verdict};
+use skilleval::summary::{Summarizer, Verdict};
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
 use skilleval_infra::store::lifecycle::{
     Finalising, RunState, RunStatus, StopReason, TransitionError,
@@ -46,6 +43,7 @@ use uuid::Uuid;
 use crate::comparing::regression_gate;
 use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
+use crate::results::{for_each_result, load_results};
 use crate::views::RunView;
 use crate::webhook::WebhookOutbox;
 
@@ -376,57 +374,4 @@ pub fn variant_extras(
     out.markdown = extras.markdown() + &out.markdown;
     out.benchmark = Some(extras.benchmark_json(&run.skill, &run.created_at.to_rfc3339(), &notes));
     out
-}
-
-/// Every recorded result of a run in case order.
-pub async fn load_results(store: &Store, run_id: Uuid) -> anyhow::Result<Vec<JobResult>> {
-    let mut results = Vec::new();
-    for_each_result(store, run_id, |r| results.push(r)).await?;
-    Ok(results)
-}
-
-/// Hands every result of a run to `f` in case order, streamed: one row in hand at a time.
-pub async fn for_each_result(
-    store: &Store,
-    run_id: Uuid,
-    mut f: impl FnMut(JobResult),
-) -> anyhow::Result<()> {
-    let rows = store.case_rows(run_id);
-    futures::pin_mut!(rows);
-    while let Some(row) = rows.try_next().await? {
-        f(job_result(row)?);
-    }
-    Ok(())
-}
-
-fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
-    if let Some(result) = row.result {
-        return serde_json::from_str(&result).with_context(|| {
-            format!(
-                "stored result of case `{}` does not parse",
-                row.test_case_id
-            )
-        });
-    }
-    // A row skipped before results were written once: its job describes the case.
-    let job = row
-        .job
-        .with_context(|| format!("case `{}` has neither a result nor a job", row.test_case_id))?;
-    let job: Job = serde_json::from_str(&job)
-        .with_context(|| format!("stored job of case `{}` does not parse", row.test_case_id))?;
-    let reason = row
-        .details
-        .as_ref()
-        .and_then(|d| d.get("skipped"))
-        .and_then(Value::as_str)
-        .unwrap_or("skipped")
-        .to_string();
-    let mut r = JobResult::skipped(&job, &reason);
-    r.status = row.status;
-    Ok(r)
-}
-
-/// The stored summary of a finalised run.
-pub fn stored_summary(summary: Option<&Value>) -> Option<RunSummary> {
-    summary.and_then(|v| serde_json::from_value(v.clone()).ok())
 }

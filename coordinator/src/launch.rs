@@ -266,7 +266,7 @@ impl RunLauncher {
 
     /// The outputs a completed run recorded, by test case id (what a rescore grades again).
     async fn stored_outputs(&self, source: Uuid) -> Result<Givens, LaunchError> {
-        let results = crate::aggregate::load_results(&self.store, source)
+        let results = crate::results::load_results(&self.store, source)
             .await
             .map_err(|e| LaunchError::Corrupt {
                 run_id: source,

@@ -48,6 +48,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod parked;
 pub mod policy;
+pub mod results;
 pub mod routes;
 pub mod startup;
 pub mod state;

@@ -11,7 +11,7 @@ use skilleval_infra::store::lifecycle::StopReason;
 use skilleval_infra::store::versions::VersionRow;
 use uuid::Uuid;
 
-use crate::aggregate::stored_summary;
+use crate::results::stored_summary;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct UploadResponse {

@@ -12,10 +12,10 @@ use skilleval::llm::benchmark::{benchmark_json, benchmark_run, run_summary, Conf
 use skilleval_infra::store::comparisons::HistoryRow;
 use uuid::Uuid;
 
-use crate::aggregate::load_results;
 use crate::comparing::comparison_between;
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
+use crate::results::load_results;
 use crate::state::AppState;
 
 /// Versions per page when the request names no limit, and the most it may name.

@@ -18,11 +18,12 @@ use skilleval::plan::CaseFilter;
 use skilleval::report::{render_with, ReportContext, ReportFormat};
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
 
-use crate::aggregate::{load_results, stored_summary, variant_extras};
+use crate::aggregate::variant_extras;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
 use crate::launch::RunRequest;
+use crate::results::{load_results, stored_summary};
 use crate::routes::fields::{check_callback_url, check_repeats, check_trigger_runs, trigger_plan};
 use crate::state::AppState;
 use crate::views::{CancelResponse, CreateRunResponse, ResultPage, ResultView, RunView};

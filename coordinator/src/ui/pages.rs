@@ -24,10 +24,10 @@ use uuid::Uuid;
 
 use super::charts::{line_chart, sparkline};
 use super::{layout, layout_with_scripts, PageError};
-use crate::aggregate::stored_summary;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::parse_uuid;
+use crate::results::stored_summary;
 use crate::routes::reviews::{
     agreement_rows, criterion_score, store_reviews, AgreementRow, ReviewItem, ReviewsBody,
 };
