@@ -41,9 +41,11 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::comparing::regression_gate;
-use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
 use crate::results::{for_each_result, load_results};
+use crate::runs::planner::RunPlanner;
+use crate::runs::publish::RunPublisher;
+use crate::runs::sweep::RunSweeper;
 use crate::views::RunView;
 use crate::webhook::WebhookOutbox;
 
@@ -54,7 +56,9 @@ pub const RUN_FINISHED: &str = "run.finished";
 #[derive(Debug, Clone)]
 pub struct RunAggregator {
     store: Store,
-    launcher: RunLauncher,
+    planner: RunPlanner,
+    publisher: RunPublisher,
+    sweeper: RunSweeper,
     metrics: Arc<Metrics>,
     webhooks: Option<WebhookOutbox>,
 }
@@ -62,13 +66,17 @@ pub struct RunAggregator {
 impl RunAggregator {
     pub fn new(
         store: Store,
-        launcher: RunLauncher,
+        planner: RunPlanner,
+        publisher: RunPublisher,
+        sweeper: RunSweeper,
         metrics: Arc<Metrics>,
         webhooks: Option<WebhookOutbox>,
     ) -> Self {
         RunAggregator {
             store,
-            launcher,
+            planner,
+            publisher,
+            sweeper,
             metrics,
             webhooks,
         }
@@ -105,14 +113,14 @@ impl RunAggregator {
             }
         }
         if state.awaits_write_off() {
-            let skipped = self.launcher.write_off(run_id).await?;
+            let skipped = self.sweeper.write_off(run_id).await?;
             if skipped > 0 {
                 tracing::info!(skipped, "wrote off the stopped run's remaining cases");
             }
             state = self.state(run_id).await?;
         }
         if state.is_live() && progress.capped && !state.awaits_finalising() {
-            self.launcher.release_logged(run_id).await;
+            self.publisher.release_logged(run_id).await;
         }
         if state.awaits_finalising() {
             self.finalise(run_id).await?;
@@ -132,7 +140,7 @@ impl RunAggregator {
     pub async fn sweep(&self) -> anyhow::Result<usize> {
         let stopped = self.store.runs_to_write_off(50).await?;
         for run_id in stopped {
-            if let Err(e) = self.launcher.write_off(run_id).await {
+            if let Err(e) = self.sweeper.write_off(run_id).await {
                 tracing::warn!(%run_id, error = %e, "writing off the stopped run failed; the next sweep retries");
             }
         }
@@ -236,7 +244,7 @@ impl RunAggregator {
             // reports with.
             let results = load_results(&self.store, run_id).await?;
             let triggers = if trigger_queries {
-                self.launcher.plan_of(run_id).await?.triggers().cloned()
+                self.planner.plan_of(run_id).await?.triggers().cloned()
             } else {
                 None
             };
@@ -298,7 +306,7 @@ impl RunAggregator {
             delivery = Some(self.store.enqueue_webhook(&mut tx, &webhook).await?);
         }
         tx.commit().await.context("committing the finalisation")?;
-        self.launcher.forget(run_id);
+        self.planner.forget(run_id);
         let outcome = if finalised.status == RunStatus::Cancelled {
             "cancelled"
         } else {

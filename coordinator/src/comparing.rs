@@ -23,8 +23,8 @@ use skilleval_infra::store::runs::RunRow;
 use skilleval_infra::store::Store;
 use uuid::Uuid;
 
-use crate::launch::read_definition;
 use crate::results::load_results;
+use crate::runs::definition::read_definition;
 
 /// Why a comparison could not be made.
 #[derive(Debug, thiserror::Error)]

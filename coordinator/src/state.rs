@@ -11,9 +11,11 @@ use skilleval_infra::store::Store;
 use crate::aggregate::RunAggregator;
 use crate::alerts::AlertScheduler;
 use crate::jobs::JobSink;
-use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
 use crate::policy::AccessPolicy;
+use crate::runs::planner::RunPlanner;
+use crate::runs::publish::RunPublisher;
+use crate::runs::sweep::RunSweeper;
 use crate::webhook::WebhookOutbox;
 
 /// Shared by every request: cheap to clone.
@@ -21,7 +23,12 @@ use crate::webhook::WebhookOutbox;
 pub struct AppState {
     pub store: Store,
     pub sink: Arc<dyn JobSink>,
-    pub launcher: RunLauncher,
+    /// Plans runs and keeps their plans.
+    pub planner: RunPlanner,
+    /// Publishes runs' jobs with confirms (creation, releases).
+    pub publisher: RunPublisher,
+    /// Resumes unfinished publishing and writes off stopped runs.
+    pub sweeper: RunSweeper,
     pub aggregator: RunAggregator,
     /// Sends the webhook outbox's deliveries.
     pub webhooks: WebhookOutbox,

@@ -18,7 +18,7 @@ use super::editor::find_version;
 use super::validation::stored_package;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::launch::read_definition;
+use crate::runs::definition::read_definition;
 use crate::state::AppState;
 
 /// Longest output accepted.

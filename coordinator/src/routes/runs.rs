@@ -22,9 +22,9 @@ use crate::aggregate::variant_extras;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
-use crate::launch::RunRequest;
 use crate::results::{load_results, stored_summary};
 use crate::routes::fields::{check_callback_url, check_repeats, check_trigger_runs, trigger_plan};
+use crate::runs::plan::RunRequest;
 use crate::state::AppState;
 use crate::views::{CancelResponse, CreateRunResponse, ResultPage, ResultView, RunView};
 
@@ -178,7 +178,7 @@ pub async fn create(
     }
     let cases = state.store.version_cases(request.version_id).await?;
     let slot = crate::access::reserve_run(&state, &principal, cases).await?;
-    let inserted = state.launcher.create(&request).await?;
+    let inserted = state.publisher.create(&request).await?;
     drop(slot);
     Ok((
         StatusCode::ACCEPTED,
@@ -196,7 +196,7 @@ pub async fn create(
 async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::Value, ApiError> {
     let prepared = {
         let mut conn = state.store.pool().acquire().await?;
-        state.launcher.prepare_stored(&mut conn, request).await?
+        state.planner.prepare_stored(&mut conn, request).await?
     };
     let registry = skilleval::strategy::StrategyRegistry::builtin().build();
     let mut counts = CallCounts::default();
@@ -350,7 +350,7 @@ pub async fn results(
     if matches!(status, None | Some(CaseStatus::Queued))
         && run.counters.completed < run.counters.total
     {
-        let pending = state.launcher.pending_after(run_id, after, wanted).await?;
+        let pending = state.planner.pending_after(run_id, after, wanted).await?;
         rows.extend(pending.iter().map(pending_row));
         rows.sort_by_key(|r| (r.case_index, r.variant));
         rows.truncate(wanted);
@@ -458,7 +458,7 @@ pub async fn report(
     let all = load_results(&state.store, run_id).await?;
     // The run proper is its with-skill attempts; a baseline and repeats add their sections.
     let triggers = if all.iter().any(is_trigger_result) {
-        state.launcher.plan_of(run_id).await?.triggers().cloned()
+        state.planner.plan_of(run_id).await?.triggers().cloned()
     } else {
         None
     };
@@ -500,7 +500,7 @@ pub(crate) async fn cancel_run(
     if let Err(e) = state.store.cancel(run_id).await {
         return Ok(Err(e));
     }
-    let skipped = state.launcher.write_off(run_id).await?;
+    let skipped = state.sweeper.write_off(run_id).await?;
     if let Err(e) = state.aggregator.finalise(run_id).await {
         tracing::warn!(%run_id, error = ?e, "finalising the cancelled run failed; the sweep retries");
     }
@@ -648,7 +648,7 @@ pub async fn rescore(
     if body.dry_run {
         let prepared = {
             let mut conn = state.store.pool().acquire().await?;
-            state.launcher.prepare_stored(&mut conn, &request).await?
+            state.planner.prepare_stored(&mut conn, &request).await?
         };
         let registry = skilleval::strategy::StrategyRegistry::builtin().build();
         let mut counts = CallCounts::default();
@@ -679,7 +679,7 @@ pub async fn rescore(
     }
     let cases = state.store.version_cases(version_id).await?;
     let slot = crate::access::reserve_run(&state, &principal, cases).await?;
-    let inserted = state.launcher.create(&request).await?;
+    let inserted = state.publisher.create(&request).await?;
     drop(slot);
     Ok((
         StatusCode::ACCEPTED,

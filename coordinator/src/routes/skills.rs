@@ -28,7 +28,7 @@ use super::validation::{open_package, package_error, Opening};
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
-use crate::launch::{PlannedVersion, RunRequest};
+use crate::runs::plan::{PlannedVersion, RunRequest};
 use crate::state::AppState;
 use crate::views::{UploadResponse, VersionList, VersionView};
 use skilleval_infra::store::lifecycle::RunKind;
@@ -262,8 +262,8 @@ pub async fn upload(
             package_hash: package.content_hash.clone(),
             definition: Arc::new(definition),
         };
-        let prepared = state.launcher.prepare(version, &request)?;
-        let inserted = state.launcher.insert(&mut tx, &prepared).await?;
+        let prepared = state.planner.prepare(version, &request)?;
+        let inserted = state.planner.insert(&mut tx, &prepared).await?;
         Some((prepared, inserted))
     } else {
         None
@@ -279,7 +279,7 @@ pub async fn upload(
     let run_id = inserted.as_ref().map(|(_, inserted)| inserted.run_id());
     if let Some((prepared, inserted)) = inserted {
         // Published in the background: the upload answers now.
-        drop(state.launcher.start(prepared, inserted));
+        drop(state.publisher.start(prepared, inserted));
     }
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
