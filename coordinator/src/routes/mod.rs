@@ -22,7 +22,7 @@ use crate::state::AppState;
 pub mod admin;
 pub mod comparisons;
 pub mod editor;
-pub(crate) mod fields;
+pub mod fields;
 pub mod health;
 pub mod history;
 pub mod monitoring;

@@ -61,14 +61,16 @@ pub struct CreateRunBody {
     /// Also run each case without the skill (the runner leaves it out) and report the uplift.
     #[serde(default)]
     pub baseline: bool,
-    /// Attempts per case (pass@k, pass^k, flaky cases); 1 to [`MAX_REPEATS`](super::fields::MAX_REPEATS). Signed so that
-    /// a negative value reaches the range check and its message, not a type error.
+    /// Attempts per case (pass@k, pass^k, flaky cases); 1 to
+    /// [`MAX_REPEATS`](super::fields::MAX_REPEATS). Signed so that a negative value reaches
+    /// the range check and its message, not a type error.
     #[serde(default)]
     pub repeats: Option<i64>,
     /// Also run the package's trigger evals (precision, recall, F1 of selecting the skill).
     #[serde(default)]
     pub triggers: bool,
-    /// Runs per trigger query (1 to [`MAX_TRIGGER_RUNS`](super::fields::MAX_TRIGGER_RUNS); default 3); implies `triggers`.
+    /// Runs per trigger query (1 to [`MAX_TRIGGER_RUNS`](super::fields::MAX_TRIGGER_RUNS);
+    /// default 3); implies `triggers`.
     #[serde(default)]
     pub trigger_runs: Option<i64>,
 }
