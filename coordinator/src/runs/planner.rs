@@ -2,10 +2,10 @@
 //! plan back to whoever publishes it, writes it off or lists its pending cases.
 //!
 //! This is the one place that chooses a kind's module, by the lifecycle's [`Planning`] of the
-//! run's kind (see [`crate::runs::plan`]). A plan is kept in memory while its run is created,
-//! released under a cap or written off, and read again from the run's row otherwise (after a
-//! restart, on another replica), which gives the same plan: the row records what planning it
-//! needs.
+//! run's kind (see [`crate::runs::plan`]). A plan is kept in memory from the run's creation
+//! (or its first read) until the run is written off or finalised, a bounded number of them,
+//! and read again from the run's row otherwise (after a restart, on another replica), which
+//! gives the same plan: the row records what planning it needs.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
