@@ -5,7 +5,6 @@
 //! (uploads per hour, concurrent runs, cases and spend per day) are counted in PostgreSQL by
 //! the handlers that create uploads and runs, so they hold across replicas.
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
@@ -13,14 +12,10 @@ use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, Utc};
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use skilleval_infra::config::{QuotaLimits, QuotaSettings};
 use skilleval_infra::store::tenancy::{QuotaKind, Scope, Usage, Viewer};
 
 use crate::auth::{
-    bearer, challenge, cookie_token, cross_site_refusal, identify, is_open, same_origin,
-    AuthConfig, Principal,
+    bearer, challenge, cookie_token, cross_site_refusal, identify, is_open, same_origin, Principal,
 };
 use crate::error::ApiError;
 use crate::metrics::LimitLabels;
@@ -36,54 +31,6 @@ const CREATION_WAIT: Duration = Duration::from_secs(5);
 
 /// What a concurrent-runs refusal suggests waiting: runs have no fixed end.
 const CONCURRENT_RETRY_SECS: u64 = 30;
-
-/// Authentication settings, limits and the per-second limiters (process-local: each replica
-/// allows the configured rate, documented).
-pub struct Access {
-    pub auth: AuthConfig,
-    pub quotas: QuotaSettings,
-    publisher_rate: Option<DefaultKeyedRateLimiter<String>>,
-    token_rate: Option<DefaultKeyedRateLimiter<String>>,
-}
-
-impl std::fmt::Debug for Access {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Access")
-            .field("auth", &self.auth)
-            .field("quotas", &self.quotas)
-            .finish_non_exhaustive()
-    }
-}
-
-fn limiter(limits: &QuotaLimits) -> Option<DefaultKeyedRateLimiter<String>> {
-    let per_second = NonZeroU32::new(limits.requests_per_second?)?;
-    Some(RateLimiter::keyed(Quota::per_second(per_second)))
-}
-
-impl Access {
-    pub fn new(auth: AuthConfig, quotas: QuotaSettings) -> Self {
-        Access {
-            publisher_rate: limiter(&quotas.publisher),
-            token_rate: limiter(&quotas.token),
-            auth,
-            quotas,
-        }
-    }
-}
-
-impl Access {
-    /// Forgets the per-second state of publishers and tokens idle long enough to be back at
-    /// a full burst (the keyed limiters would otherwise keep one entry per key ever seen).
-    pub fn forget_idle(&self) {
-        for limiter in [&self.publisher_rate, &self.token_rate]
-            .into_iter()
-            .flatten()
-        {
-            limiter.retain_recent();
-            limiter.shrink_to_fit();
-        }
-    }
-}
 
 /// The scope a route needs (`None`: no route matched; the fallback answers 404).
 fn required_scope(method: &Method, route: &str) -> Option<Scope> {
@@ -178,36 +125,15 @@ fn retry_secs(wait: Duration) -> u64 {
 
 /// The per-second limits of the principal's publisher and token.
 fn check_rate(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
-    let access = &state.access;
-    let clock = DefaultClock::default();
-    // The keys are made only for the limits that are configured.
-    let publisher_key: fn(&Principal) -> String = |p| p.publisher_id.to_string();
-    let token_key: fn(&Principal) -> String = Principal::token_key;
-    let checks = [
-        (
-            &access.publisher_rate,
-            publisher_key,
-            "coordinator.quotas.publisher.requests_per_second",
-        ),
-        (
-            &access.token_rate,
-            token_key,
-            "coordinator.quotas.token.requests_per_second",
-        ),
-    ];
-    for (limiter, key, name) in checks {
-        let Some(limiter) = limiter else { continue };
-        if let Err(not_until) = limiter.check_key(&key(principal)) {
-            let wait = not_until.wait_time_from(clock.now());
-            return Err(refuse(
-                state,
-                name,
-                "too many requests per second",
-                retry_secs(wait),
-            ));
-        }
+    match state.access.rate_limited(principal) {
+        Some((name, wait)) => Err(refuse(
+            state,
+            name,
+            "too many requests per second",
+            retry_secs(wait),
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// A 429 naming the limit, counted in `skilleval_coordinator_quota_refused{limit}`.

@@ -18,14 +18,11 @@
 
 use std::sync::Arc;
 
-use crate::db::CaseRow;
 use anyhow::Context as _;
-use futures::TryStreamExt as _;
 use serde_json::{json, Value};
 use skilleval_analysis::benchmark::Extras;
 use skilleval_analysis::budget::mark_stopped;
-use skilleval_analysis::summary::{RunSummary, Summarizer, Verdict};
-use skilleval_execution::plan::Job;
+use skilleval_analysis::summary::{Summarizer, Verdict};
 use skilleval_execution::result::NO_BASELINE;
 use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_execution::runner::trigger::{is_trigger_result, trigger_report, TriggerPlan};
@@ -45,8 +42,11 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::comparing::regression_gate;
-use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
+use crate::results::{for_each_result, load_results};
+use crate::runs::planner::RunPlanner;
+use crate::runs::publish::RunPublisher;
+use crate::runs::sweep::RunSweeper;
 use crate::views::RunView;
 use crate::webhook::WebhookOutbox;
 
@@ -57,7 +57,9 @@ pub const RUN_FINISHED: &str = "run.finished";
 #[derive(Debug, Clone)]
 pub struct RunAggregator {
     store: Store,
-    launcher: RunLauncher,
+    planner: RunPlanner,
+    publisher: RunPublisher,
+    sweeper: RunSweeper,
     metrics: Arc<Metrics>,
     webhooks: Option<WebhookOutbox>,
 }
@@ -65,13 +67,17 @@ pub struct RunAggregator {
 impl RunAggregator {
     pub fn new(
         store: Store,
-        launcher: RunLauncher,
+        planner: RunPlanner,
+        publisher: RunPublisher,
+        sweeper: RunSweeper,
         metrics: Arc<Metrics>,
         webhooks: Option<WebhookOutbox>,
     ) -> Self {
         RunAggregator {
             store,
-            launcher,
+            planner,
+            publisher,
+            sweeper,
             metrics,
             webhooks,
         }
@@ -108,14 +114,14 @@ impl RunAggregator {
             }
         }
         if state.awaits_write_off() {
-            let skipped = self.launcher.write_off(run_id).await?;
+            let skipped = self.sweeper.write_off(run_id).await?;
             if skipped > 0 {
                 tracing::info!(skipped, "wrote off the stopped run's remaining cases");
             }
             state = self.state(run_id).await?;
         }
         if state.is_live() && progress.capped && !state.awaits_finalising() {
-            self.launcher.release_logged(run_id).await;
+            self.publisher.release_logged(run_id).await;
         }
         if state.awaits_finalising() {
             self.finalise(run_id).await?;
@@ -135,7 +141,7 @@ impl RunAggregator {
     pub async fn sweep(&self) -> anyhow::Result<usize> {
         let stopped = self.store.runs_to_write_off(50).await?;
         for run_id in stopped {
-            if let Err(e) = self.launcher.write_off(run_id).await {
+            if let Err(e) = self.sweeper.write_off(run_id).await {
                 tracing::warn!(%run_id, error = %e, "writing off the stopped run failed; the next sweep retries");
             }
         }
@@ -239,7 +245,7 @@ impl RunAggregator {
             // reports with.
             let results = load_results(&self.store, run_id).await?;
             let triggers = if trigger_queries {
-                self.launcher.plan_of(run_id).await?.triggers().cloned()
+                self.planner.plan_of(run_id).await?.triggers().cloned()
             } else {
                 None
             };
@@ -301,7 +307,7 @@ impl RunAggregator {
             delivery = Some(self.store.enqueue_webhook(&mut tx, &webhook).await?);
         }
         tx.commit().await.context("committing the finalisation")?;
-        self.launcher.forget(run_id);
+        self.planner.forget(run_id);
         let outcome = if finalised.status == RunStatus::Cancelled {
             "cancelled"
         } else {
@@ -377,57 +383,4 @@ pub fn variant_extras(
     out.markdown = extras.markdown() + &out.markdown;
     out.benchmark = Some(extras.benchmark_json(&run.skill, &run.created_at.to_rfc3339(), &notes));
     out
-}
-
-/// Every recorded result of a run in case order.
-pub async fn load_results(store: &Store, run_id: Uuid) -> anyhow::Result<Vec<JobResult>> {
-    let mut results = Vec::new();
-    for_each_result(store, run_id, |r| results.push(r)).await?;
-    Ok(results)
-}
-
-/// Hands every result of a run to `f` in case order, streamed: one row in hand at a time.
-pub async fn for_each_result(
-    store: &Store,
-    run_id: Uuid,
-    mut f: impl FnMut(JobResult),
-) -> anyhow::Result<()> {
-    let rows = store.case_rows(run_id);
-    futures::pin_mut!(rows);
-    while let Some(row) = rows.try_next().await? {
-        f(job_result(row)?);
-    }
-    Ok(())
-}
-
-fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
-    if let Some(result) = row.result {
-        return serde_json::from_str(&result).with_context(|| {
-            format!(
-                "stored result of case `{}` does not parse",
-                row.test_case_id
-            )
-        });
-    }
-    // A row skipped before results were written once: its job describes the case.
-    let job = row
-        .job
-        .with_context(|| format!("case `{}` has neither a result nor a job", row.test_case_id))?;
-    let job: Job = serde_json::from_str(&job)
-        .with_context(|| format!("stored job of case `{}` does not parse", row.test_case_id))?;
-    let reason = row
-        .details
-        .as_ref()
-        .and_then(|d| d.get("skipped"))
-        .and_then(Value::as_str)
-        .unwrap_or("skipped")
-        .to_string();
-    let mut r = JobResult::skipped(&job, &reason);
-    r.status = row.status;
-    Ok(r)
-}
-
-/// The stored summary of a finalised run.
-pub fn stored_summary(summary: Option<&Value>) -> Option<RunSummary> {
-    summary.and_then(|v| serde_json::from_value(v.clone()).ok())
 }

@@ -24,8 +24,8 @@ use skilleval_model::gate::GateConfig;
 use skilleval_providers::client::LlmClient;
 use uuid::Uuid;
 
-use crate::aggregate::load_results;
-use crate::launch::read_definition;
+use crate::results::load_results;
+use crate::runs::definition::read_definition;
 
 /// Why a comparison could not be made.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use skilleval_execution::plan::PlanError;
 
 use skilleval_infra::store::StoreError;
 
-use crate::launch::LaunchError;
+use crate::runs::error::LaunchError;
 
 /// An HTTP error response (boxed: handlers return it in `Result`s, keep those small).
 #[derive(Debug)]

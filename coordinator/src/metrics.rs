@@ -43,6 +43,40 @@ pub struct QueueLabels {
     pub queue: String,
 }
 
+/// What one webhook delivery attempt came to, as the metrics count it. Defined with the
+/// metrics, which report every outcome from the start; the webhook outbox
+/// ([`crate::webhook`]) says which one each attempt was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookOutcome {
+    /// 2xx: the delivery is `delivered`.
+    Delivered,
+    /// Failed, another attempt is scheduled.
+    Retried,
+    /// A 4xx the receiver will repeat: the delivery is `failed`.
+    Rejected,
+    /// The last attempt failed: the delivery is `failed`.
+    GaveUp,
+}
+
+impl WebhookOutcome {
+    /// Every outcome (the metrics report each, at 0 until it happens).
+    pub const ALL: [WebhookOutcome; 4] = [
+        WebhookOutcome::Delivered,
+        WebhookOutcome::Retried,
+        WebhookOutcome::Rejected,
+        WebhookOutcome::GaveUp,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookOutcome::Delivered => "delivered",
+            WebhookOutcome::Retried => "retried",
+            WebhookOutcome::Rejected => "rejected",
+            WebhookOutcome::GaveUp => "gave_up",
+        }
+    }
+}
+
 /// Every metric the coordinator exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -205,7 +239,7 @@ impl Metrics {
         );
         // Every outcome exists from the start (at zero), so `rate()` and alerts see the series
         // before the first failure.
-        for outcome in crate::webhook::Outcome::ALL {
+        for outcome in WebhookOutcome::ALL {
             let _ = webhooks.get_or_create(&OutcomeLabels {
                 outcome: outcome.as_str().into(),
             });

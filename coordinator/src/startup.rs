@@ -17,16 +17,18 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::access::Access;
 use crate::aggregate::RunAggregator;
 use crate::alerts::AlertScheduler;
 use crate::auth::{AuthConfig, Tokens};
 use crate::broker::{consume, consume_events, BrokerJobSink};
 use crate::jobs::JobSink;
-use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
 use crate::parked::{ParkingDrain, PARKING_PREFETCH};
+use crate::policy::AccessPolicy;
 use crate::routes::router;
+use crate::runs::planner::RunPlanner;
+use crate::runs::publish::RunPublisher;
+use crate::runs::sweep::RunSweeper;
 use crate::state::AppState;
 use crate::webhook::{WebhookOutbox, WebhookPolicy};
 
@@ -72,9 +74,17 @@ impl Application {
         store.migrate().await?;
         let sink: Arc<dyn JobSink> = BrokerJobSink::connect(&settings).await?;
         let metrics = Metrics::new();
-        let launcher = RunLauncher::new(
+        let planner = RunPlanner::new(store.clone());
+        let publisher = RunPublisher::new(
             store.clone(),
+            planner.clone(),
             sink.clone(),
+            metrics.clone(),
+        );
+        let sweeper = RunSweeper::new(
+            store.clone(),
+            planner.clone(),
+            publisher.clone(),
             metrics.clone(),
             Duration::from_secs(settings.coordinator.publish_grace_secs),
         );
@@ -94,7 +104,9 @@ impl Application {
         )?;
         let aggregator = RunAggregator::new(
             store.clone(),
-            launcher.clone(),
+            planner.clone(),
+            publisher.clone(),
+            sweeper.clone(),
             metrics.clone(),
             Some(webhooks.clone()),
         );
@@ -108,7 +120,9 @@ impl Application {
         let state = AppState {
             store,
             sink,
-            launcher,
+            planner,
+            publisher,
+            sweeper,
             aggregator,
             webhooks,
             alerts,
@@ -117,7 +131,7 @@ impl Application {
             limits: Arc::new(settings.limits.clone()),
             max_upload_bytes: settings.coordinator.max_upload_bytes,
             sampling: settings.coordinator.sampling.clone(),
-            access: Arc::new(Access::new(
+            access: Arc::new(AccessPolicy::new(
                 AuthConfig {
                     tokens: Tokens::new(
                         settings.coordinator.auth_tokens.iter().map(|t| t.expose()),
@@ -151,7 +165,8 @@ impl Application {
         self.port
     }
 
-    /// The shared state (tests drive the launcher and aggregator through it).
+    /// The shared state (tests drive the planner, publisher, sweeper and aggregator through
+    /// it).
     pub fn state(&self) -> &AppState {
         &self.state
     }
@@ -229,7 +244,7 @@ fn spawn_background(
         shutdown.clone(),
     ));
     let interval = Duration::from_secs(settings.coordinator.sweep_interval_secs.max(1));
-    let launcher = state.launcher.clone();
+    let sweeper = state.sweeper.clone();
     let aggregator = state.aggregator.clone();
     let store = state.store.clone();
     let metrics = state.metrics.clone();
@@ -245,7 +260,7 @@ fn spawn_background(
                 () = token.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if let Err(e) = launcher.sweep_unpublished().await {
+            if let Err(e) = sweeper.sweep_unpublished().await {
                 tracing::warn!(error = ?e, "publish sweep failed");
             }
             match aggregator.sweep().await {

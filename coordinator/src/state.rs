@@ -8,12 +8,14 @@ use skilleval_infra::store::Store;
 use skilleval_model::package::risk::RiskPolicy;
 use skilleval_model::package::PackageLimits;
 
-use crate::access::Access;
 use crate::aggregate::RunAggregator;
 use crate::alerts::AlertScheduler;
 use crate::jobs::JobSink;
-use crate::launch::RunLauncher;
 use crate::metrics::Metrics;
+use crate::policy::AccessPolicy;
+use crate::runs::planner::RunPlanner;
+use crate::runs::publish::RunPublisher;
+use crate::runs::sweep::RunSweeper;
 use crate::webhook::WebhookOutbox;
 
 /// Shared by every request: cheap to clone.
@@ -21,7 +23,12 @@ use crate::webhook::WebhookOutbox;
 pub struct AppState {
     pub store: Store,
     pub sink: Arc<dyn JobSink>,
-    pub launcher: RunLauncher,
+    /// Plans runs and keeps their plans.
+    pub planner: RunPlanner,
+    /// Publishes runs' jobs with confirms (creation, releases).
+    pub publisher: RunPublisher,
+    /// Resumes unfinished publishing and writes off stopped runs.
+    pub sweeper: RunSweeper,
     pub aggregator: RunAggregator,
     /// Sends the webhook outbox's deliveries.
     pub webhooks: WebhookOutbox,
@@ -35,8 +42,8 @@ pub struct AppState {
     pub max_upload_bytes: u64,
     /// `coordinator.sampling`: ingest limits, retention, alert schedule.
     pub sampling: SamplingSettings,
-    /// Authentication, scopes, quotas and rate limits (`crate::access`).
-    pub access: Arc<Access>,
+    /// Authentication, quotas and rate limits, applied to each request by `crate::access`.
+    pub access: Arc<AccessPolicy>,
     /// `coordinator.risk`: which package risk findings refuse an upload.
     pub risk_policy: RiskPolicy,
     /// The model providers (`llm.providers`) the blind comparator of `POST /v1/comparisons`

@@ -11,7 +11,7 @@ use skilleval_model::package::RiskReport;
 use skilleval_model::problem::Problem;
 use uuid::Uuid;
 
-use crate::aggregate::stored_summary;
+use crate::results::stored_summary;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct UploadResponse {

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, WebhookOutcome};
 
 /// The header that carries the signature.
 pub const SIGNATURE_HEADER: &str = "X-Skilleval-Signature";
@@ -126,38 +126,6 @@ impl WebhookPolicy {
             .min(self.max_delay);
         let jitter = rand::thread_rng().gen_range(0.5..=1.0);
         raw.mul_f64(jitter)
-    }
-}
-
-/// What one attempt came to, as the metrics count it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// 2xx: the delivery is `delivered`.
-    Delivered,
-    /// Failed, another attempt is scheduled.
-    Retried,
-    /// A 4xx the receiver will repeat: the delivery is `failed`.
-    Rejected,
-    /// The last attempt failed: the delivery is `failed`.
-    GaveUp,
-}
-
-impl Outcome {
-    /// Every outcome (the metrics report each, at 0 until it happens).
-    pub const ALL: [Outcome; 4] = [
-        Outcome::Delivered,
-        Outcome::Retried,
-        Outcome::Rejected,
-        Outcome::GaveUp,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Delivered => "delivered",
-            Outcome::Retried => "retried",
-            Outcome::Rejected => "rejected",
-            Outcome::GaveUp => "gave_up",
-        }
     }
 }
 
@@ -292,7 +260,11 @@ impl WebhookOutbox {
     }
 
     /// POSTs the delivery once.
-    async fn send(&self, claimed: &ClaimedWebhook, attempt: u32) -> (Outcome, AttemptOutcome) {
+    async fn send(
+        &self,
+        claimed: &ClaimedWebhook,
+        attempt: u32,
+    ) -> (WebhookOutcome, AttemptOutcome) {
         let mut request = self
             .client
             .post(&claimed.url)
@@ -309,7 +281,7 @@ impl WebhookOutbox {
                 if status.is_success() {
                     tracing::info!(status = status.as_u16(), "webhook delivered");
                     return (
-                        Outcome::Delivered,
+                        WebhookOutcome::Delivered,
                         AttemptOutcome::Delivered {
                             status: status.as_u16(),
                         },
@@ -321,7 +293,7 @@ impl WebhookOutbox {
                 if !retryable {
                     tracing::warn!(status = status.as_u16(), "webhook rejected by the receiver");
                     return (
-                        Outcome::Rejected,
+                        WebhookOutcome::Rejected,
                         AttemptOutcome::Failed {
                             status: Some(status.as_u16()),
                             error: format!("HTTP {status}"),
@@ -334,12 +306,15 @@ impl WebhookOutbox {
         };
         if attempt >= self.policy.max_attempts {
             tracing::warn!(%error, "webhook delivery gave up");
-            return (Outcome::GaveUp, AttemptOutcome::Failed { status, error });
+            return (
+                WebhookOutcome::GaveUp,
+                AttemptOutcome::Failed { status, error },
+            );
         }
         let after = self.policy.delay(attempt + 1);
         tracing::info!(%error, retry_in = ?after, "webhook attempt failed; will retry");
         (
-            Outcome::Retried,
+            WebhookOutcome::Retried,
             AttemptOutcome::Retry {
                 status,
                 error,

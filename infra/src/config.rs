@@ -25,6 +25,13 @@ use skilleval_model::package::PackageLimits;
 use skilleval_providers::Providers;
 use skilleval_sandbox::SandboxPolicy;
 
+/// `x-delivery-limit` of the jobs queue ([`crate::topology`] declares it). A constant, not a
+/// setting: both binaries declare the queue, and a declaration with different arguments than
+/// the existing queue's fails, so the arguments must not depend on configuration that could
+/// differ between them. It is defined here, below the topology, because
+/// `worker.max_redeliveries` is checked against it when the settings load.
+pub const DELIVERY_LIMIT: u32 = 20;
+
 /// The longest AMQP heartbeat allowed: a dead peer must be noticed within seconds, not minutes.
 pub const MAX_HEARTBEAT_SECS: u16 = 15;
 
@@ -734,12 +741,12 @@ impl Settings {
                 "must be non-empty, positive and strictly increasing",
             );
         }
-        if self.worker.max_redeliveries >= crate::topology::DELIVERY_LIMIT {
+        if self.worker.max_redeliveries >= DELIVERY_LIMIT {
             return invalid(
                 "worker.max_redeliveries",
                 &format!(
                     "must be below the jobs queue's delivery limit ({})",
-                    crate::topology::DELIVERY_LIMIT
+                    DELIVERY_LIMIT
                 ),
             );
         }

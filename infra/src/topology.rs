@@ -71,11 +71,9 @@ pub const PARKED_REASON_HEADER: &str = "x-skilleval-parked-reason";
 pub const PARKED_FROM_HEADER: &str = "x-skilleval-parked-from";
 /// W3C trace context header.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
-/// `x-delivery-limit` of the jobs queue. A constant, not a setting: both binaries declare the
-/// queue, and a declaration with different arguments than the existing queue's fails, so the
-/// arguments must not depend on configuration that could differ between them.
-/// `worker.max_redeliveries` must stay below it.
-pub const DELIVERY_LIMIT: u32 = 20;
+/// `x-delivery-limit` of the jobs queue, defined with the settings that must stay below it
+/// (here for the binaries and tests that declare or exercise the queue).
+pub use crate::config::DELIVERY_LIMIT;
 /// Messages the coordinator's events queue keeps while nobody consumes it (oldest dropped).
 const EVENTS_QUEUE_MAX_LENGTH: i64 = 1_000_000;
 

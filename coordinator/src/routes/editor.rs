@@ -4,7 +4,7 @@
 //! An edited definition always becomes `eval/tests.json` (v2, the canonical model every
 //! format converts into); the package's other eval files are dropped, as for a rescore's
 //! inline `eval_config`. The rebuilt ZIP is validated by the upload's own code
-//! ([`super::skills::open_package`]) before it is handed out.
+//! ([`super::validation::open_package`]) before it is handed out.
 
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use skilleval_model::package::{EvalFormat, Package, PackageError, PackageLimits};
 
 use super::package_files;
-use super::skills::{open_package, package_error, Opening};
+use super::validation::{open_package, package_error, stored_package, Opening};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::state::AppState;
@@ -48,15 +48,6 @@ pub(crate) async fn find_version(
         .await?
         .ok_or_else(|| ApiError::not_found("version", row.version_id))?;
     Ok(Some(version))
-}
-
-/// The stored ZIP of a package the store lists (a 500 if it is gone: the rows reference it).
-pub(crate) async fn stored_package(state: &AppState, hash: &str) -> Result<Vec<u8>, ApiError> {
-    state
-        .store
-        .package_bytes(hash)
-        .await?
-        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("package {hash} is gone")))
 }
 
 /// The stored package (hash, ZIP bytes) of `name`'s version labelled `label`.

@@ -13,10 +13,10 @@ use skilleval_execution::variant::Configuration;
 use skilleval_infra::store::comparisons::HistoryRow;
 use uuid::Uuid;
 
-use crate::aggregate::load_results;
 use crate::comparing::comparison_between;
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
+use crate::results::load_results;
 use crate::state::AppState;
 
 /// Versions per page when the request names no limit, and the most it may name.

@@ -22,6 +22,7 @@ use crate::state::AppState;
 pub mod admin;
 pub mod comparisons;
 pub mod editor;
+pub mod fields;
 pub mod health;
 pub mod history;
 pub mod monitoring;
@@ -31,6 +32,7 @@ pub mod reviews;
 pub mod runs;
 pub mod skills;
 pub mod tenancy;
+pub(crate) mod validation;
 
 /// Longest a request may take (uploads included) before it gets a 408.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);

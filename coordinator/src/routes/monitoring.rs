@@ -40,8 +40,8 @@ use uuid::Uuid;
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiQuery};
-use crate::launch::SamplesRun;
-use crate::routes::skills::check_callback_url;
+use crate::routes::fields::check_callback_url;
+use crate::runs::samples::SamplesRun;
 use crate::state::AppState;
 
 /// The configuration keys named in 413 responses.
@@ -402,7 +402,7 @@ pub async fn ingest(
             .latest_version(&mut tx, skill_id)
             .await?
             .ok_or_else(|| ApiError::internal(anyhow::anyhow!("skill has no version")))?;
-        let prepared = state.launcher.prepare_samples(SamplesRun {
+        let prepared = state.planner.prepare_samples(SamplesRun {
             skill_id,
             version_id,
             package_hash,
@@ -411,7 +411,7 @@ pub async fn ingest(
             selection,
             total: usize::try_from(out.sampled).unwrap_or(usize::MAX),
         });
-        let inserted = state.launcher.insert(&mut tx, &prepared).await?;
+        let inserted = state.planner.insert(&mut tx, &prepared).await?;
         out.run_id = Some(prepared.run_id);
         state
             .store
@@ -433,7 +433,7 @@ pub async fn ingest(
     tx.commit().await?;
     if let Some((prepared, inserted)) = started {
         // Published in the background on the samples lane: the batch is answered now.
-        drop(state.launcher.start(prepared, inserted));
+        drop(state.publisher.start(prepared, inserted));
     }
     Ok(Json(out))
 }

@@ -14,10 +14,11 @@ use skilleval_execution::plan::CaseFilter;
 use skilleval_model::definition::{Given, RunnerConfig};
 use skilleval_model::package::Package;
 
-use super::editor::{find_version, stored_package};
+use super::editor::find_version;
+use super::validation::stored_package;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::launch::read_definition;
+use crate::runs::definition::read_definition;
 use crate::state::AppState;
 
 /// Longest output accepted.
@@ -70,9 +71,9 @@ pub async fn preview(
                 "must be a JSON object (an eval/tests.json v2)",
             ))
         }
-        Some(d) => {
-            Some(crate::routes::skills::inline_definition(&state, &version.package_hash, d).await?)
-        }
+        Some(d) => Some(
+            crate::routes::validation::inline_definition(&state, &version.package_hash, d).await?,
+        ),
     };
     let limits = state.limits.clone();
     let case_id = body.test_case_id.clone();

@@ -10,7 +10,7 @@ use serde_json::json;
 use skilleval_analysis::forecast::{forecast, CallCounts, Measured, Shape};
 use skilleval_execution::plan::CaseFilter;
 use skilleval_execution::result::{CaseStatus, JobResult};
-use skilleval_execution::runner::trigger::{is_trigger_result, TriggerPlan};
+use skilleval_execution::runner::trigger::is_trigger_result;
 use skilleval_execution::variant::{Configuration, Variant};
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus, TransitionError};
 use skilleval_model::definition::RunnerSpec;
@@ -18,12 +18,13 @@ use skilleval_model::gate::GateSpec;
 use skilleval_model::package::RiskReport;
 use skilleval_reports::{render_with, ReportContext, ReportFormat};
 
-use crate::aggregate::{load_results, stored_summary, variant_extras};
+use crate::aggregate::variant_extras;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
-use crate::launch::RunRequest;
-use crate::routes::skills::check_callback_url;
+use crate::results::{load_results, stored_summary};
+use crate::routes::fields::{check_callback_url, check_repeats, check_trigger_runs, trigger_plan};
+use crate::runs::plan::RunRequest;
 use crate::state::AppState;
 use crate::views::{CancelResponse, CreateRunResponse, ResultPage, ResultView, RunView};
 
@@ -60,57 +61,18 @@ pub struct CreateRunBody {
     /// Also run each case without the skill (the runner leaves it out) and report the uplift.
     #[serde(default)]
     pub baseline: bool,
-    /// Attempts per case (pass@k, pass^k, flaky cases); 1 to [`MAX_REPEATS`]. Signed so that
-    /// a negative value reaches the range check and its message, not a type error.
+    /// Attempts per case (pass@k, pass^k, flaky cases); 1 to
+    /// [`MAX_REPEATS`](super::fields::MAX_REPEATS). Signed so that a negative value reaches
+    /// the range check and its message, not a type error.
     #[serde(default)]
     pub repeats: Option<i64>,
     /// Also run the package's trigger evals (precision, recall, F1 of selecting the skill).
     #[serde(default)]
     pub triggers: bool,
-    /// Runs per trigger query (1 to [`MAX_TRIGGER_RUNS`]; default 3); implies `triggers`.
+    /// Runs per trigger query (1 to [`MAX_TRIGGER_RUNS`](super::fields::MAX_TRIGGER_RUNS);
+    /// default 3); implies `triggers`.
     #[serde(default)]
     pub trigger_runs: Option<i64>,
-}
-
-/// The most attempts per case a run may ask for.
-pub const MAX_REPEATS: i64 = 20;
-/// The most runs per trigger query a run may ask for.
-pub const MAX_TRIGGER_RUNS: i64 = 10;
-
-fn invalid_triggers(field: &str, rule: &str) -> ApiError {
-    ApiError::unprocessable_field("invalid_triggers", field, rule)
-}
-
-/// Runs per trigger query in range (1 to [`MAX_TRIGGER_RUNS`]; absent: the CLI's default), or
-/// a 422 naming `field` and the rule.
-pub(crate) fn check_trigger_runs(field: &str, runs: Option<i64>) -> Result<u32, ApiError> {
-    match runs {
-        None => Ok(skilleval_execution::triggers::DEFAULT_RUNS_PER_QUERY),
-        Some(n) if (1..=MAX_TRIGGER_RUNS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
-        Some(_) => Err(invalid_triggers(
-            field,
-            &format!("must be an integer from 1 to {MAX_TRIGGER_RUNS}"),
-        )),
-    }
-}
-
-/// The trigger evals over the package's `queries`, or a 422 naming `field` when the package
-/// has no trigger file.
-pub(crate) fn trigger_plan(
-    field: &str,
-    runs_per_query: u32,
-    queries: Vec<skilleval_model::package::TriggerCase>,
-) -> Result<TriggerPlan, ApiError> {
-    if queries.is_empty() {
-        return Err(invalid_triggers(
-            field,
-            "the package has no trigger evals (eval/triggers.json or evals/triggers.json)",
-        ));
-    }
-    Ok(TriggerPlan {
-        queries,
-        runs_per_query,
-    })
 }
 
 /// The trigger eval queries of a stored version's package (opened from its stored ZIP).
@@ -136,23 +98,6 @@ async fn stored_triggers(
     .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?
     .map_err(|e| ApiError::internal(anyhow::anyhow!("the stored package does not open: {e}")))?;
     Ok(package.triggers)
-}
-
-/// `repeats` in range (1 to [`MAX_REPEATS`]; absent: 1), or a 422 naming `field` and the rule.
-pub(crate) fn check_repeats(field: &str, repeats: Option<i64>) -> Result<u32, ApiError> {
-    match repeats {
-        None => Ok(1),
-        Some(n) if (1..=MAX_REPEATS).contains(&n) => Ok(u32::try_from(n).unwrap_or(1)),
-        Some(_) => {
-            let rule = format!("must be an integer from 1 to {MAX_REPEATS}");
-            Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_repeats",
-                format!("`{field}`: {rule}"),
-            )
-            .with_details(json!({ "field": field, "rule": rule })))
-        }
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -235,7 +180,7 @@ pub async fn create(
     }
     let cases = state.store.version_cases(request.version_id).await?;
     let slot = crate::access::reserve_run(&state, &principal, cases).await?;
-    let inserted = state.launcher.create(&request).await?;
+    let inserted = state.publisher.create(&request).await?;
     drop(slot);
     Ok((
         StatusCode::ACCEPTED,
@@ -253,7 +198,7 @@ pub async fn create(
 async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::Value, ApiError> {
     let prepared = {
         let mut conn = state.store.pool().acquire().await?;
-        state.launcher.prepare_stored(&mut conn, request).await?
+        state.planner.prepare_stored(&mut conn, request).await?
     };
     let registry = skilleval_grading::StrategyRegistry::builtin().build();
     let mut counts = CallCounts::default();
@@ -407,7 +352,7 @@ pub async fn results(
     if matches!(status, None | Some(CaseStatus::Queued))
         && run.counters.completed < run.counters.total
     {
-        let pending = state.launcher.pending_after(run_id, after, wanted).await?;
+        let pending = state.planner.pending_after(run_id, after, wanted).await?;
         rows.extend(pending.iter().map(pending_row));
         rows.sort_by_key(|r| (r.case_index, r.variant));
         rows.truncate(wanted);
@@ -515,7 +460,7 @@ pub async fn report(
     let all = load_results(&state.store, run_id).await?;
     // The run proper is its with-skill attempts; a baseline and repeats add their sections.
     let triggers = if all.iter().any(is_trigger_result) {
-        state.launcher.plan_of(run_id).await?.triggers().cloned()
+        state.planner.plan_of(run_id).await?.triggers().cloned()
     } else {
         None
     };
@@ -557,7 +502,7 @@ pub(crate) async fn cancel_run(
     if let Err(e) = state.store.cancel(run_id).await {
         return Ok(Err(e));
     }
-    let skipped = state.launcher.write_off(run_id).await?;
+    let skipped = state.sweeper.write_off(run_id).await?;
     if let Err(e) = state.aggregator.finalise(run_id).await {
         tracing::warn!(%run_id, error = ?e, "finalising the cancelled run failed; the sweep retries");
     }
@@ -654,7 +599,8 @@ pub async fn rescore(
     }
     let definition = match &body.eval_config {
         Some(config) => Some(std::sync::Arc::new(
-            crate::routes::skills::inline_definition(&state, &source.package_hash, config).await?,
+            crate::routes::validation::inline_definition(&state, &source.package_hash, config)
+                .await?,
         )),
         None => None,
     };
@@ -704,7 +650,7 @@ pub async fn rescore(
     if body.dry_run {
         let prepared = {
             let mut conn = state.store.pool().acquire().await?;
-            state.launcher.prepare_stored(&mut conn, &request).await?
+            state.planner.prepare_stored(&mut conn, &request).await?
         };
         let registry = skilleval_grading::StrategyRegistry::builtin().build();
         let mut counts = CallCounts::default();
@@ -735,7 +681,7 @@ pub async fn rescore(
     }
     let cases = state.store.version_cases(version_id).await?;
     let slot = crate::access::reserve_run(&state, &principal, cases).await?;
-    let inserted = state.launcher.create(&request).await?;
+    let inserted = state.publisher.create(&request).await?;
     drop(slot);
     Ok((
         StatusCode::ACCEPTED,

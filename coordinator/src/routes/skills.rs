@@ -15,21 +15,20 @@ use axum::{Extension, Json};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
-use skilleval_execution::plan::{CaseFilter, DefinitionText, DefinitionWriter, TextError};
-use skilleval_execution::validate::check_in_chunks;
-use skilleval_grading::StrategyRegistry;
+use skilleval_execution::plan::CaseFilter;
 use skilleval_infra::store::samples::{NewRevision, RevisionSource};
 use skilleval_infra::store::versions::{NewVersion, VersionError};
 use skilleval_model::definition::Profile;
 use skilleval_model::gate::{GateRule, GateSpec};
-use skilleval_model::package::{Package, PackageError, PackageLimits, RiskReport};
-use skilleval_model::problem::Problem;
+use skilleval_model::package::{PackageError, PackageLimits, RiskReport};
 
+use super::fields::{check_callback_url, check_repeats, check_trigger_runs, trigger_plan};
 use super::package_files;
+use super::validation::{open_package, package_error, Opening};
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
-use crate::launch::{PlannedVersion, RunRequest};
+use crate::runs::plan::{PlannedVersion, RunRequest};
 use crate::state::AppState;
 use crate::views::{UploadResponse, VersionList, VersionView};
 use skilleval_infra::store::lifecycle::RunKind;
@@ -123,8 +122,8 @@ pub async fn upload(
         check_callback_url("callback_url", url)?;
     }
     let gate = upload_gate(&query)?;
-    let repeats = crate::routes::runs::check_repeats("repeats", query.repeats)?;
-    let trigger_runs = crate::routes::runs::check_trigger_runs("trigger_runs", query.trigger_runs)?;
+    let repeats = check_repeats("repeats", query.repeats)?;
+    let trigger_runs = check_trigger_runs("trigger_runs", query.trigger_runs)?;
     let headers = request.headers().clone();
     let body = read_limited(request.into_body(), &headers, state.max_upload_bytes)
         .await
@@ -155,7 +154,7 @@ pub async fn upload(
     };
     let validated = started.elapsed();
     let triggers = if query.triggers || query.trigger_runs.is_some() {
-        Some(crate::routes::runs::trigger_plan(
+        Some(trigger_plan(
             "triggers",
             trigger_runs,
             package.triggers.clone(),
@@ -263,8 +262,8 @@ pub async fn upload(
             package_hash: package.content_hash.clone(),
             definition: Arc::new(definition),
         };
-        let prepared = state.launcher.prepare(version, &request)?;
-        let inserted = state.launcher.insert(&mut tx, &prepared).await?;
+        let prepared = state.planner.prepare(version, &request)?;
+        let inserted = state.planner.insert(&mut tx, &prepared).await?;
         Some((prepared, inserted))
     } else {
         None
@@ -280,7 +279,7 @@ pub async fn upload(
     let run_id = inserted.as_ref().map(|(_, inserted)| inserted.run_id());
     if let Some((prepared, inserted)) = inserted {
         // Published in the background: the upload answers now.
-        drop(state.launcher.start(prepared, inserted));
+        drop(state.publisher.start(prepared, inserted));
     }
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
@@ -348,21 +347,6 @@ pub async fn versions(
         skill_id,
         versions: versions.into_iter().map(VersionView::from_row).collect(),
     }))
-}
-
-/// A callback URL must be absolute http(s).
-pub fn check_callback_url(field: &str, url: &str) -> Result<(), ApiError> {
-    let ok = reqwest::Url::parse(url)
-        .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid_field(
-            "invalid_body",
-            field,
-            "must be an absolute http or https URL",
-        ))
-    }
 }
 
 /// Reads the body, refusing (413) as soon as it is known to be over `limit`.
@@ -574,119 +558,6 @@ pub(crate) fn profile_open(path: &std::path::Path) -> Option<bool> {
     Some(top.profile.is_none())
 }
 
-/// Opens and validates on the blocking pool (file system work); refusals and invalid packages
-/// are 422 with every problem.
-pub(crate) async fn open_package(
-    zip: Bytes,
-    limits: Arc<PackageLimits>,
-    strategies: Arc<StrategyRegistry>,
-) -> Result<OpenedPackage, Opening> {
-    type Opened = (
-        Package,
-        Result<DefinitionText, TextError>,
-        Vec<Problem>,
-        Option<PackageMonitor>,
-        RiskReport,
-    );
-    let opened = tokio::task::spawn_blocking(move || -> Result<Opened, PackageError> {
-        let mut package = Package::from_zip_bytes_streamed(&zip, &limits)?;
-        // The cases are checked and written to the stored text a chunk at a time: a large
-        // definition is never held whole, as the model or as text.
-        let mut writer = DefinitionWriter::new();
-        let validation = check_in_chunks(&mut package, &strategies, CHECK_CHUNK, |cases| {
-            writer.write_cases(cases);
-        })?;
-        if !validation.is_ok() {
-            return Err(PackageError::Invalid(validation.problems));
-        }
-        let definition = writer.finish(&package.config);
-        // Validation passed, so a `monitoring` section present is a valid monitor.
-        let monitor = match skilleval_execution::monitor::from_package(&package, &strategies) {
-            Ok(Some((monitor, _))) => package
-                .format
-                .filter(|f| *f == skilleval_model::package::EvalFormat::V2)
-                .and_then(|_| {
-                    skilleval_execution::monitor::definition::read_section(
-                        &package.root().join(&package.eval_file),
-                    )
-                    .ok()
-                    .flatten()
-                })
-                .map(|document| PackageMonitor { document, monitor }),
-            _ => None,
-        };
-        let risk = package.risk_report();
-        Ok((package, definition, validation.problems, monitor, risk))
-    })
-    .await
-    .map_err(|e| {
-        Opening::Failed(ApiError::internal(anyhow::anyhow!(
-            "package validation task failed: {e}"
-        )))
-    })?;
-    let (package, definition, warnings, monitor, risk) = opened.map_err(Opening::Package)?;
-    let definition =
-        definition.map_err(|e| Opening::Failed(ApiError::internal(anyhow::Error::from(e))))?;
-    Ok((package, definition, warnings, monitor, risk))
-}
-
-/// What [`open_package`] gives: the package, its definition as text, the warnings, its
-/// monitor when the definition has a `monitoring` section, and its risk report.
-pub(crate) type OpenedPackage = (
-    Package,
-    DefinitionText,
-    Vec<Problem>,
-    Option<PackageMonitor>,
-    RiskReport,
-);
-
-/// A package's `monitoring` section: as written, and validated.
-pub(crate) struct PackageMonitor {
-    document: serde_json::Value,
-    monitor: skilleval_execution::monitor::Monitor,
-}
-
-/// Why an upload's package could not be opened: the package's fault (counted as refused or
-/// invalid), or the service's.
-pub(crate) enum Opening {
-    Package(PackageError),
-    Failed(ApiError),
-}
-
-/// Cases checked (and converted, templated, written) at a time by an upload.
-const CHECK_CHUNK: usize = 2_000;
-
-pub(crate) fn package_error(e: PackageError) -> ApiError {
-    match &e {
-        PackageError::Refused {
-            limit,
-            entry,
-            message,
-        } => {
-            let problem = json!({
-                "file": entry.clone().unwrap_or_default(),
-                "pointer": "",
-                "message": message,
-                "severity": "error",
-                "limit": limit,
-            });
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "package_refused",
-                e.to_string(),
-            )
-            .with_details(json!({ "limit": limit, "problems": [problem] }))
-        }
-        PackageError::Invalid(problems) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "package_invalid",
-            e.to_string(),
-        )
-        .with_details(json!({ "problems": problems })),
-        PackageError::Io { .. } => ApiError::internal(anyhow::Error::from(e)),
-    }
-}
-
 /// `POST /v1/skills/validate`: the upload's reading, hardening and validation, storing
 /// nothing. **200** `{valid, name?, test_cases?, profile?, risk?, code?, message?, problems}`: an
 /// invalid or refused package is a successful validation that lists every problem (file and
@@ -737,55 +608,5 @@ pub async fn validate(
             })))
         }
         Err(Opening::Failed(e)) => Err(e),
-    }
-}
-
-/// The file name an inline definition's problems are reported against.
-pub const INLINE_DEFINITION: &str = "eval_config";
-
-/// An inline eval definition (a rescore's `eval_config`), validated exactly as an upload's: it
-/// replaces the definition in the stored package `package_hash` (so custom graders and
-/// referenced files resolve as in the package), which is then opened and checked by the
-/// upload's code. Problems are a **422** listing each as `{file: "eval_config", pointer,
-/// message}`; the definition as text otherwise.
-pub(crate) async fn inline_definition(
-    state: &AppState,
-    package_hash: &str,
-    eval_config: &serde_json::Value,
-) -> Result<DefinitionText, ApiError> {
-    let bytes = super::editor::stored_package(state, package_hash).await?;
-    let text =
-        serde_json::to_vec(eval_config).map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
-    let limits = state.limits.clone();
-    let strategies = state.strategies.clone();
-    let opened = tokio::task::spawn_blocking(move || -> Result<_, PackageError> {
-        let extracted = package_files::extract(&bytes, &limits)?;
-        package_files::replace_definition(&extracted.root, &text)?;
-        let mut package = Package::open_dir(&extracted.root, &limits)?;
-        let mut writer = DefinitionWriter::new();
-        let validation = check_in_chunks(&mut package, &strategies, CHECK_CHUNK, |cases| {
-            writer.write_cases(cases);
-        })?;
-        if !validation.is_ok() {
-            return Err(PackageError::Invalid(validation.problems));
-        }
-        Ok(writer.finish(&package.config))
-    })
-    .await
-    .map_err(|e| ApiError::internal(anyhow::anyhow!("validating eval_config failed: {e}")))?;
-    match opened {
-        Ok(definition) => definition.map_err(|e| ApiError::internal(anyhow::Error::from(e))),
-        Err(PackageError::Invalid(problems)) => Err(package_error(PackageError::Invalid(
-            problems
-                .into_iter()
-                .map(|mut p| {
-                    if p.file == "eval/tests.json" {
-                        p.file = INLINE_DEFINITION.into();
-                    }
-                    p
-                })
-                .collect(),
-        ))),
-        Err(e) => Err(package_error(e)),
     }
 }

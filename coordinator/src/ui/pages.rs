@@ -24,10 +24,10 @@ use uuid::Uuid;
 
 use super::charts::{line_chart, sparkline};
 use super::{layout, layout_with_scripts, PageError};
-use crate::aggregate::stored_summary;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::parse_uuid;
+use crate::results::stored_summary;
 use crate::routes::reviews::{
     agreement_rows, criterion_score, store_reviews, AgreementRow, ReviewItem, ReviewsBody,
 };
@@ -508,7 +508,7 @@ pub async fn case(
 /// results do not store it. `None` when the plan cannot say (a filtered run whose positions
 /// differ from the eval file's, a plan that no longer reads).
 async fn case_input(state: &AppState, run_id: Uuid, index: i32, id: &str) -> Option<String> {
-    let plan = state.launcher.plan_of(run_id).await.ok()?;
+    let plan = state.planner.plan_of(run_id).await.ok()?;
     let mut chunks = plan.chunks(usize::try_from(index).ok()?, 1);
     let jobs = chunks.recv().await?.ok()?;
     let job = jobs.into_iter().next().filter(|j| j.case.id == id)?;
@@ -803,7 +803,7 @@ pub async fn preview(State(state): State<AppState>, Path(name): Path<String>) ->
     let version_label = version.version.clone();
     let hash = version.package_hash.clone();
     let ids = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
-        let definition = crate::launch::read_definition(version.config)?;
+        let definition = crate::runs::definition::read_definition(version.config)?;
         let mut ids = Vec::new();
         definition.plan_chunks(
             &hash,

@@ -432,7 +432,7 @@ impl TestApp {
 /// The run's jobs as its plan gives them (what the coordinator publishes).
 pub async fn planned_jobs(app: &TestApp, run_id: Uuid) -> Vec<skilleval_execution::plan::Job> {
     app.state
-        .launcher
+        .planner
         .plan_of(run_id)
         .await
         .expect("the run's plan")

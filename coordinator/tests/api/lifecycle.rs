@@ -2,7 +2,8 @@
 //! as it was; results arriving for a run that no longer takes them change nothing.
 
 use serde_json::{json, Value};
-use skilleval_coordinator::launch::{LaunchError, RunRequest};
+use skilleval_coordinator::runs::error::LaunchError;
+use skilleval_coordinator::runs::plan::RunRequest;
 use skilleval_execution::result::CaseStatus;
 use skilleval_infra::store::lifecycle::{
     RunKind, RunStatus, StopReason, Transition, TransitionError,
@@ -102,7 +103,7 @@ async fn a_result_arriving_for_a_cancelled_runs_skipped_case_changes_nothing() {
             .await
             .is_empty()
     );
-    assert_eq!(app.state.launcher.write_off(run_id).await.unwrap(), 3);
+    assert_eq!(app.state.sweeper.write_off(run_id).await.unwrap(), 3);
     // After it: the skipped row stays, counters too.
     assert!(
         record_as_worker(&app, run_id, &[("case-001", CaseStatus::Failed, 0.0)])
@@ -128,7 +129,7 @@ async fn a_result_arriving_for_a_cancelled_runs_skipped_case_changes_nothing() {
 async fn writing_off_a_live_run_and_stopping_a_stopped_one_are_refused() {
     let app = spawn_app().await;
     let run_id = run_of(&app, "live", 2).await;
-    match app.state.launcher.write_off(run_id).await.unwrap_err() {
+    match app.state.sweeper.write_off(run_id).await.unwrap_err() {
         LaunchError::Transition(e) => {
             assert_eq!(refused(e), (Transition::WriteOff, RunStatus::Running));
         }
@@ -190,13 +191,13 @@ async fn runs_whose_kind_needs_a_source_are_refused_when_created_from_a_definiti
     // A rescore needs the run whose outputs it grades.
     let request = RunRequest::all_cases(version_id, RunKind::Rescore);
     assert!(matches!(
-        app.state.launcher.create(&request).await,
+        app.state.publisher.create(&request).await,
         Err(LaunchError::RescoreWithoutSource)
     ));
     // A samples run comes from ingest only, never from a definition.
     let request = RunRequest::all_cases(version_id, RunKind::Samples);
     assert!(matches!(
-        app.state.launcher.create(&request).await,
+        app.state.publisher.create(&request).await,
         Err(LaunchError::IngestOnly)
     ));
     assert_eq!(app.count("runs").await, 0);

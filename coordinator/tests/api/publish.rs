@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use skilleval_coordinator::db;
-use skilleval_coordinator::launch::{PreparedRun, RunRequest, PUBLISH_CHUNK};
+use skilleval_coordinator::runs::plan::{PreparedRun, RunRequest, PUBLISH_CHUNK};
 use skilleval_execution::result::CaseStatus;
 use skilleval_infra::store::lifecycle::RunKind;
 use uuid::Uuid;
@@ -41,23 +41,23 @@ async fn a_run_committed_but_never_published_is_published_by_the_sweeper_after_t
     // committed, still `creating`, nothing published.
     let (_, inserted) = committed_run(&app, version_id).await;
     let run_id = inserted.run_id();
-    let launcher = &app.state.launcher;
+    let sweeper = &app.state.sweeper;
     assert_eq!(publishing(&app, run_id).await, ("creating".into(), 0, 0));
     assert_eq!(app.queue_depth(&app.topology.jobs_queue()).await, 0);
 
     // Within the grace period the sweeper leaves the run alone (its creator may be busy).
-    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 0);
+    assert_eq!(sweeper.sweep_unpublished().await.unwrap(), 0);
     assert_eq!(publishing(&app, run_id).await, ("creating".into(), 0, 0));
     tokio::time::sleep(Duration::from_millis(2_200)).await;
     // After it, nobody holds the run's lock: the sweeper plans it again and publishes it
     // from the watermark, and the creation ends.
-    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 3);
+    assert_eq!(sweeper.sweep_unpublished().await.unwrap(), 3);
     assert_eq!(publishing(&app, run_id).await, ("running".into(), 3, 0));
     assert_eq!(app.wait_for_jobs(3).await, 3);
     let jobs = app.drain_jobs().await;
     assert!(jobs.iter().all(|j| j.run_id == run_id));
     // Nothing left to sweep.
-    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 0);
+    assert_eq!(sweeper.sweep_unpublished().await.unwrap(), 0);
     app.cleanup().await;
 }
 
@@ -72,7 +72,7 @@ async fn a_creation_cut_off_midway_is_resumed_from_the_watermark_and_publishes_o
     let version_id = stored_version(&app, "midway", 5).await;
     let (_, inserted) = committed_run(&app, version_id).await;
     let run_id = inserted.run_id();
-    let launcher = &app.state.launcher;
+    let sweeper = &app.state.sweeper;
     // The creator published a first chunk (cases 0-1) and recorded its confirms, published
     // a second (cases 2-3) whose confirms it never recorded, and died; a worker recorded
     // case 3 meanwhile.
@@ -83,11 +83,11 @@ async fn a_creation_cut_off_midway_is_resumed_from_the_watermark_and_publishes_o
     // A live creator holds the run's lock: the sweeper leaves the run alone, grace or not.
     store.lock_publishing(&mut conn, run_id).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 0);
+    assert_eq!(sweeper.sweep_unpublished().await.unwrap(), 0);
     store.unlock_publishing(&mut conn, run_id).await.unwrap();
 
     // From the watermark: case 2 (unconfirmed) and 4 (never published); case 3 is recorded.
-    assert_eq!(launcher.sweep_unpublished().await.unwrap(), 2);
+    assert_eq!(sweeper.sweep_unpublished().await.unwrap(), 2);
     assert_eq!(app.wait_for_jobs(2).await, 2);
     let mut published: Vec<u32> = app
         .drain_jobs()
@@ -108,7 +108,6 @@ async fn a_run_cancelled_while_it_is_created_writes_off_the_cases_not_recorded_a
     let version_id = stored_version(&app, "cut", 5).await;
     let (prepared, inserted) = committed_run(&app, version_id).await;
     let run_id = inserted.run_id();
-    let launcher = &app.state.launcher;
     // Two cases are published and one recorded when the run is cancelled; the creator then
     // goes on.
     let mut conn = app.pool.acquire().await.unwrap();
@@ -120,8 +119,13 @@ async fn a_run_cancelled_while_it_is_created_writes_off_the_cases_not_recorded_a
     drop(conn);
     record_as_worker(&app, run_id, &[("case-000", CaseStatus::Passed, 1.0)]).await;
     app.state.store.cancel(run_id).await.unwrap();
-    assert_eq!(launcher.write_off(run_id).await.unwrap(), 4);
-    launcher.start(prepared, inserted).unwrap().await.unwrap();
+    assert_eq!(app.state.sweeper.write_off(run_id).await.unwrap(), 4);
+    app.state
+        .publisher
+        .start(prepared, inserted)
+        .unwrap()
+        .await
+        .unwrap();
 
     assert_eq!(
         app.queue_depth(&app.topology.jobs_queue()).await,
@@ -158,10 +162,10 @@ async fn a_run_cancelled_before_its_creation_starts_writes_off_every_chunk() {
     let (prepared, inserted) = committed_run(&app, version_id).await;
     let run_id = inserted.run_id();
     app.state.store.cancel(run_id).await.unwrap();
-    let written = app.state.launcher.write_off(run_id).await.unwrap();
+    let written = app.state.sweeper.write_off(run_id).await.unwrap();
     assert_eq!(written, i64::try_from(n).unwrap());
     app.state
-        .launcher
+        .publisher
         .start(prepared, inserted)
         .unwrap()
         .await
@@ -182,7 +186,7 @@ async fn a_run_cancelled_before_its_creation_starts_writes_off_every_chunk() {
     assert_eq!((rows, skipped), (n, n));
     assert_eq!((i64::from(first), i64::from(last)), (0, n - 1));
     // A second write-off writes nothing twice.
-    assert_eq!(app.state.launcher.write_off(run_id).await.unwrap(), 0);
+    assert_eq!(app.state.sweeper.write_off(run_id).await.unwrap(), 0);
     assert_eq!(app.state.aggregator.sweep().await.unwrap(), 1);
     let (_, run) = app.get_json(&format!("/v1/runs/{run_id}")).await;
     assert_eq!(run["status"], "cancelled", "{run}");
@@ -241,7 +245,7 @@ async fn max_concurrent_tests_publishes_more_as_earlier_cases_finish() {
     assert_eq!(first, vec!["case-000", "case-001"]);
     // The sweeper respects the cap too.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    app.state.launcher.release(run_id).await.unwrap();
+    app.state.publisher.release(run_id).await.unwrap();
     assert_eq!(app.queue_depth(&app.topology.jobs_queue()).await, 0);
 
     for event in record_as_worker(&app, run_id, &[("case-000", CaseStatus::Passed, 1.0)]).await {
@@ -290,7 +294,7 @@ async fn a_run_larger_than_a_release_page_is_published_whole_each_job_once() {
     assert_eq!(indexes.len(), n, "every case published exactly once");
     assert!(jobs.iter().all(|j| j.run_id == run_id));
     // A second release finds nothing left to publish.
-    assert_eq!(app.state.launcher.release(run_id).await.unwrap(), 0);
+    assert_eq!(app.state.publisher.release(run_id).await.unwrap(), 0);
     app.cleanup().await;
 }
 
@@ -360,9 +364,8 @@ async fn a_creation_goes_on_when_its_caller_goes_away() {
     let n = PUBLISH_CHUNK * 2 + 7;
     let version_id = stored_version(&app, "left", n).await;
     let (prepared, inserted) = committed_run(&app, version_id).await;
-    let launcher = &app.state.launcher;
     // The caller (an HTTP request whose client disconnected) does not wait for the pass.
-    drop(launcher.start(prepared, inserted));
+    drop(app.state.publisher.start(prepared, inserted));
     let run_id = inserted.run_id();
     let mut state = publishing(&app, run_id).await;
     for _ in 0..100 {
@@ -396,10 +399,10 @@ async fn stored_version(app: &TestApp, name: &str, n: usize) -> Uuid {
 /// it: the run and its plan, `creating`; nothing is published.
 async fn committed_run(app: &TestApp, version_id: Uuid) -> (PreparedRun, db::RunInsert) {
     let request = RunRequest::all_cases(version_id, RunKind::Manual);
-    let launcher = &app.state.launcher;
+    let planner = &app.state.planner;
     let mut tx = app.pool.begin().await.unwrap();
-    let prepared = launcher.prepare_stored(&mut tx, &request).await.unwrap();
-    let inserted = launcher.insert(&mut tx, &prepared).await.unwrap();
+    let prepared = planner.prepare_stored(&mut tx, &request).await.unwrap();
+    let inserted = planner.insert(&mut tx, &prepared).await.unwrap();
     tx.commit().await.unwrap();
     (prepared, inserted)
 }
