@@ -566,7 +566,6 @@ mod tests {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod sample_flow_tests {
-    use std::path::Path;
     use std::sync::Arc;
 
     use chrono::{TimeZone, Utc};
@@ -575,36 +574,16 @@ mod sample_flow_tests {
 
     use super::*;
     use skilleval_execution::executor::Executor;
+    use skilleval_execution::monitor::fixtures::{monitor_doc, source};
     use skilleval_execution::monitor::{
-        parse, sample, sample_job, CriteriaSelection, MonitorSource, Sample, SampleJobContext,
+        parse, sample, sample_job, CriteriaSelection, Sample, SampleJobContext,
     };
     use skilleval_execution::runner::RunnerRegistry;
     use skilleval_grading::StrategyRegistry;
     use skilleval_sandbox::Sandbox;
 
-    fn source(root: &Path) -> MonitorSource<'_> {
-        MonitorSource {
-            file: "eval/tests.json",
-            pointer: "/monitoring",
-            package_root: root,
-        }
-    }
-
     fn registry() -> StrategyRegistry {
         StrategyRegistry::builtin().build()
-    }
-
-    fn monitor_doc() -> serde_json::Value {
-        json!({
-            "sample_rate": 0.5,
-            "filters": {"channel": ["web", "email"]},
-            "criteria": [
-                {"name": "states-decision", "strategy": "regex_match", "expected": {"patterns": ["APPROVED|DECLINED"]}},
-                {"name": "polite", "strategy": "contains", "options": {"includes": ["thank"], "caseSensitive": false}, "weight": 0.5},
-                {"name": "looked-up", "strategy": "tool_usage", "expected": {"tools": ["lookup_order"], "forbidden": ["delete_order"]}},
-                {"name": "judge", "strategy": "llm_judge"}
-            ]
-        })
     }
 
     fn sample(id: &str, output: &str, tools: &[&str]) -> Sample {

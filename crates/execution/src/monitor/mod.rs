@@ -23,17 +23,18 @@ pub use job::{job_info, sample_job, CriteriaSelection, SampleJobContext, SampleJ
 pub use sample::{parse_batch, parse_jsonl, BatchError, BatchLimits, Sample, SampleError};
 pub use sampling::{is_sampled, sample_point};
 
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::needless_pass_by_value)]
-mod tests {
+/// A monitor definition and where it was read from, for the tests of this crate and of the
+/// crates above it (`test-util`).
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixtures {
     use std::path::Path;
 
     use serde_json::json;
 
-    use super::*;
-    use skilleval_grading::StrategyRegistry;
+    use super::definition::MonitorSource;
 
-    fn source(root: &Path) -> MonitorSource<'_> {
+    /// The monitoring section of `eval/tests.json` in a package rooted at `root`.
+    pub fn source(root: &Path) -> MonitorSource<'_> {
         MonitorSource {
             file: "eval/tests.json",
             pointer: "/monitoring",
@@ -41,11 +42,9 @@ mod tests {
         }
     }
 
-    fn registry() -> StrategyRegistry {
-        StrategyRegistry::builtin().build()
-    }
-
-    fn monitor_doc() -> serde_json::Value {
+    /// A monitor with one criterion of each kind a sample is graded by: a regex, a rule, a
+    /// tool-usage check and a model judge; half the samples taken, two channels.
+    pub fn monitor_doc() -> serde_json::Value {
         json!({
             "sample_rate": 0.5,
             "filters": {"channel": ["web", "email"]},
@@ -56,6 +55,21 @@ mod tests {
                 {"name": "judge", "strategy": "llm_judge"}
             ]
         })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::needless_pass_by_value)]
+mod tests {
+
+    use serde_json::json;
+
+    use super::fixtures::{monitor_doc, source};
+    use super::*;
+    use skilleval_grading::StrategyRegistry;
+
+    fn registry() -> StrategyRegistry {
+        StrategyRegistry::builtin().build()
     }
 
     #[test]

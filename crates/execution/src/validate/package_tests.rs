@@ -2,12 +2,10 @@
 //! its pointer, chunked checking of a streamed definition.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
 use super::*;
 use skilleval_grading::{CompileContext, GradeEnv, GradeInput, Grader, Strategy, StrategyRegistry};
@@ -15,25 +13,8 @@ use skilleval_model::definition::{
     EvalConfig, EvalSettings, Evaluation, Expected, Input, Metadata, Profile, TestCase,
 };
 use skilleval_model::grade::{Fault, Grade};
+use skilleval_model::package::fixtures::{open, package, SKILL};
 use skilleval_model::package::{EvalFormat, Package, PackageLimits, SkillManifest, TriggerCase};
-
-const SKILL: &str = "---\nname: demo-skill\ndescription: Does demo things.\n---\n# Demo\n";
-
-fn package(files: &[(&str, &str)]) -> TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for (path, content) in files {
-        let on_disk = dir.path().join(path);
-        if let Some(parent) = on_disk.parent() {
-            std::fs::create_dir_all(parent).expect("mkdir");
-        }
-        std::fs::write(on_disk, content).expect("write");
-    }
-    dir
-}
-
-fn open(dir: &Path) -> Package {
-    Package::open(dir, &PackageLimits::default()).expect("package opens")
-}
 
 /// A stand-in for the real strategies: checks the fields the real ones check first.
 struct Stub(&'static str);

@@ -26,6 +26,8 @@ use crate::definition::EvalConfig;
 use crate::problem::Problem;
 
 mod error;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixtures;
 pub mod formats;
 mod limits;
 pub mod paths;

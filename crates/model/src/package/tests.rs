@@ -1,31 +1,12 @@
 //! Package loading from folders: which eval file wins, what is refused, the package root and
 //! its content hash.
 
-use std::path::Path;
 
 use serde_json::json;
-use tempfile::TempDir;
 
+use super::fixtures::{open, package, SKILL};
 use super::*;
 use crate::problem::Problem;
-
-const SKILL: &str = "---\nname: demo-skill\ndescription: Does demo things.\n---\n# Demo\n";
-
-fn package(files: &[(&str, &str)]) -> TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for (path, content) in files {
-        let on_disk = dir.path().join(path);
-        if let Some(parent) = on_disk.parent() {
-            std::fs::create_dir_all(parent).expect("mkdir");
-        }
-        std::fs::write(on_disk, content).expect("write");
-    }
-    dir
-}
-
-fn open(dir: &Path) -> Package {
-    Package::open(dir, &PackageLimits::default()).expect("package opens")
-}
 
 #[test]
 fn first_eval_file_wins_and_others_are_flagged() {
