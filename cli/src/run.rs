@@ -634,7 +634,10 @@ async fn run_triggers(
         eprintln!("note: trigger evals not run: {reason}");
         return None;
     }
-    let client = match setup.clients.pick(None, skilleval_providers::Purpose::Produce) {
+    let client = match setup
+        .clients
+        .pick(None, skilleval_providers::Purpose::Produce)
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("note: trigger evals not run: {e}");
