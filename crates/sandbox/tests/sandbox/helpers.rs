@@ -78,10 +78,22 @@ pub fn request(pkg: &TempDir, argv: &[&str], timeout: Duration) -> SandboxReques
     }
 }
 
+/// How long a test waits for something that happens at once unless what it tests is broken
+/// (a run that should end by itself, processes that should be gone): a hang guard, never a
+/// measure of speed. A loaded machine is slow, not this slow.
+pub const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// A run's timeout that no test reaches unless what it tests is broken: past the hang guard,
+/// so a run held to its timeout fails the guard instead of passing late.
+pub const NEVER: Duration = Duration::from_secs(600);
+
+/// Runs `req` to its end; fails if the run fails, or if it has not ended after the hang guard
+/// (dropping it then kills what it started).
 pub async fn run(sandbox: &Sandbox, req: SandboxRequest) -> SandboxOutput {
-    match sandbox.run(req).await {
-        Ok(out) => out,
-        Err(e) => panic!("sandbox run failed: {e}"),
+    match tokio::time::timeout(HANG_GUARD, sandbox.run(req)).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => panic!("sandbox run failed: {e}"),
+        Err(_) => panic!("hang guard: the run had not ended after {HANG_GUARD:?}"),
     }
 }
 
@@ -93,10 +105,11 @@ pub fn stderr(out: &SandboxOutput) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Host processes whose command line contains `marker`, polled until none are left or 3 s pass,
-/// without blocking the runtime (cleanup of a dropped run is a task on it).
+/// Host processes whose command line contains `marker`, polled until none are left, without
+/// blocking the runtime (cleanup of a dropped run is a task on it). What is still there after
+/// 30 s is returned: that deadline only guards against a hang.
 pub async fn survivors(marker: &str) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let found = survivors_now(marker);
         if found.is_empty() || Instant::now() > deadline {
