@@ -341,14 +341,14 @@ async fn the_same_batch_twice_is_graded_once_on_the_samples_lane() {
     // Published on the samples queue, not the CI one.
     let samples_queue = app.topology.samples_queue();
     let mut depth = 0;
-    for _ in 0..50 {
+    for _ in 0..300 {
         depth = app.queue_depth(&samples_queue).await;
         if depth == 40 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(depth, 40);
+    assert_eq!(depth, 40, "hang guard: waited up to 30 s");
     assert_eq!(app.queue_depth(&app.topology.jobs_queue()).await, 0);
     let (_, second) = ingest(&app, "idem", &json!(batch)).await;
     assert_eq!(
@@ -363,7 +363,8 @@ async fn the_same_batch_twice_is_graded_once_on_the_samples_lane() {
         40
     );
     let run_id: Uuid = first["run_id"].as_str().unwrap().parse().unwrap();
-    for _ in 0..100 {
+    // Until finalised; the status below says if it never was (a guard against a hang, 30 s).
+    for _ in 0..300 {
         let finalised: bool = sqlx::query_scalar("SELECT finalised FROM runs WHERE id = $1")
             .bind(run_id)
             .fetch_one(&app.pool)
@@ -555,7 +556,8 @@ async fn quality_buckets_carry_hand_computed_wilson_intervals_and_old_samples_ar
     // results; the second stays.
     let run1: Uuid = first["run_id"].as_str().unwrap().parse().unwrap();
     let run2: Uuid = second["run_id"].as_str().unwrap().parse().unwrap();
-    for _ in 0..100 {
+    // Until both are finalised (a guard against a hang, 30 s: what follows needs them so).
+    for _ in 0..300 {
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE finalised")
             .fetch_one(&app.pool)
             .await
@@ -704,7 +706,7 @@ async fn an_alert_fires_once_on_a_drop_resolves_once_and_a_small_window_stays_qu
         "resolves once, when fewer than 2 of the last 3 breach"
     );
 
-    let delivered = hooks.wait_for(2, Duration::from_secs(20)).await;
+    let delivered = hooks.wait_for(2, Duration::from_secs(30)).await;
     assert_eq!(delivered.len(), 2);
     let events: Vec<&str> = delivered
         .iter()
