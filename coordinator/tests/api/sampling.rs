@@ -79,6 +79,8 @@ async fn graded(app: &TestApp, skill: &str) -> i64 {
     .unwrap()
 }
 
+/// Polls until `n` samples of the skill are graded; returns how many were. `within` is a
+/// guard against a hang (60 s or more): the caller checks the count.
 async fn wait_graded(app: &TestApp, skill: &str, n: i64, within: Duration) -> i64 {
     let deadline = tokio::time::Instant::now() + within;
     loop {
