@@ -198,10 +198,11 @@ fn package() -> Vec<u8> {
     w.finish().expect("zip finish").into_inner()
 }
 
-/// Sends SIGTERM and waits (up to 20 s) for the process to exit.
+/// Sends SIGTERM and waits for the process to exit: whether it exited cleanly, or `false`
+/// after 60 s, a guard against a hang.
 async fn stop(mut p: Proc) -> bool {
     p.signal(nix::sys::signal::Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         if let Some(ok) = p.try_exit() {
             return ok;
@@ -312,17 +313,24 @@ async fn one_upload_is_one_trace_from_the_request_through_the_queue_to_the_worke
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(run["verdict"], "pass", "{run:#}");
+    assert_eq!(
+        run["verdict"], "pass",
+        "(no verdict: the 30 s wait is a hang guard) {run:#}"
+    );
     assert_eq!(
         calls.load(Ordering::SeqCst),
         3,
         "one failed call, two answers"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while hooks.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(hooks.load(Ordering::SeqCst), 1, "the webhook was delivered");
+    assert_eq!(
+        hooks.load(Ordering::SeqCst),
+        1,
+        "the webhook was delivered (hang guard: waited up to 30 s)"
+    );
     assert!(stop(worker).await, "the worker exits cleanly on SIGTERM");
     assert!(
         stop(coordinator).await,

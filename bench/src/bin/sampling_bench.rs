@@ -357,7 +357,7 @@ async fn bench(env: &Env, opts: &Options) -> anyhow::Result<()> {
     let loaded = run_upload(&http, &base, calculator).await?;
     let graded_then = env.graded("flood").await?;
     println!(
-        "lane priority: calculator run idle {:.2} s, with {} samples queued {:.2} s ({:.2}x; {graded_then} samples graded meanwhile)",
+        "lane priority: calculator run idle {:.2} s, with {} samples queued {:.2} s ({:.2}x, the issue's bound 2x; {graded_then} samples graded meanwhile)",
         idle.as_secs_f64(),
         opts.flood,
         loaded.as_secs_f64(),

@@ -66,7 +66,7 @@ async fn finalisation_happens_exactly_once_when_aggregators_race() {
         "and later calls do nothing"
     );
 
-    let deliveries = hook.wait_for(1, Duration::from_secs(10)).await;
+    let deliveries = hook.wait_for(1, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let deliveries_after = hook.received.lock().await.len();
     assert_eq!(deliveries.len(), 1);

@@ -50,7 +50,7 @@ async fn start_driver() -> Driver {
         .expect("chromedriver is not installed: run scripts/test.sh, which installs Debian's chromium and chromium-driver");
     let driver = Driver { child, port };
     let client = reqwest::Client::new();
-    for _ in 0..100 {
+    for _ in 0..300 {
         if client
             .get(format!("http://127.0.0.1:{port}/status"))
             .send()
@@ -61,7 +61,7 @@ async fn start_driver() -> Driver {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("chromedriver did not start on port {port}");
+    panic!("hang guard: chromedriver was not up on port {port} after 30 s");
 }
 
 async fn browser(driver: &Driver) -> Client {
@@ -812,7 +812,7 @@ async fn wait_for_verdict_as(app: &TestApp, run_id: &str) -> Value {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("run {run_id} did not finish within 60 s");
+    panic!("hang guard: run {run_id} has no verdict after 60 s");
 }
 
 /// A Chromium session that saves downloads into `dir` without asking.
@@ -1017,7 +1017,7 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
         .path()
         .join(format!("edited-{version}-edited.zip"));
     let mut bytes = None;
-    for _ in 0..100 {
+    for _ in 0..300 {
         if let Ok(b) = std::fs::read(&expected) {
             if !b.is_empty() {
                 bytes = Some(b);
@@ -1028,7 +1028,7 @@ async fn browser_editor_checks_rubric_weights_live_previews_and_downloads_a_vali
     }
     let bytes = bytes.unwrap_or_else(|| {
         panic!(
-            "no download at {}: {:?}",
+            "hang guard: no download at {} after 30 s: {:?}",
             expected.display(),
             std::fs::read_dir(downloads.path())
                 .unwrap()

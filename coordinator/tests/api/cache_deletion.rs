@@ -56,13 +56,17 @@ async fn delete(app: &TestApp, path: &str) -> u16 {
 /// Waits until the run's links are `want` (hits are linked by the write-behind writer, a few
 /// milliseconds after the answer was served).
 async fn wait_links(app: &TestApp, run: &str, want: &BTreeSet<String>) {
-    for _ in 0..200 {
+    for _ in 0..1_200 {
         if &links_of(app, run).await == want {
             return;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert_eq!(&links_of(app, run).await, want, "the links of run {run}");
+    assert_eq!(
+        &links_of(app, run).await,
+        want,
+        "the links of run {run} (hang guard: waited up to 30 s)"
+    );
 }
 
 #[tokio::test]

@@ -34,8 +34,8 @@ async fn the_sweep_deletes_expired_model_answers_and_keeps_the_rest() {
     let start = Instant::now();
     while cache_keys(&app.pool).await.len() > 2 {
         assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "expired rows still there: {:?}",
+            start.elapsed() < Duration::from_secs(60),
+            "hang guard: expired rows still there after 60 s: {:?}",
             cache_keys(&app.pool).await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

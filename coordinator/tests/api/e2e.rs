@@ -127,7 +127,7 @@ pub(crate) async fn wait_for_verdict(app: &TestApp, run_id: &str) -> Value {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("run {run_id} did not finish within 60 s");
+    panic!("hang guard: run {run_id} has no verdict after 60 s");
 }
 
 pub(crate) async fn server_cases(app: &TestApp, run_id: &str) -> CaseScores {

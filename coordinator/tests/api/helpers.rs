@@ -220,11 +220,12 @@ impl TestApp {
     }
 
     /// Polls until the jobs queue holds `n` messages (confirms are in, but a quorum queue's
-    /// count may lag a moment).
+    /// count may lag a moment); returns the depth it saw last. Gives up after 30 s: a guard
+    /// against a hang, which the caller's check of the depth then reports.
     pub async fn wait_for_jobs(&self, n: u32) -> u32 {
         let queue = self.topology.jobs_queue();
         let mut depth = 0;
-        for _ in 0..50 {
+        for _ in 0..300 {
             depth = self.queue_depth(&queue).await;
             if depth == n {
                 break;
@@ -357,7 +358,8 @@ impl WebhookReceiver {
         }
     }
 
-    /// Waits up to `timeout` for at least `n` deliveries, then returns all of them.
+    /// Waits up to `timeout` for at least `n` deliveries, then returns all of them. The
+    /// timeout is a guard against a hang (give 30 s or more): callers check the count.
     pub async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Delivery> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -414,7 +416,7 @@ pub async fn record_as_worker(
 impl TestApp {
     /// Waits until the run's creation pass is over (status no longer `creating`).
     pub async fn wait_created(&self, run_id: Uuid) {
-        for _ in 0..200 {
+        for _ in 0..1_500 {
             let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
                 .bind(run_id)
                 .fetch_one(&self.pool)
@@ -425,7 +427,7 @@ impl TestApp {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        panic!("run {run_id} still creating after 4 s");
+        panic!("hang guard: run {run_id} still creating after 30 s");
     }
 }
 

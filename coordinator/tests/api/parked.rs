@@ -186,7 +186,7 @@ async fn a_job_past_its_delivery_limit_is_errored_and_can_be_requeued() {
     assert_eq!(run["verdict"], "pass");
     assert_eq!(run["counters"]["passed"], 3);
     // Both finalisations were announced, each under its own delivery id.
-    let deliveries = hook.wait_for(2, Duration::from_secs(10)).await;
+    let deliveries = hook.wait_for(2, Duration::from_secs(30)).await;
     assert_eq!(deliveries.len(), 2);
     assert_ne!(
         deliveries[0].0["x-skilleval-delivery"],
@@ -242,14 +242,18 @@ async fn a_message_no_worker_can_read_is_listed_unmatched() {
         .await
         .unwrap();
     let mut listed = Vec::new();
-    for _ in 0..100 {
+    for _ in 0..300 {
         listed = parked(&app, "?state=unmatched").await;
         if !listed.is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(listed.len(), 1, "drained into the table");
+    assert_eq!(
+        listed.len(),
+        1,
+        "drained into the table (hang guard: waited up to 30 s)"
+    );
     assert!(listed[0]["run_id"].is_null());
     assert!(listed[0]["reason"]
         .as_str()

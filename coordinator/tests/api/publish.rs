@@ -206,14 +206,14 @@ async fn the_background_sweeper_publishes_on_its_own() {
     let version_id = stored_version(&app, "swept", 2).await;
     committed_run(&app, version_id).await;
     let mut depth = 0;
-    for _ in 0..60 {
+    for _ in 0..300 {
         depth = app.queue_depth(&app.topology.jobs_queue()).await;
         if depth == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(depth, 2);
+    assert_eq!(depth, 2, "hang guard: waited up to 30 s");
     app.cleanup().await;
 }
 
@@ -368,7 +368,7 @@ async fn a_creation_goes_on_when_its_caller_goes_away() {
     drop(app.state.publisher.start(prepared, inserted));
     let run_id = inserted.run_id();
     let mut state = publishing(&app, run_id).await;
-    for _ in 0..100 {
+    for _ in 0..300 {
         state = publishing(&app, run_id).await;
         if state == ("running".into(), n as i32, 0) {
             break;
@@ -378,7 +378,7 @@ async fn a_creation_goes_on_when_its_caller_goes_away() {
     assert_eq!(
         state,
         ("running".into(), n as i32, 0),
-        "every chunk published and confirmed"
+        "every chunk published and confirmed (hang guard: waited up to 30 s)"
     );
     assert_eq!(app.wait_for_jobs(n as u32).await, n as u32);
     app.cleanup().await;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use skilleval_execution::monitor::is_sampled;
+use skilleval_infra::config::WorkerSettings;
 use uuid::Uuid;
 
 use crate::e2e::start_worker_with;
@@ -78,6 +79,8 @@ async fn graded(app: &TestApp, skill: &str) -> i64 {
     .unwrap()
 }
 
+/// Polls until `n` samples of the skill are graded; returns how many were. `within` is a
+/// guard against a hang (60 s or more): the caller checks the count.
 async fn wait_graded(app: &TestApp, skill: &str, n: i64, within: Duration) -> i64 {
     let deadline = tokio::time::Instant::now() + within;
     loop {
@@ -340,14 +343,14 @@ async fn the_same_batch_twice_is_graded_once_on_the_samples_lane() {
     // Published on the samples queue, not the CI one.
     let samples_queue = app.topology.samples_queue();
     let mut depth = 0;
-    for _ in 0..50 {
+    for _ in 0..300 {
         depth = app.queue_depth(&samples_queue).await;
         if depth == 40 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(depth, 40);
+    assert_eq!(depth, 40, "hang guard: waited up to 30 s");
     assert_eq!(app.queue_depth(&app.topology.jobs_queue()).await, 0);
     let (_, second) = ingest(&app, "idem", &json!(batch)).await;
     assert_eq!(
@@ -362,7 +365,8 @@ async fn the_same_batch_twice_is_graded_once_on_the_samples_lane() {
         40
     );
     let run_id: Uuid = first["run_id"].as_str().unwrap().parse().unwrap();
-    for _ in 0..100 {
+    // Until finalised; the status below says if it never was (a guard against a hang, 30 s).
+    for _ in 0..300 {
         let finalised: bool = sqlx::query_scalar("SELECT finalised FROM runs WHERE id = $1")
             .bind(run_id)
             .fetch_one(&app.pool)
@@ -554,7 +558,8 @@ async fn quality_buckets_carry_hand_computed_wilson_intervals_and_old_samples_ar
     // results; the second stays.
     let run1: Uuid = first["run_id"].as_str().unwrap().parse().unwrap();
     let run2: Uuid = second["run_id"].as_str().unwrap().parse().unwrap();
-    for _ in 0..100 {
+    // Until both are finalised (a guard against a hang, 30 s: what follows needs them so).
+    for _ in 0..300 {
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE finalised")
             .fetch_one(&app.pool)
             .await
@@ -703,7 +708,7 @@ async fn an_alert_fires_once_on_a_drop_resolves_once_and_a_small_window_stays_qu
         "resolves once, when fewer than 2 of the last 3 breach"
     );
 
-    let delivered = hooks.wait_for(2, Duration::from_secs(20)).await;
+    let delivered = hooks.wait_for(2, Duration::from_secs(30)).await;
     assert_eq!(delivered.len(), 2);
     let events: Vec<&str> = delivered
         .iter()
@@ -751,14 +756,54 @@ async fn an_alert_fires_once_on_a_drop_resolves_once_and_a_small_window_stays_qu
     app.cleanup().await;
 }
 
-/// Uploads the calculator example and waits for its verdict; returns how long it took.
-async fn calculator_run(app: &TestApp, zip: &[u8]) -> Duration {
-    let started = std::time::Instant::now();
+/// Uploads the calculator example and waits for its verdict; returns the run.
+async fn calculator_run(app: &TestApp, zip: &[u8]) -> Uuid {
     let upload: Value = app.upload_zip(zip.to_vec(), "").await.json().await.unwrap();
     let run_id = upload["run_id"].as_str().expect("a run").to_string();
     let run = crate::e2e::wait_for_verdict(app, &run_id).await;
     assert_eq!(run["status"], "completed", "{run}");
-    started.elapsed()
+    run_id.parse().unwrap()
+}
+
+/// When each job of a run was taken, in order, as the worker recorded it: the executor
+/// stamps a result's `started_at` when it takes the job (`Executor::execute`), which the
+/// worker calls once the job holds an execution slot of its lane.
+async fn job_starts(app: &TestApp, run_id: Uuid) -> Vec<DateTime<Utc>> {
+    sqlx::query_scalar(
+        "SELECT started_at FROM eval_results
+         WHERE run_id = $1 AND started_at IS NOT NULL ORDER BY started_at",
+    )
+    .bind(run_id)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+}
+
+/// When each graded sample of the skill was taken (the same record), in order.
+async fn sample_starts(app: &TestApp, skill: &str) -> Vec<DateTime<Utc>> {
+    sqlx::query_scalar(
+        "SELECT r.started_at FROM samples x
+         JOIN skills s ON s.id = x.skill_id
+         JOIN eval_results r ON r.run_id = x.run_id AND r.test_case_id = x.sample_id
+         WHERE s.name = $1 AND r.started_at IS NOT NULL ORDER BY r.started_at",
+    )
+    .bind(skill)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+}
+
+/// Polls until `queue` holds `n` messages ready; the deadline only guards against a hang.
+async fn wait_for_depth(app: &TestApp, queue: &str, n: u32) {
+    let mut depth = 0;
+    for _ in 0..600 {
+        depth = app.queue_depth(queue).await;
+        if depth >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("hang guard: {queue} held {depth} of {n} messages after 60 s");
 }
 
 #[tokio::test]
@@ -780,14 +825,16 @@ async fn an_upload_run_is_not_starved_by_queued_samples() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/skills/calculator");
     let zip = skilleval_cli::submit::zip_folder(&example).unwrap();
     upload(&app, monitored_package("flood", says_ok(1.0))).await;
-    // The default split: 4 CI slots, 1 samples slot.
+    // Warm-up: a worker fetches and caches the package, and goes.
     let cache = tempfile::tempdir().unwrap();
     let (stop, worker) = start_worker_with(app.settings.clone(), cache.path()).await;
-    // Warm-up (the worker fetches and caches the package), then the idle figure.
     calculator_run(&app, &zip).await;
-    let idle = calculator_run(&app, &zip).await;
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
 
-    // 3,000 samples queued on the samples lane (the full 20,000 is the benchmark's).
+    // 3,000 samples queued on the samples lane (the full 20,000 is the benchmark's, which
+    // also prints how much longer the run takes than idle), then the upload's jobs behind
+    // them, all before a worker is there: what it takes first is its own choice.
     const FLOOD: usize = 3_000;
     for batch in 0..FLOOD / 1_000 {
         let items: Vec<Value> = (0..1_000)
@@ -796,27 +843,61 @@ async fn an_upload_run_is_not_starved_by_queued_samples() {
         let (_, r) = ingest(&app, "flood", &json!(items)).await;
         assert_eq!(r["sampled"], 1_000);
     }
-    let samples_queue = app.topology.samples_queue();
-    for _ in 0..50 {
-        if app.queue_depth(&samples_queue).await > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let loaded = calculator_run(&app, &zip).await;
+    wait_for_depth(&app, &app.topology.samples_queue(), 3_000).await;
+    let upload: Value = app.upload_zip(zip.clone(), "").await.json().await.unwrap();
+    let run_id: Uuid = upload["run_id"].as_str().expect("a run").parse().unwrap();
+    wait_for_depth(&app, &app.topology.jobs_queue(), 6).await;
+
+    // The default split (`start_worker_with`: 4 CI slots, and a quarter of that, 1, for
+    // samples), each lane with a semaphore, a consumer and a prefetch of its own. The broker
+    // sends a lane no more than its prefetch of unacked deliveries, and the worker acks a job
+    // only once the batch holding its result is committed. Batches of 8, the upload's 6
+    // results and 2 samples, make that moment an event rather than a time: the first batch
+    // cannot commit before the upload's last job is done, so until then the samples lane
+    // holds its first prefetch of samples and nothing more (60 s of batch wait only guards
+    // against a hang: 8 results arrive long before).
+    let mut settings = app.settings.clone();
+    settings.worker.batch_size = 8;
+    settings.worker.batch_max_wait_ms = 60_000;
+    let (stop, worker) = start_worker_with(settings.clone(), cache.path()).await;
+    let samples_prefetch = usize::from(WorkerSettings::prefetch_for(
+        settings.worker.samples_slots(),
+    ));
+    let run = crate::e2e::wait_for_verdict(&app, &run_id.to_string()).await;
+    assert_eq!(run["status"], "completed", "{run}");
     let graded_then = graded(&app, "flood").await;
     assert!(
         graded_then < i64::try_from(FLOOD).unwrap(),
         "the flood was still there when the upload run finished ({graded_then} graded)"
     );
-    // Polling for the verdict is 100 ms grained: that much slack on top of 2x.
-    assert!(
-        loaded <= idle * 2 + Duration::from_millis(100),
-        "with {FLOOD} samples queued the run took {loaded:?}, idle {idle:?}"
-    );
-    eprintln!("calculator run: idle {idle:?}, with {FLOOD} samples queued {loaded:?} ({graded_then} graded meanwhile)");
+    // Stopped, the worker has committed every job it took: the record below is complete.
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
+
+    // The order in which the worker took the jobs: every upload job before the samples lane
+    // took more than its prefetch (2: twice its 1 slot). An upload job waits for a CI slot
+    // and nothing else, and CI slots are the CI lane's alone. Were the samples ahead of the
+    // upload in a queue both lanes share, or handed slots first, the upload jobs would be
+    // taken after the flood, or after the part of it already delivered: a worker changed to
+    // consume each lane's queue with the other lane's slots took 24 samples before the second
+    // upload job, one changed to take its samples deliveries first, from one pool of slots,
+    // took 200 before the first.
+    let jobs = job_starts(&app, run_id).await;
+    assert_eq!(jobs.len(), 6, "one result per calculator case: {jobs:?}");
+    let samples = sample_starts(&app, "flood").await;
+    for (i, &started) in jobs.iter().enumerate() {
+        let samples_before = samples.iter().filter(|&&s| s < started).count();
+        assert!(
+            samples_before <= samples_prefetch,
+            "upload job {i} was taken after {samples_before} samples (at most the samples \
+             lane's prefetch, {samples_prefetch}); {} samples were taken in all",
+            samples.len()
+        );
+    }
+    eprintln!(
+        "with {FLOOD} samples queued: {graded_then} graded when the upload run finished, {} taken in all",
+        samples.len()
+    );
     app.cleanup().await;
 }
 

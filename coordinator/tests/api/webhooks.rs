@@ -78,7 +78,7 @@ impl CoordinatorProcess {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("the coordinator did not become ready within 30 s");
+        panic!("hang guard: the coordinator was not ready after 30 s");
     }
 
     /// SIGKILL: no shutdown path runs.
@@ -177,7 +177,7 @@ async fn a_coordinator_killed_between_finalising_and_delivering_loses_no_webhook
         .unwrap();
     assert_eq!(cancelled.status().as_u16(), 202);
     let mut finalised = 0;
-    for _ in 0..100 {
+    for _ in 0..300 {
         finalised = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM runs WHERE finalised")
             .fetch_one(store.pool())
             .await
@@ -187,7 +187,10 @@ async fn a_coordinator_killed_between_finalising_and_delivering_loses_no_webhook
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(finalised, 2, "both runs are finalised");
+    assert_eq!(
+        finalised, 2,
+        "both runs are finalised (hang guard: waited up to 30 s)"
+    );
     let enqueued = state_of(&store).await;
     assert_eq!(enqueued.len(), 2, "one delivery per finalised run");
     assert!(
@@ -205,7 +208,7 @@ async fn a_coordinator_killed_between_finalising_and_delivering_loses_no_webhook
         CoordinatorProcess::start(&scratch, &[]),
         CoordinatorProcess::start(&scratch, &[])
     );
-    let deliveries = hook.wait_for(2, Duration::from_secs(20)).await;
+    let deliveries = hook.wait_for(2, Duration::from_secs(30)).await;
     assert_eq!(
         deliveries.len(),
         2,

@@ -560,11 +560,13 @@ async fn a_429_with_retry_after_2_is_waited_out_and_succeeds() {
     let elapsed = started.elapsed();
     assert_eq!(produced.output, "done");
     assert_eq!(server.count(), 2, "the second request arrived");
+    // A lower bound, that the retry waited for the answer's `retry-after`: a loaded machine
+    // only makes it truer. That it waited no longer is the retry policy's (`delay` in the
+    // client's tests), not a clock's.
     assert!(
         elapsed >= Duration::from_millis(1_950),
         "waited only {elapsed:?}"
     );
-    assert!(elapsed < Duration::from_secs(4), "{elapsed:?}");
     assert!(
         clients.get("mock").unwrap().concurrency_limit() < before,
         "a 429 cuts the concurrency limit"
@@ -577,14 +579,18 @@ async fn a_hanging_provider_times_out_retries_and_errors_as_transient() {
     let mut config = server.provider(ProviderKind::Openai);
     config.timeout_ms = 200;
     let client = client_for(config);
-    let started = Instant::now();
-    let fault = client
-        .chat(&ChatRequest {
+    // The server never answers: only the client's own 200 ms limit ends each attempt, long
+    // before this guard against a hang.
+    let fault = tokio::time::timeout(
+        Duration::from_secs(60),
+        client.chat(&ChatRequest {
             messages: vec![Message::user("hi")],
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
+        }),
+    )
+    .await
+    .expect("hang guard: the client was still waiting after 60 s")
+    .unwrap_err();
     assert!(fault.is_transient(), "{fault}");
     let msg = fault.to_string();
     assert!(
@@ -592,7 +598,6 @@ async fn a_hanging_provider_times_out_retries_and_errors_as_transient() {
         "{msg}"
     );
     assert_eq!(server.count(), 3, "first request and two retries");
-    assert!(started.elapsed() < Duration::from_secs(3));
 }
 
 #[tokio::test]

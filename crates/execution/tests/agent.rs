@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -432,14 +432,9 @@ async fn hostile_tool_calls_fail_inside_the_loop_and_leave_the_host_alone() {
         "done",
     );
     let pkg = package(tests);
-    let t0 = Instant::now();
     let results = run_package(pkg.path(), model.clients(ProviderKind::Openai), |_| {}).await;
     let r = &results[0];
     assert_eq!(r.status, CaseStatus::Passed, "the loop went on: {r:#?}");
-    assert!(
-        t0.elapsed() < Duration::from_secs(20),
-        "the sleeping call was cut at its limit"
-    );
     let calls = r.details["runner"]["transcript"]["tool_calls"]
         .as_array()
         .unwrap()
@@ -463,7 +458,10 @@ async fn hostile_tool_calls_fail_inside_the_loop_and_leave_the_host_alone() {
         result(5)
     );
     assert!(!result(5).contains("late"));
-    assert!(calls[5]["duration_ms"].as_u64().unwrap() < 5_000);
+    assert_eq!(
+        calls[5]["exit_code"], 137,
+        "the sleeping call was killed at its limit"
+    );
     assert!(!pkg.path().join("pwned.txt").exists());
     assert!(!Path::new("/etc/skilleval-pwned").exists());
     // The results came back to the model flagged as errors.
@@ -662,7 +660,6 @@ async fn a_call_past_its_time_limit_loses_every_process_it_started_and_the_case_
     assert!(first.contains("timed out after 1000 ms"), "{first}");
     assert!(!first.contains("late"), "{first}");
     assert_eq!(calls[0]["exit_code"], 137);
-    assert!(calls[0]["duration_ms"].as_u64().unwrap() < 5_000);
     let second = calls[1]["result"].as_str().unwrap();
     assert!(
         second.contains("alive"),

@@ -629,6 +629,8 @@ mod tests {
             retry_after_ms: Some(2_000),
         };
         assert!(r.delay(1, &asked) >= Duration::from_secs(2));
+        // Above the backoff, what was asked and no more (the llm runner's 429 test waits it).
+        assert_eq!(r.delay(1, &asked), Duration::from_secs(2));
         assert!(r.delay(40, &f) <= r.max_delay);
     }
 

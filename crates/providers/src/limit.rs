@@ -312,9 +312,9 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(!waiter.is_finished(), "a third request waits");
         drop(a);
-        tokio::time::timeout(Duration::from_secs(1), waiter)
+        tokio::time::timeout(Duration::from_secs(30), waiter)
             .await
-            .unwrap()
+            .expect("hang guard: the third request had no permit 30 s after one was released")
             .unwrap();
     }
 

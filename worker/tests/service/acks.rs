@@ -60,9 +60,9 @@ async fn a_batch_acked_around_a_delivery_still_open_leaves_it_to_be_nacked_and_r
     let window = AckWindow::new();
     let mut pending = Vec::new();
     for _ in 0..6 {
-        let delivery = tokio::time::timeout(Duration::from_secs(5), consumer.next())
+        let delivery = tokio::time::timeout(Duration::from_secs(30), consumer.next())
             .await
-            .expect("a delivery")
+            .expect("hang guard: no delivery after 30 s")
             .expect("the consumer is open")
             .unwrap();
         pending.push((
@@ -80,9 +80,9 @@ async fn a_batch_acked_around_a_delivery_still_open_leaves_it_to_be_nacked_and_r
     assert!(message(3).nack_requeue().await);
     assert!(message(6).ack().await);
 
-    let again = tokio::time::timeout(Duration::from_secs(5), consumer.next())
+    let again = tokio::time::timeout(Duration::from_secs(30), consumer.next())
         .await
-        .expect("3 comes back")
+        .expect("hang guard: 3 had not come back after 30 s")
         .expect("the consumer is open")
         .unwrap();
     assert_eq!(again.data, vec![3]);

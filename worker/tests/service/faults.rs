@@ -27,7 +27,8 @@ async fn a_hanging_case_is_killed_retried_with_backoff_then_errored() {
     let elapsed = start.elapsed();
     assert_eq!((c.completed, c.errored), (2, 2), "{c:?}");
     env.assert_run_consistent(&seeded).await;
-    // Three attempts of 400 ms each, and two waits in delay queues of at least the first tier.
+    // Three attempts of 400 ms each, and two waits in delay queues of at least the first tier:
+    // a lower bound, which a loaded machine only makes truer.
     assert!(
         elapsed >= Duration::from_millis(3 * 400 + 2 * 300),
         "too fast for the backoff: {elapsed:?}"
@@ -51,7 +52,7 @@ async fn a_hanging_case_is_killed_retried_with_backoff_then_errored() {
     }
     // The hung processes were killed at the timeout, not left behind.
     eventually(
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         "no `sleep 600` left running",
         || async {
             !std::process::Command::new("pgrep")
@@ -98,11 +99,11 @@ async fn an_unparseable_message_is_parked_and_its_neighbours_run() {
 
     let mut parked = Vec::new();
     let start = std::time::Instant::now();
-    while parked.len() < 2 && start.elapsed() < Duration::from_secs(10) {
+    while parked.len() < 2 && start.elapsed() < Duration::from_secs(30) {
         parked.extend(env.drain_parking().await);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(parked.len(), 2);
+    assert_eq!(parked.len(), 2, "hang guard: 30 s and not both parked");
     let mut bodies: Vec<Vec<u8>> = parked.iter().map(|m| m.delivery.data.clone()).collect();
     bodies.sort();
     let mut expected = vec![garbage.to_vec(), future_schema.to_vec()];
@@ -137,14 +138,22 @@ async fn jobs_of_a_cancelled_run_are_skipped_without_running() {
     env.store.cancel(seeded.run_id).await.unwrap();
     let w = env.start_worker(env.settings("cancel")).await;
     env.publish(&seeded.jobs).await;
-    // Hanging cases would take 20 s each: skipping is what makes this fast.
-    eventually(Duration::from_secs(15), "every job handled", || async {
+    eventually(Duration::from_secs(60), "every job handled", || async {
         metric_sum(
             &w.worker.metrics().encode().unwrap(),
             "skilleval_worker_batch_size_sum",
         ) >= 30
     })
     .await;
+    // Skipped without running: not one of them reached the executor (each would hang 20 s).
+    assert_eq!(
+        metric_sum(
+            &w.worker.metrics().encode().unwrap(),
+            "skilleval_worker_job_duration_seconds_count",
+        ),
+        0,
+        "a job of the cancelled run was executed"
+    );
     // What the worker recorded for the stopped run changed nothing ...
     assert!(env.rows_by_status(seeded.run_id).await.is_empty());
     assert_eq!(env.counters(seeded.run_id).await.completed, 0);

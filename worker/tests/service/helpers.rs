@@ -329,7 +329,8 @@ impl TestEnv {
         rows.into_iter().collect()
     }
 
-    /// Waits until the run's counters are complete; panics after `timeout`.
+    /// Waits until the run's counters are complete; panics after `timeout`, a guard against a
+    /// hang (give 30 s or more: it measures nothing).
     pub async fn wait_for_run(&self, run_id: Uuid, timeout: Duration) -> Counters {
         let start = Instant::now();
         loop {
@@ -339,7 +340,7 @@ impl TestEnv {
             }
             assert!(
                 start.elapsed() < timeout,
-                "run not complete after {timeout:?}: {c:?}, rows {:?}",
+                "hang guard: run not complete after {timeout:?}: {c:?}, rows {:?}",
                 self.rows_by_status(run_id).await
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -515,7 +516,8 @@ impl WorkerProcess {
             .expect("signal the worker");
     }
 
-    /// Waits for the process to exit (panics after `timeout`); returns its status and stderr.
+    /// Waits for the process to exit (panics after `timeout`, a guard against a hang: give 30 s
+    /// or more); returns its status and stderr.
     pub async fn wait(&mut self, timeout: Duration) -> (std::process::ExitStatus, String) {
         let mut child = self.child.take().expect("running");
         let start = Instant::now();
@@ -531,7 +533,10 @@ impl WorkerProcess {
             if start.elapsed() > timeout {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("worker {} did not exit within {timeout:?}", self.name);
+                panic!(
+                    "hang guard: worker {} had not exited after {timeout:?}",
+                    self.name
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -586,7 +591,8 @@ pub fn metric_sum(text: &str, name: &str) -> u64 {
         .sum()
 }
 
-/// Waits until `probe` says yes; panics after `timeout`.
+/// Waits until `probe` says yes; panics after `timeout`, a guard against a hang (give 30 s or
+/// more: it measures nothing).
 pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut probe: F)
 where
     F: FnMut() -> Fut,
@@ -596,7 +602,7 @@ where
     while !probe().await {
         assert!(
             start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for: {what}"
+            "hang guard: still waiting after {timeout:?} for: {what}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

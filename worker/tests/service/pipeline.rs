@@ -178,7 +178,7 @@ async fn health_readiness_and_metrics_are_served() {
         crate::helpers::http_get(port, "/healthz").await.as_deref(),
         Some("ok")
     );
-    crate::helpers::eventually(Duration::from_secs(10), "ready once consuming", || async {
+    crate::helpers::eventually(Duration::from_secs(30), "ready once consuming", || async {
         crate::helpers::http_get(port, "/readyz").await.as_deref() == Some("ready")
     })
     .await;

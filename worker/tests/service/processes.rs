@@ -25,7 +25,7 @@ async fn a_worker_killed_with_jobs_in_flight_loses_none() {
     )
     .await;
     a.signal(Signal::SIGKILL);
-    let (status, _) = a.wait(Duration::from_secs(10)).await;
+    let (status, _) = a.wait(Duration::from_secs(30)).await;
     assert!(!status.success());
     let before = env.counters(seeded.run_id).await;
     assert!(
@@ -70,7 +70,8 @@ async fn sigterm_lets_in_flight_jobs_finish_and_exits_zero() {
     )
     .await;
     a.signal(Signal::SIGTERM);
-    let (status, stderr) = a.wait(Duration::from_secs(25)).await;
+    // Its in-flight jobs take 2 s and its grace is 20 s: a guard against a hang.
+    let (status, stderr) = a.wait(Duration::from_secs(60)).await;
     assert!(status.success(), "exit status {status:?}\n{stderr}");
     assert!(
         stderr.contains("stopped consuming") && stderr.contains("worker stopped"),

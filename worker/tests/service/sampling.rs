@@ -174,7 +174,7 @@ async fn a_worker_killed_mid_batch_leaves_every_sample_graded_exactly_once() {
     )
     .await;
     a.signal(Signal::SIGKILL);
-    let (status, _) = a.wait(Duration::from_secs(10)).await;
+    let (status, _) = a.wait(Duration::from_secs(30)).await;
     assert!(!status.success());
     let before = env.counters(run_id).await;
     assert!(before.completed <= 15, "killed mid-batch: {before:?}");

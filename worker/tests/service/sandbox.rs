@@ -153,7 +153,7 @@ async fn a_worker_whose_sandbox_breaks_goes_not_ready_and_comes_back() {
     settings.worker.concurrency = 2;
     let w = env.start_worker(settings).await;
     let (addr, _http) = w.worker.serve_http(w.shutdown.clone()).await.unwrap();
-    eventually(Duration::from_secs(10), "ready", || async {
+    eventually(Duration::from_secs(30), "ready", || async {
         readyz(addr.port())
             .await
             .is_some_and(|(code, _)| code == 200)
@@ -162,7 +162,7 @@ async fn a_worker_whose_sandbox_breaks_goes_not_ready_and_comes_back() {
 
     stand_in.break_it();
     env.publish(&seeded.jobs).await;
-    eventually(Duration::from_secs(20), "not ready, saying why", || async {
+    eventually(Duration::from_secs(30), "not ready, saying why", || async {
         readyz(addr.port()).await.is_some_and(|(code, body)| {
             code == 503 && body.contains("sandbox failed") && body.contains("Resource")
         })
@@ -180,7 +180,7 @@ async fn a_worker_whose_sandbox_breaks_goes_not_ready_and_comes_back() {
     assert_eq!(during.errored, 0, "{during:?}");
 
     stand_in.repair();
-    eventually(Duration::from_secs(10), "ready again", || async {
+    eventually(Duration::from_secs(30), "ready again", || async {
         readyz(addr.port())
             .await
             .is_some_and(|(code, _)| code == 200)
@@ -224,7 +224,7 @@ async fn a_worker_without_a_sandbox_is_not_ready_and_takes_no_job_until_it_has_o
 
     stand_in.install();
     eventually(
-        Duration::from_secs(20),
+        Duration::from_secs(30),
         "ready once bubblewrap is there",
         || async {
             readyz(addr.port())

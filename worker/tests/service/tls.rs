@@ -310,14 +310,16 @@ async fn the_worker_binary_consumes_over_tls_and_exits_at_once_on_a_certificate_
         if http_get(port, "/readyz").await.is_some() {
             break;
         }
-        assert!(Instant::now() < deadline, "not ready after 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "hang guard: not ready after 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     drop(worker);
 
     // The broker's certificate does not verify against the configured CA: the worker exits
     // non-zero at once, saying so, instead of reconnecting ten times.
-    let started = Instant::now();
     let out = worker_command(
         &pg,
         &rabbit,
@@ -337,10 +339,5 @@ async fn the_worker_binary_consumes_over_tls_and_exits_at_once_on_a_certificate_
     assert!(
         !stderr.contains("broker session could not start"),
         "a certificate problem is not retried: {stderr}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "took {:?}",
-        started.elapsed()
     );
 }
