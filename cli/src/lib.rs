@@ -1,5 +1,5 @@
 //! The `skilleval` command line: evaluate a skill locally (`run`), check it without running
-//! (`validate`), compare two local runs (`compare`), estimate a run before it starts (`plan`),
+//! (`validate`), write a first eval definition for a skill that has none (`init`), compare two local runs (`compare`), estimate a run before it starts (`plan`),
 //! hand a skill to a skilleval server (`submit`), grade a log of its production samples with
 //! its monitor (`monitor`), or send such a log to a server (`samples push`).
 //!
@@ -8,13 +8,14 @@
 //! render the report and write the skill-creator compatible files.
 //!
 //! Exit codes: 0 the verdict (or `compare`'s gate) is `pass`, 1 it is `fail`, 2 bad input or
-//! configuration.
+//! configuration, 3 the skill has no eval definition (`skilleval init` writes a first one).
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
 pub mod compare;
+pub mod init;
 pub mod monitor;
 pub mod plan;
 pub mod providers;
@@ -33,6 +34,8 @@ pub const EXIT_PASS: u8 = 0;
 pub const EXIT_FAIL: u8 = 1;
 /// Bad input or configuration: the package, a flag, the server's answer.
 pub const EXIT_BAD_INPUT: u8 = 2;
+/// `validate` / `run`: the skill has no eval definition; `skilleval init` writes a first one.
+pub const EXIT_NO_EVAL: u8 = 3;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -54,6 +57,9 @@ pub enum Command {
     Run(RunArgs),
     /// Check a skill folder or ZIP without running it; lists every problem.
     Validate(ValidateArgs),
+    /// Write a first eval definition (evals/evals.json and trigger queries) for a skill that
+    /// has none, drafted from its SKILL.md (by the configured model, if any).
+    Init(init::InitArgs),
     /// Upload a skill to a skilleval server; with --wait, follow the run and gate on its verdict.
     Submit(submit::SubmitArgs),
     /// Compare two local runs (eval/runs/<run-id> folders), or with --server two run or
@@ -181,6 +187,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
     match cli.command {
         Command::Run(args) => run::run(&args).await,
         Command::Validate(args) => validate::validate(&args),
+        Command::Init(args) => init::init(&args).await,
         Command::Submit(args) => submit::submit(&args).await,
         Command::Compare(args) => compare::compare(&args).await,
         Command::Plan(args) => plan::plan(&args),

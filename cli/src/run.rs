@@ -35,7 +35,7 @@ use skilleval_sandbox::{Sandbox, SandboxPolicy};
 use uuid::Uuid;
 
 use crate::providers::{self, LlmSetup};
-use crate::{table, variants, RunArgs, EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
+use crate::{table, variants, RunArgs, EXIT_BAD_INPUT, EXIT_FAIL, EXIT_NO_EVAL, EXIT_PASS};
 
 /// Default cases in flight when neither the flag nor the file says.
 const DEFAULT_CONCURRENCY: usize = 4;
@@ -51,6 +51,12 @@ pub enum RunError {
     /// The package opened but the validator found errors.
     #[error("{}: invalid package", path.display())]
     Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+    /// The skill has no eval definition yet (its other problems, if any, with it).
+    #[error("{}: no eval definition", path.display())]
+    NoEval {
         path: PathBuf,
         problems: Vec<Problem>,
     },
@@ -70,6 +76,7 @@ impl RunError {
             | RunError::Invalid { .. }
             | RunError::Config(_)
             | RunError::Write(_) => EXIT_BAD_INPUT,
+            RunError::NoEval { .. } => EXIT_NO_EVAL,
         }
     }
 
@@ -80,6 +87,10 @@ impl RunError {
                 report_package_error(path, source);
             }
             RunError::Invalid { path, problems } => print_problems(path, problems),
+            RunError::NoEval { path, problems } => {
+                print_problems(path, problems);
+                eprintln!("{}", no_eval_hint(path));
+            }
             RunError::Config(_) | RunError::Write(_) => eprintln!("error: {self}"),
         }
     }
@@ -91,6 +102,14 @@ pub fn verdict_exit_code(verdict: Verdict) -> u8 {
         Verdict::Pass => EXIT_PASS,
         Verdict::Fail => EXIT_FAIL,
     }
+}
+
+/// What to do about a skill with no eval definition.
+pub(crate) fn no_eval_hint(path: &Path) -> String {
+    format!(
+        "{p} has no eval definition yet. `skilleval init {p}` writes a first one (evals/evals.json and          trigger queries) from its SKILL.md, drafted by your model provider when one is configured;          see docs/test-format.md for the formats.",
+        p = path.display()
+    )
 }
 
 /// Prints a package error for people; returns the exit code for it.
@@ -207,12 +226,22 @@ async fn run_steps(args: &RunArgs) -> Result<Verdict, RunError> {
     Ok(executed.summary.verdict)
 }
 
-/// Opens the package (folder or ZIP) within the default limits.
+/// Opens the package (folder or ZIP) within the default limits; a skill with no eval
+/// definition stops here, with every problem found so far.
 fn open_package(args: &RunArgs) -> Result<Package, RunError> {
-    Package::open(&args.path, &PackageLimits::default()).map_err(|source| RunError::Package {
-        path: args.path.clone(),
-        source,
-    })
+    let package = Package::open(&args.path, &PackageLimits::default()).map_err(|source| {
+        RunError::Package {
+            path: args.path.clone(),
+            source,
+        }
+    })?;
+    if package.format.is_none() {
+        return Err(RunError::NoEval {
+            path: args.path.clone(),
+            problems: package.problems,
+        });
+    }
+    Ok(package)
 }
 
 /// Loads the model providers, refuses model-only flags that cannot work, and says which

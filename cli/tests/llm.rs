@@ -505,3 +505,80 @@ fn baseline_without_a_provider_is_bad_input() {
         stderr(&out)
     );
 }
+
+/// The model's draft for `skilleval init`: two cases with expectations, four trigger queries.
+fn drafted_evals() -> Value {
+    let answer = json!({
+        "evals": [
+            {"name": "standup", "prompt": "Write up notes for this standup: we launch on the 14th; Marco fixes the flaky test by Wednesday.",
+             "expected_output": "Notes with the launch decision and Marco's action item.",
+             "expectations": ["The notes have a Decisions section", "Marco's action item has a due date"]},
+            {"name": "retro", "prompt": "Summarise our retro: deploys were slow, we decided to cache builds.",
+             "expected_output": "Notes listing the caching decision.",
+             "expectations": ["The caching decision is listed under Decisions"]}
+        ],
+        "triggers": [
+            {"query": "turn this meeting transcript into notes", "should_trigger": true},
+            {"query": "what did we decide in the standup? here is the transcript", "should_trigger": true},
+            {"query": "write a meeting invite for Tuesday", "should_trigger": false},
+            {"query": "transcribe this audio file", "should_trigger": false}
+        ]
+    });
+    reply(&answer.to_string(), 2_000, 400)
+}
+
+#[test]
+fn init_asks_the_model_for_a_first_eval_that_validates_and_runs() {
+    let mock = Mock::start(|_, body| match schema_name(body) {
+        Some("draft_evals") => drafted_evals(),
+        Some("record_assertion_verdicts") => verdicts(body),
+        _ => reply(GOOD_NOTES, 100, 50),
+    });
+    let (_tmp, root) = example_copy("meeting-notes");
+    for generated in ["evals", "eval"] {
+        let _ = std::fs::remove_dir_all(root.join(generated));
+    }
+    let out = mock
+        .skilleval()
+        .args(["init", "--no-cache"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{said}{}", stderr(&out));
+    assert!(said.contains("2 eval(s) drafted by mock-model"), "{said}");
+    assert!(
+        said.contains("The definition validates (2 case(s))"),
+        "{said}"
+    );
+    // The request showed the model the skill and asked for the draft's schema.
+    let asked = mock.requests();
+    assert_eq!(asked.len(), 1);
+    assert!(user_text(&asked[0]).contains("<skill_name>meeting-notes</skill_name>"));
+    assert!(user_text(&asked[0]).contains("# Meeting notes"));
+
+    let evals = read_json(&root.join("evals/evals.json"));
+    assert_eq!(evals["skill_name"], "meeting-notes");
+    assert_eq!(evals["evals"][0]["id"], 1);
+    assert_eq!(
+        evals["evals"][0]["expectations"],
+        json!([
+            "The notes have a Decisions section",
+            "Marco's action item has a due date"
+        ])
+    );
+    let triggers = read_json(&root.join("evals/triggers.json"));
+    assert_eq!(triggers.as_array().unwrap().len(), 4);
+
+    let out = mock
+        .skilleval()
+        .arg("validate")
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = mock.run(&root, &["--no-cache"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("2 cases: 2 passed"), "{err}");
+}
