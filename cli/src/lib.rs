@@ -1,7 +1,9 @@
 //! The `skilleval` command line: evaluate a skill locally (`run`), check it without running
 //! (`validate`), write a first eval definition for a skill that has none (`init`), compare two local runs (`compare`), estimate a run before it starts (`plan`),
 //! hand a skill to a skilleval server (`submit`), grade a log of its production samples with
-//! its monitor (`monitor`), or send such a log to a server (`samples push`).
+//! its monitor (`monitor`), or send such a log to a server (`samples push`), write a stored run
+//! as skill-creator's files (`export --skill-creator`) and send back the reviews written in
+//! skill-creator's viewer (`feedback push`).
 //!
 //! Local runs use the same domain crates' code path as the service's workers: open and
 //! validate the package, plan one job per case, execute jobs on an in-process pool, summarise,
@@ -15,6 +17,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 pub mod compare;
+pub mod export;
 pub mod init;
 pub mod monitor;
 pub mod plan;
@@ -76,6 +79,11 @@ pub enum Command {
     Samples(samples::SamplesArgs),
     /// Serve the run pages of a skill's local runs (eval/runs/) on 127.0.0.1, no services.
     View(view::ViewArgs),
+    /// Write a stored run (a local eval/runs/<run-id>, or with --server a run id) as
+    /// skill-creator's iteration folder: --skill-creator RUN OUT.
+    Export(export::ExportArgs),
+    /// Reviews written in skill-creator's viewer: `feedback push FEEDBACK.json --run ID --server URL`.
+    Feedback(export::FeedbackArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -199,6 +207,8 @@ pub async fn dispatch(cli: Cli) -> u8 {
         }
         Command::Samples(args) => samples::samples(&args).await,
         Command::View(args) => view::view(&args).await,
+        Command::Export(args) => export::export(&args).await,
+        Command::Feedback(args) => export::feedback(&args).await,
     }
 }
 

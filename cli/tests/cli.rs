@@ -66,12 +66,55 @@ fn calculator_passes_and_writes_grading_and_benchmark_files() {
     assert_eq!(grading["status"], "passed");
     assert_eq!(grading["expectations"][0]["passed"], true);
     assert!(run_dir.join("report.md").exists());
+    // The seed's version history, under its own name.
+    let history: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("eval/version-history.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(history["skill_name"], "calculator");
+    assert_eq!(history["entries"][0]["num_test_cases"], 6);
+    assert_eq!(history["entries"][0]["description_version"], 1);
+    assert!(!root.join("eval/benchmark.json").exists());
+    // The run folder is a skill-creator iteration: string case ids numbered by position.
     let bench: Value =
-        serde_json::from_str(&std::fs::read_to_string(root.join("eval/benchmark.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("benchmark.json")).unwrap())
             .unwrap();
-    assert_eq!(bench["skill_name"], "calculator");
-    assert_eq!(bench["entries"][0]["num_test_cases"], 6);
-    assert_eq!(bench["entries"][0]["description_version"], 1);
+    assert_eq!(bench["metadata"]["skill_name"], "calculator");
+    assert_eq!(bench["runs"].as_array().unwrap().len(), 6);
+    assert_eq!(bench["runs"][1]["eval_id"], 2);
+    assert_eq!(bench["runs"][1]["case_id"], "tc-002");
+    assert!(run_dir
+        .join("eval-2-tc-002/with_skill/run-1/grading.json")
+        .exists());
+    assert!(run_dir
+        .join("eval-2-tc-002/with_skill/run-1/outputs/output.md")
+        .exists());
+}
+
+#[test]
+fn a_version_history_written_as_benchmark_json_is_continued() {
+    let (_tmp, root) = example_copy("calculator");
+    let legacy = serde_json::json!({
+        "skill_name": "calculator", "description_version": 4, "created_at": "2024-01-01T00:00:00Z",
+        "entries": [{"description_version": 4, "description_hash": "old", "run_id": "r"}]
+    });
+    std::fs::write(root.join("eval/benchmark.json"), legacy.to_string()).unwrap();
+    let out = bin()
+        .args(["run", "--quiet", "--case", "tc-001"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let history: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("eval/version-history.json")).unwrap(),
+    )
+    .unwrap();
+    let entries = history["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{history}");
+    assert_eq!(
+        entries[1]["description_version"], 5,
+        "a new description hash counts on"
+    );
 }
 
 #[test]
@@ -206,7 +249,7 @@ fn a_zip_runs_like_its_folder() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).contains("4 cases: 4 passed"));
-    assert!(out_dir.join("benchmark.json").exists());
+    assert!(out_dir.join("version-history.json").exists());
 }
 
 #[test]

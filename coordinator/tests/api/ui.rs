@@ -201,7 +201,14 @@ async fn reviews_are_checked_stored_exported_and_summarised_as_judge_agreement()
     assert!(reviews.iter().all(|r| r["run_id"].is_string()
         && r["feedback"].is_string()
         && r["timestamp"].is_string()));
-    assert_eq!(reviews[0]["run_id"], "case-000");
+    // Keyed as skill-creator's viewer names runs; agreeing that a case passes is "fine".
+    assert_eq!(reviews[0]["run_id"], "eval-1-case-000-with_skill-run-1");
+    assert_eq!(reviews[0]["feedback"], "", "{feedback}");
+    assert_eq!(
+        reviews[1]["feedback"],
+        "not fine: the reviewer agrees with the failing grade of exact_match"
+    );
+    assert_eq!(reviews[1]["reviewer"], "ann");
 
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
