@@ -310,6 +310,25 @@ async fn pages_need_a_session_carry_a_strict_csp_and_refuse_cross_site_changes()
             .as_u16(),
         200
     );
+    // A form of another site posting to a page lands on the HTML error page, not on JSON.
+    let r = client
+        .post(url("/ui/compare"))
+        .header("Cookie", &session)
+        .header("Origin", "http://evil.example")
+        .form(&[("base", "x"), ("head", "y")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let page = r.text().await.unwrap();
+    assert!(
+        page.contains("Error 403") && page.contains("own pages"),
+        "{page}"
+    );
     // A bearer client (no browser) needs no origin.
     let r = client
         .post(url("/v1/skills/validate"))
