@@ -266,6 +266,7 @@ mod tests {
     fn skip_rules() {
         assert!(is_skipped("eval/runs/abc/grading/tc-1.json"));
         assert!(is_skipped("eval/benchmark.json"));
+        assert!(is_skipped("eval/version-history.json"));
         assert!(is_skipped("node_modules/x/index.js"));
         assert!(is_skipped("scripts/.git/HEAD"));
         assert!(is_skipped("a/.DS_Store"));
