@@ -107,7 +107,9 @@ pub fn verdict_exit_code(verdict: Verdict) -> u8 {
 /// What to do about a skill with no eval definition.
 pub(crate) fn no_eval_hint(path: &Path) -> String {
     format!(
-        "{p} has no eval definition yet. `skilleval init {p}` writes a first one (evals/evals.json and          trigger queries) from its SKILL.md, drafted by your model provider when one is configured;          see docs/test-format.md for the formats.",
+        "{p} has no eval definition yet. `skilleval init {p}` writes a first one (evals/evals.json \
+         and trigger queries) from its SKILL.md, drafted by your model provider when one is \
+         configured; see docs/test-format.md for the formats.",
         p = path.display()
     )
 }
