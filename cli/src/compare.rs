@@ -76,6 +76,7 @@ pub struct CompareArgs {
 /// Writes `run.json` and `results.jsonl` for a finished local run: every with-skill attempt
 /// (repeats included, baseline attempts left out: they measure the bare model) and the
 /// fingerprints of the package's definition under the run's judge model.
+#[allow(clippy::too_many_arguments)]
 pub fn record_run(
     run_dir: &Path,
     run_id: Uuid,
@@ -83,11 +84,27 @@ pub fn record_run(
     llm: Option<&LlmSetup>,
     results: &[JobResult],
     repeats: u32,
-) -> Result<(), ArtifactError> {
+    skill_path: &str,
+    started: chrono::DateTime<chrono::Utc>,
+) -> Result<RunRecord, ArtifactError> {
     let judge_model = llm
         .and_then(|setup| setup.clients.pick(None, Purpose::Judge).ok())
         .map(|client| client.config().model.clone());
-    let with_skill: Vec<JobResult> = skilleval_analysis::benchmark::with_skill(results);
+    let inputs = package
+        .config
+        .test_cases
+        .iter()
+        .map(|c| {
+            (
+                c.id.clone(),
+                artifacts::EvalInput {
+                    prompt: c.input.prompt.clone(),
+                    files: c.input.files.clone(),
+                    assertions: c.expected.assertions.clone(),
+                },
+            )
+        })
+        .collect();
     let record = RunRecord {
         run_id,
         skill_name: package.manifest.name.clone(),
@@ -100,10 +117,13 @@ pub fn record_run(
         package_hash: package.content_hash.clone(),
         judge_model: judge_model.clone(),
         repeats,
-        timestamp: chrono::Utc::now(),
+        timestamp: started,
         fingerprints: compare::fingerprints(&package.config, judge_model.as_deref()),
+        inputs,
+        skill_path: Some(skill_path.to_string()),
     };
-    artifacts::write_run_record(run_dir, &record, &with_skill)
+    artifacts::write_run_record(run_dir, &record, results)?;
+    Ok(record)
 }
 
 /// One side of a comparison from its run folder.

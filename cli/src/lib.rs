@@ -1,20 +1,24 @@
 //! The `skilleval` command line: evaluate a skill locally (`run`), check it without running
-//! (`validate`), compare two local runs (`compare`), estimate a run before it starts (`plan`),
+//! (`validate`), write a first eval definition for a skill that has none (`init`), compare two local runs (`compare`), estimate a run before it starts (`plan`),
 //! hand a skill to a skilleval server (`submit`), grade a log of its production samples with
-//! its monitor (`monitor`), or send such a log to a server (`samples push`).
+//! its monitor (`monitor`), or send such a log to a server (`samples push`), write a stored run
+//! as skill-creator's files (`export --skill-creator`) and send back the reviews written in
+//! skill-creator's viewer (`feedback push`).
 //!
 //! Local runs use the same domain crates' code path as the service's workers: open and
 //! validate the package, plan one job per case, execute jobs on an in-process pool, summarise,
 //! render the report and write the skill-creator compatible files.
 //!
 //! Exit codes: 0 the verdict (or `compare`'s gate) is `pass`, 1 it is `fail`, 2 bad input or
-//! configuration.
+//! configuration, 3 the skill has no eval definition (`skilleval init` writes a first one).
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
 pub mod compare;
+pub mod export;
+pub mod init;
 pub mod monitor;
 pub mod plan;
 pub mod providers;
@@ -33,6 +37,8 @@ pub const EXIT_PASS: u8 = 0;
 pub const EXIT_FAIL: u8 = 1;
 /// Bad input or configuration: the package, a flag, the server's answer.
 pub const EXIT_BAD_INPUT: u8 = 2;
+/// `validate` / `run`: the skill has no eval definition; `skilleval init` writes a first one.
+pub const EXIT_NO_EVAL: u8 = 3;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -54,6 +60,9 @@ pub enum Command {
     Run(RunArgs),
     /// Check a skill folder or ZIP without running it; lists every problem.
     Validate(ValidateArgs),
+    /// Write a first eval definition (evals/evals.json and trigger queries) for a skill that
+    /// has none, drafted from its SKILL.md (by the configured model, if any).
+    Init(init::InitArgs),
     /// Upload a skill to a skilleval server; with --wait, follow the run and gate on its verdict.
     Submit(submit::SubmitArgs),
     /// Compare two local runs (eval/runs/<run-id> folders), or with --server two run or
@@ -70,6 +79,11 @@ pub enum Command {
     Samples(samples::SamplesArgs),
     /// Serve the run pages of a skill's local runs (eval/runs/) on 127.0.0.1, no services.
     View(view::ViewArgs),
+    /// Write a stored run (a local eval/runs/<run-id>, or with --server a run id) as
+    /// skill-creator's iteration folder: --skill-creator RUN OUT.
+    Export(export::ExportArgs),
+    /// Reviews written in skill-creator's viewer: `feedback push FEEDBACK.json --run ID --server URL`.
+    Feedback(export::FeedbackArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -181,6 +195,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
     match cli.command {
         Command::Run(args) => run::run(&args).await,
         Command::Validate(args) => validate::validate(&args),
+        Command::Init(args) => init::init(&args).await,
         Command::Submit(args) => submit::submit(&args).await,
         Command::Compare(args) => compare::compare(&args).await,
         Command::Plan(args) => plan::plan(&args),
@@ -192,6 +207,8 @@ pub async fn dispatch(cli: Cli) -> u8 {
         }
         Command::Samples(args) => samples::samples(&args).await,
         Command::View(args) => view::view(&args).await,
+        Command::Export(args) => export::export(&args).await,
+        Command::Feedback(args) => export::feedback(&args).await,
     }
 }
 

@@ -83,10 +83,40 @@ fn read_file(path: &Path) -> Result<Providers, String> {
     Providers::from_toml_str(&path.display().to_string(), &text).map_err(|e| e.to_string())
 }
 
+/// The options that say which providers and cache a command uses (`run`'s, `init`'s).
+#[derive(Debug, Clone, Copy)]
+pub struct ProviderOptions<'a> {
+    /// `--providers FILE`.
+    pub providers: Option<&'a Path>,
+    /// `--no-cache`.
+    pub no_cache: bool,
+    /// `--cache-dir DIR`.
+    pub cache_dir: Option<&'a Path>,
+}
+
+impl<'a> From<&'a RunArgs> for ProviderOptions<'a> {
+    fn from(args: &'a RunArgs) -> Self {
+        ProviderOptions {
+            providers: args.providers.as_deref(),
+            no_cache: args.no_cache,
+            cache_dir: args.cache_dir.as_deref(),
+        }
+    }
+}
+
 /// Reads the provider configuration; `Ok(None)` when there is none.
 pub fn load(args: &RunArgs, skill_dir: &Path, out_dir: &Path) -> Result<Option<LlmSetup>, String> {
+    load_with(ProviderOptions::from(args), skill_dir, out_dir)
+}
+
+/// [`load`] for any command's options.
+pub fn load_with(
+    args: ProviderOptions<'_>,
+    skill_dir: &Path,
+    out_dir: &Path,
+) -> Result<Option<LlmSetup>, String> {
     let mut sources = Vec::new();
-    let mut providers = match &args.providers {
+    let mut providers = match args.providers {
         Some(path) => {
             sources.push(path.display().to_string());
             read_file(path)?
@@ -119,7 +149,7 @@ pub fn load(args: &RunArgs, skill_dir: &Path, out_dir: &Path) -> Result<Option<L
     } else {
         Some(
             args.cache_dir
-                .clone()
+                .map(Path::to_path_buf)
                 .or_else(|| DirCache::default_dir(env))
                 .unwrap_or_else(|| out_dir.join(".cache").join("llm")),
         )

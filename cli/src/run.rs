@@ -35,7 +35,7 @@ use skilleval_sandbox::{Sandbox, SandboxPolicy};
 use uuid::Uuid;
 
 use crate::providers::{self, LlmSetup};
-use crate::{table, variants, RunArgs, EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
+use crate::{table, variants, RunArgs, EXIT_BAD_INPUT, EXIT_FAIL, EXIT_NO_EVAL, EXIT_PASS};
 
 /// Default cases in flight when neither the flag nor the file says.
 const DEFAULT_CONCURRENCY: usize = 4;
@@ -51,6 +51,12 @@ pub enum RunError {
     /// The package opened but the validator found errors.
     #[error("{}: invalid package", path.display())]
     Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+    /// The skill has no eval definition yet (its other problems, if any, with it).
+    #[error("{}: no eval definition", path.display())]
+    NoEval {
         path: PathBuf,
         problems: Vec<Problem>,
     },
@@ -70,6 +76,7 @@ impl RunError {
             | RunError::Invalid { .. }
             | RunError::Config(_)
             | RunError::Write(_) => EXIT_BAD_INPUT,
+            RunError::NoEval { .. } => EXIT_NO_EVAL,
         }
     }
 
@@ -80,6 +87,10 @@ impl RunError {
                 report_package_error(path, source);
             }
             RunError::Invalid { path, problems } => print_problems(path, problems),
+            RunError::NoEval { path, problems } => {
+                print_problems(path, problems);
+                eprintln!("{}", no_eval_hint(path));
+            }
             RunError::Config(_) | RunError::Write(_) => eprintln!("error: {self}"),
         }
     }
@@ -91,6 +102,16 @@ pub fn verdict_exit_code(verdict: Verdict) -> u8 {
         Verdict::Pass => EXIT_PASS,
         Verdict::Fail => EXIT_FAIL,
     }
+}
+
+/// What to do about a skill with no eval definition.
+pub(crate) fn no_eval_hint(path: &Path) -> String {
+    format!(
+        "{p} has no eval definition yet. `skilleval init {p}` writes a first one (evals/evals.json \
+         and trigger queries) from its SKILL.md, drafted by your model provider when one is \
+         configured; see docs/test-format.md for the formats.",
+        p = path.display()
+    )
 }
 
 /// Prints a package error for people; returns the exit code for it.
@@ -176,6 +197,7 @@ async fn run_steps(args: &RunArgs) -> Result<Verdict, RunError> {
     print_summary(args, &ctx, &executed, runnable.len(), &extras);
     if !args.no_write {
         let run_dir = write_all_run_files(
+            args,
             &out_dir,
             &ctx,
             &extras,
@@ -207,12 +229,22 @@ async fn run_steps(args: &RunArgs) -> Result<Verdict, RunError> {
     Ok(executed.summary.verdict)
 }
 
-/// Opens the package (folder or ZIP) within the default limits.
+/// Opens the package (folder or ZIP) within the default limits; a skill with no eval
+/// definition stops here, with every problem found so far.
 fn open_package(args: &RunArgs) -> Result<Package, RunError> {
-    Package::open(&args.path, &PackageLimits::default()).map_err(|source| RunError::Package {
-        path: args.path.clone(),
-        source,
-    })
+    let package = Package::open(&args.path, &PackageLimits::default()).map_err(|source| {
+        RunError::Package {
+            path: args.path.clone(),
+            source,
+        }
+    })?;
+    if package.format.is_none() {
+        return Err(RunError::NoEval {
+            path: args.path.clone(),
+            problems: package.problems,
+        });
+    }
+    Ok(package)
 }
 
 /// Loads the model providers, refuses model-only flags that cannot work, and says which
@@ -495,23 +527,9 @@ async fn report_extras(
     if args.baseline || args.repeats > 1 {
         let built = benchmark::Extras::build(&executed.all_results, args.repeats);
         extras.markdown.push_str(&built.markdown());
-        let mut notes = Vec::new();
-        if executed.no_baseline > 0 {
-            notes.push(format!(
-                "{} case(s) have no baseline: their runner cannot leave the skill out",
-                executed.no_baseline
-            ));
-        }
-        if executed.stopped > 0 {
-            notes.push(format!(
-                "the run was stopped by its budget: {} attempt(s) not run",
-                executed.stopped
-            ));
-        }
         extras.benchmark = Some(built.benchmark_json(
-            &package.manifest.name,
-            &executed.started.to_rfc3339(),
-            &notes,
+            &benchmark_metadata(args, package, executed),
+            &benchmark_notes(executed),
         ));
     }
     if let Some(setup) = llm {
@@ -521,6 +539,49 @@ async fn report_extras(
         }
     }
     extras
+}
+
+/// What a reader of the run's `benchmark.json` should know that its runs do not say.
+fn benchmark_notes(executed: &Executed) -> Vec<String> {
+    let mut notes = Vec::new();
+    if executed.no_baseline > 0 {
+        notes.push(format!(
+            "{} case(s) have no baseline: their runner cannot leave the skill out",
+            executed.no_baseline
+        ));
+    }
+    if executed.stopped > 0 {
+        notes.push(format!(
+            "the run was stopped by its budget: {} attempt(s) not run",
+            executed.stopped
+        ));
+    }
+    notes
+}
+
+/// skill-creator's `metadata` of this run: the skill's path as given, the models from the
+/// results.
+fn benchmark_metadata(
+    args: &RunArgs,
+    package: &Package,
+    executed: &Executed,
+) -> benchmark::BenchmarkMetadata {
+    benchmark::BenchmarkMetadata::of(
+        &package.manifest.name,
+        &skill_path(args),
+        &executed
+            .started
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        &executed.all_results,
+    )
+}
+
+/// The skill's path as a reader of the run's files can use it: absolute when it resolves.
+fn skill_path(args: &RunArgs) -> String {
+    std::fs::canonicalize(&args.path)
+        .unwrap_or_else(|_| args.path.clone())
+        .display()
+        .to_string()
 }
 
 /// The summary table, token use and extra sections on stderr.
@@ -560,9 +621,12 @@ fn print_summary(
     }
 }
 
-/// Writes every run file: attempt 1's grading, reports and `benchmark.json` entry, then the
-/// other attempts' grading files. Returns the run's folder.
+/// Writes every run file: attempt 1's grading, the reports and the version history entry,
+/// the run record (every attempt), and the run's folder as a skill-creator iteration.
+/// Returns the run's folder.
+#[allow(clippy::too_many_arguments)]
 fn write_all_run_files(
+    args: &RunArgs,
     out_dir: &Path,
     ctx: &ReportContext<'_>,
     extras: &ReportExtras,
@@ -578,15 +642,23 @@ fn write_all_run_files(
         .cloned()
         .collect();
     let run_dir = write_run_files(out_dir, ctx, extras, &first)?;
-    variants::write_other_grading(&run_dir, &executed.all_results)?;
-    crate::compare::record_run(
+    let record = crate::compare::record_run(
         &run_dir,
         ctx.run_id,
         package,
         llm,
         &executed.all_results,
         repeats,
+        &skill_path(args),
+        executed.started,
     )?;
+    let files = skilleval_reports::skill_creator::workspace(
+        &executed.all_results,
+        &record.inputs,
+        &benchmark_metadata(args, package, executed),
+        &benchmark_notes(executed),
+    );
+    skilleval_reports::skill_creator::write_workspace(&run_dir, &files)?;
     Ok(run_dir)
 }
 
@@ -682,8 +754,8 @@ fn artifact_base(args: &RunArgs) -> PathBuf {
 }
 
 /// Writes the run's files. `first` is attempt 1 with the skill (all of `ctx.results` unless
-/// `--repeats`): its grading files and `eval/benchmark.json` entry are one per case; the other
-/// attempts' grading files are written by [`variants::write_other_grading`].
+/// `--repeats`): its grading files (the JSON-shapes seed's per-case files) and version
+/// history entry are one per case; every attempt is in the skill-creator folder written after.
 fn write_run_files(
     base: &Path,
     ctx: &ReportContext<'_>,
@@ -702,21 +774,16 @@ fn write_run_files(
         render_with(ctx, ReportFormat::Markdown, extras),
     )?;
     write("report.json", render_with(ctx, ReportFormat::Json, extras))?;
-    // skill-creator's per-iteration benchmark.json (runs, run_summary with the uplift).
-    if let Some(doc) = &extras.benchmark {
-        write(
-            "benchmark.json",
-            serde_json::to_string_pretty(doc).unwrap_or_default() + "\n",
-        )?;
-    }
     if let Some(doc) = &extras.triggers {
         write(
             "triggers.json",
             serde_json::to_string_pretty(doc).unwrap_or_default() + "\n",
         )?;
     }
+    let history = base.join(artifacts::VERSION_HISTORY_FILE);
+    continue_legacy_history(base, &history);
     artifacts::append_benchmark(
-        &base.join("benchmark.json"),
+        &history,
         ctx.skill_name,
         ctx.skill_description,
         ctx.run_id,
@@ -725,6 +792,29 @@ fn write_run_files(
         Utc::now(),
     )?;
     Ok(run_dir)
+}
+
+/// A skill whose runs wrote the version history as `eval/benchmark.json` (before that name
+/// went to skill-creator's file) continues it: the old file is copied once to the new name,
+/// so description versions keep counting. Anything else there is left alone.
+fn continue_legacy_history(base: &Path, history: &Path) {
+    let legacy = base.join("benchmark.json");
+    if history.exists() || !legacy.is_file() {
+        return;
+    }
+    let is_history = std::fs::read_to_string(&legacy)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .is_some_and(|doc| doc.get("entries").is_some_and(serde_json::Value::is_array));
+    if is_history {
+        if let Err(e) = std::fs::copy(&legacy, history) {
+            eprintln!(
+                "note: could not continue {} as {}: {e}",
+                legacy.display(),
+                history.display()
+            );
+        }
+    }
 }
 
 /// Executes jobs `concurrency` at a time, retrying transient faults locally with backoff;

@@ -32,7 +32,11 @@ const SKIPPED_DIRS: &[&str] = &[".git", "target", "node_modules", "__pycache__",
 /// File names never uploaded.
 const SKIPPED_FILES: &[&str] = &[".DS_Store"];
 /// Package-relative paths never uploaded (the CLI's own run files).
-const SKIPPED_PATHS: &[&str] = &["eval/runs", "eval/benchmark.json"];
+const SKIPPED_PATHS: &[&str] = &[
+    "eval/runs",
+    "eval/benchmark.json",
+    "eval/version-history.json",
+];
 
 #[derive(Debug, Clone, Args)]
 pub struct SubmitArgs {

@@ -5,10 +5,11 @@ use skilleval_execution::validate::validate as validate_package;
 use skilleval_grading::StrategyRegistry;
 use skilleval_model::package::{Package, PackageLimits};
 
-use crate::run::{print_problems, print_risk, report_package_error};
-use crate::{ValidateArgs, EXIT_BAD_INPUT, EXIT_PASS};
+use crate::run::{no_eval_hint, print_problems, print_risk, report_package_error};
+use crate::{ValidateArgs, EXIT_BAD_INPUT, EXIT_NO_EVAL, EXIT_PASS};
 
-/// Validates the package at `args.path`; 0 when it has no error, 2 otherwise.
+/// Validates the package at `args.path`; 0 when it has no error, 3 when it has no eval
+/// definition, 2 for any other error.
 pub fn validate(args: &ValidateArgs) -> u8 {
     let package = match Package::open(&args.path, &PackageLimits::default()) {
         Ok(p) => p,
@@ -33,6 +34,8 @@ pub fn validate(args: &ValidateArgs) -> u8 {
     let registry = StrategyRegistry::builtin().build();
     let validation = validate_package(&package, &registry);
     let ok = validation.is_ok();
+    // A skill with no eval yet is not a broken package: it gets its own code and the way on.
+    let no_eval = package.format.is_none();
     let risk = package.risk_report();
     if args.json {
         let body = serde_json::json!({
@@ -43,6 +46,7 @@ pub fn validate(args: &ValidateArgs) -> u8 {
             "content_hash": package.content_hash,
             "problems": validation.problems,
             "risk": risk,
+            "no_eval_definition": no_eval,
         });
         println!(
             "{}",
@@ -65,8 +69,13 @@ pub fn validate(args: &ValidateArgs) -> u8 {
     if !args.json {
         // Findings are for a reviewer to read; they do not make a package invalid.
         print_risk(&args.path, &risk);
+        if no_eval {
+            eprintln!("{}", no_eval_hint(&args.path));
+        }
     }
-    if ok {
+    if no_eval {
+        EXIT_NO_EVAL
+    } else if ok {
         EXIT_PASS
     } else {
         EXIT_BAD_INPUT

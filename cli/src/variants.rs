@@ -5,17 +5,13 @@
 //!
 //! The `with_skill` attempts are the run: its summary and verdict are over them (with repeats,
 //! every attempt counts). The `without_skill` attempts (`--baseline`, runners that can leave
-//! the skill out only: the same model, no SKILL.md) are only compared against. Attempt 1 with
-//! the skill writes the usual `runs/<run-id>/grading/`; the others write
-//! `runs/<run-id>/<configuration>/run-<n>/grading/`.
-
-use std::path::{Path, PathBuf};
+//! the skill out only: the same model, no SKILL.md) are only compared against. Every attempt
+//! has its folder in the run's skill-creator layout
+//! (`runs/<run-id>/eval-<id>/<configuration>/run-<n>/`, [`skilleval_reports::skill_creator`]).
 
 use skilleval_execution::executor::Executor;
 use skilleval_execution::plan::Job;
-use skilleval_execution::result::JobResult;
 pub use skilleval_execution::variant::Variant;
-use skilleval_reports::artifacts;
 
 /// The jobs of a run with `repeats` attempts each and, with `baseline`, as many without the
 /// skill (for the runners that can leave it out). With-skill attempts come first, so a budget
@@ -30,33 +26,6 @@ pub fn expand(
     skilleval_execution::variant::expand(jobs, repeats, baseline, |j| {
         executor.runs_without_skill(&j.runner.kind)
     })
-}
-
-/// Writes the grading files of the non-primary attempts; returns the folders written.
-pub fn write_other_grading(
-    run_dir: &Path,
-    results: &[JobResult],
-) -> Result<Vec<PathBuf>, artifacts::ArtifactError> {
-    let mut groups: Vec<(Variant, Vec<JobResult>)> = Vec::new();
-    for r in results {
-        let v = r.variant;
-        if v.is_primary() {
-            continue;
-        }
-        match groups.iter_mut().find(|(g, _)| *g == v) {
-            Some((_, rs)) => rs.push(r.clone()),
-            None => groups.push((v, vec![r.clone()])),
-        }
-    }
-    let mut dirs = Vec::with_capacity(groups.len());
-    for (v, rs) in groups {
-        let dir = run_dir
-            .join(v.configuration.as_str())
-            .join(format!("run-{}", v.run_number));
-        artifacts::write_grading(&dir, &rs)?;
-        dirs.push(dir);
-    }
-    Ok(dirs)
 }
 
 #[cfg(test)]

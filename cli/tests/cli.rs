@@ -66,12 +66,55 @@ fn calculator_passes_and_writes_grading_and_benchmark_files() {
     assert_eq!(grading["status"], "passed");
     assert_eq!(grading["expectations"][0]["passed"], true);
     assert!(run_dir.join("report.md").exists());
+    // The seed's version history, under its own name.
+    let history: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("eval/version-history.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(history["skill_name"], "calculator");
+    assert_eq!(history["entries"][0]["num_test_cases"], 6);
+    assert_eq!(history["entries"][0]["description_version"], 1);
+    assert!(!root.join("eval/benchmark.json").exists());
+    // The run folder is a skill-creator iteration: string case ids numbered by position.
     let bench: Value =
-        serde_json::from_str(&std::fs::read_to_string(root.join("eval/benchmark.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("benchmark.json")).unwrap())
             .unwrap();
-    assert_eq!(bench["skill_name"], "calculator");
-    assert_eq!(bench["entries"][0]["num_test_cases"], 6);
-    assert_eq!(bench["entries"][0]["description_version"], 1);
+    assert_eq!(bench["metadata"]["skill_name"], "calculator");
+    assert_eq!(bench["runs"].as_array().unwrap().len(), 6);
+    assert_eq!(bench["runs"][1]["eval_id"], 2);
+    assert_eq!(bench["runs"][1]["case_id"], "tc-002");
+    assert!(run_dir
+        .join("eval-2-tc-002/with_skill/run-1/grading.json")
+        .exists());
+    assert!(run_dir
+        .join("eval-2-tc-002/with_skill/run-1/outputs/output.md")
+        .exists());
+}
+
+#[test]
+fn a_version_history_written_as_benchmark_json_is_continued() {
+    let (_tmp, root) = example_copy("calculator");
+    let legacy = serde_json::json!({
+        "skill_name": "calculator", "description_version": 4, "created_at": "2024-01-01T00:00:00Z",
+        "entries": [{"description_version": 4, "description_hash": "old", "run_id": "r"}]
+    });
+    std::fs::write(root.join("eval/benchmark.json"), legacy.to_string()).unwrap();
+    let out = bin()
+        .args(["run", "--quiet", "--case", "tc-001"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let history: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("eval/version-history.json")).unwrap(),
+    )
+    .unwrap();
+    let entries = history["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{history}");
+    assert_eq!(
+        entries[1]["description_version"], 5,
+        "a new description hash counts on"
+    );
 }
 
 #[test]
@@ -206,7 +249,7 @@ fn a_zip_runs_like_its_folder() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).contains("4 cases: 4 passed"));
-    assert!(out_dir.join("benchmark.json").exists());
+    assert!(out_dir.join("version-history.json").exists());
 }
 
 #[test]
@@ -269,4 +312,144 @@ fn without_a_sandbox_a_skill_running_scripts_is_refused_before_running_with_exit
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("verdict: PASS"), "{err}");
+}
+
+/// A skill folder with a SKILL.md and nothing else, in a temp dir.
+fn bare_skill() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("notes-skill");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(
+        root.join("SKILL.md"),
+        "---\nname: notes-skill\ndescription: Turns meeting transcripts into notes. Use when users want to summarise a meeting transcript, list the decisions of a meeting, or extract action items with owners.\n---\n# Meeting notes\n\n## Writing the notes\n\nSummary, Decisions, Action items.\n",
+    )
+    .unwrap();
+    (dir, root)
+}
+
+/// The binary with no model provider from the environment, in `cwd` (no skilleval.toml).
+fn bin_without_provider(cwd: &Path) -> Command {
+    let mut cmd = bin();
+    for var in [
+        "SKILLEVAL_PROVIDER_KIND",
+        "SKILLEVAL_PROVIDER_MODEL",
+        "SKILLEVAL_PROVIDER_BASE_URL",
+        "SKILLEVAL_PROVIDER_API_KEY_ENV",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.current_dir(cwd);
+    cmd
+}
+
+#[test]
+fn a_skill_without_an_eval_gets_exit_3_and_init_writes_one_the_author_completes() {
+    let (tmp, root) = bare_skill();
+    let validate = |root: &Path| {
+        bin_without_provider(tmp.path())
+            .arg("validate")
+            .arg(root)
+            .output()
+            .unwrap()
+    };
+    // No eval definition: its own exit code, and the way on.
+    let out = validate(&root);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no eval definition found"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains(&format!("skilleval init {}", root.display())),
+        "{}",
+        stderr(&out)
+    );
+    let out = bin_without_provider(tmp.path())
+        .args(["run", "--quiet"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("skilleval init"), "{}", stderr(&out));
+
+    // Without a model: prompts from SKILL.md, expectations left to write.
+    let out = bin_without_provider(tmp.path())
+        .arg("init")
+        .arg(&root)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{said}{}", stderr(&out));
+    assert!(said.contains("drafted from SKILL.md"), "{said}");
+    assert!(said.contains("write the expectations"), "{said}");
+    let evals: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("evals/evals.json")).unwrap())
+            .unwrap();
+    assert_eq!(evals["skill_name"], "notes-skill");
+    let list = evals["evals"].as_array().unwrap();
+    assert_eq!(list.len(), 3, "{evals}");
+    assert_eq!(
+        list[0]["prompt"],
+        "Help me with this: summarise a meeting transcript."
+    );
+    for (i, e) in list.iter().enumerate() {
+        assert_eq!(e["id"], i + 1);
+        assert_eq!(e["expectations"], serde_json::json!([]));
+    }
+    let triggers: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("evals/triggers.json")).unwrap())
+            .unwrap();
+    let polarity = |b: bool| {
+        triggers
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["should_trigger"] == b)
+            .count()
+    };
+    assert!(polarity(true) >= 3 && polarity(false) >= 1, "{triggers}");
+
+    // Prompts with no expectations are refused, each where its expectations go.
+    let out = validate(&root);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    for i in 0..3 {
+        assert!(
+            err.contains(&format!("evals/evals.json#/evals/{i}/expectations")),
+            "{err}"
+        );
+    }
+    assert!(
+        err.contains("add the statements a good output must satisfy"),
+        "{err}"
+    );
+    let out = bin_without_provider(tmp.path())
+        .args(["run", "--quiet"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    // init never overwrites a definition.
+    let out = bin_without_provider(tmp.path())
+        .arg("init")
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("already has an eval definition (evals/evals.json)"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Once the author writes expectations, it validates.
+    let mut evals = evals;
+    for e in evals["evals"].as_array_mut().unwrap() {
+        e["expectations"] = serde_json::json!(["The notes have a Decisions section"]);
+    }
+    std::fs::write(root.join("evals/evals.json"), evals.to_string()).unwrap();
+    let out = validate(&root);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }

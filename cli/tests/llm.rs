@@ -354,7 +354,7 @@ fn baseline_reports_the_uplift_in_benchmark_json() {
     assert_eq!(s["delta"]["pass_rate"], "+1.00");
     // 1200 tokens with the skill, 850 without.
     assert_eq!(s["delta"]["tokens"], "+350");
-    assert!(dir.join("without_skill/run-1/grading/2.json").exists());
+    assert!(dir.join("eval-2/without_skill/run-1/grading.json").exists());
     assert!(dir.join("grading/2.json").exists());
     // What a comparison reads: the judge model in each model-graded case's fingerprint, and
     // only the with-skill attempts (the bare model's say nothing about the skill's version).
@@ -368,7 +368,11 @@ fn baseline_reports_the_uplift_in_benchmark_json() {
         .count();
     assert!(judged > 0, "{record}");
     let lines = std::fs::read_to_string(dir.join("results.jsonl")).unwrap();
-    assert_eq!(lines.lines().count(), 3);
+    assert_eq!(
+        lines.lines().count(),
+        6,
+        "every attempt, the baseline's too"
+    );
 }
 
 #[test]
@@ -393,14 +397,14 @@ fn repeats_report_pass_at_k_and_flaky_cases() {
     assert!(err.contains("## Repeats: 3 attempts per case"), "{err}");
     assert!(err.contains("9 cases: 5 passed, 4 failed"), "{err}");
     let dir = run_dir(&root);
-    // Attempt 1 keeps the usual grading path; later attempts have their own folders.
+    // Attempt 1 keeps the seed's grading path; every attempt has its skill-creator folder.
     assert_eq!(read_json(&dir.join("grading/1.json"))["status"], "passed");
     assert_eq!(
-        read_json(&dir.join("with_skill/run-2/grading/1.json"))["status"],
+        read_json(&dir.join("eval-1/with_skill/run-2/grading.json"))["status"],
         "failed"
     );
     assert_eq!(
-        read_json(&dir.join("with_skill/run-3/grading/1.json"))["status"],
+        read_json(&dir.join("eval-1/with_skill/run-3/grading.json"))["status"],
         "passed"
     );
     let bench = read_json(&dir.join("benchmark.json"));
@@ -504,4 +508,482 @@ fn baseline_without_a_provider_is_bad_input() {
         "{}",
         stderr(&out)
     );
+}
+
+/// The model's draft for `skilleval init`: two cases with expectations, four trigger queries.
+fn drafted_evals() -> Value {
+    let answer = json!({
+        "evals": [
+            {"name": "standup", "prompt": "Write up notes for this standup: we launch on the 14th; Marco fixes the flaky test by Wednesday.",
+             "expected_output": "Notes with the launch decision and Marco's action item.",
+             "expectations": ["The notes have a Decisions section", "Marco's action item has a due date"]},
+            {"name": "retro", "prompt": "Summarise our retro: deploys were slow, we decided to cache builds.",
+             "expected_output": "Notes listing the caching decision.",
+             "expectations": ["The caching decision is listed under Decisions"]}
+        ],
+        "triggers": [
+            {"query": "turn this meeting transcript into notes", "should_trigger": true},
+            {"query": "what did we decide in the standup? here is the transcript", "should_trigger": true},
+            {"query": "write a meeting invite for Tuesday", "should_trigger": false},
+            {"query": "transcribe this audio file", "should_trigger": false}
+        ]
+    });
+    reply(&answer.to_string(), 2_000, 400)
+}
+
+#[test]
+fn init_asks_the_model_for_a_first_eval_that_validates_and_runs() {
+    let mock = Mock::start(|_, body| match schema_name(body) {
+        Some("draft_evals") => drafted_evals(),
+        Some("record_assertion_verdicts") => verdicts(body),
+        _ => reply(GOOD_NOTES, 100, 50),
+    });
+    let (_tmp, root) = example_copy("meeting-notes");
+    for generated in ["evals", "eval"] {
+        let _ = std::fs::remove_dir_all(root.join(generated));
+    }
+    let out = mock
+        .skilleval()
+        .args(["init", "--no-cache"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{said}{}", stderr(&out));
+    assert!(said.contains("2 eval(s) drafted by mock-model"), "{said}");
+    assert!(
+        said.contains("The definition validates (2 case(s))"),
+        "{said}"
+    );
+    // The request showed the model the skill and asked for the draft's schema.
+    let asked = mock.requests();
+    assert_eq!(asked.len(), 1);
+    assert!(user_text(&asked[0]).contains("<skill_name>meeting-notes</skill_name>"));
+    assert!(user_text(&asked[0]).contains("# Meeting notes"));
+
+    let evals = read_json(&root.join("evals/evals.json"));
+    assert_eq!(evals["skill_name"], "meeting-notes");
+    assert_eq!(evals["evals"][0]["id"], 1);
+    assert_eq!(
+        evals["evals"][0]["expectations"],
+        json!([
+            "The notes have a Decisions section",
+            "Marco's action item has a due date"
+        ])
+    );
+    let triggers = read_json(&root.join("evals/triggers.json"));
+    assert_eq!(triggers.as_array().unwrap().len(), 4);
+
+    let out = mock
+        .skilleval()
+        .arg("validate")
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = mock.run(&root, &["--no-cache"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("2 cases: 2 passed"), "{err}");
+}
+
+/// The keys of a JSON object, sorted.
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .cloned()
+        .collect();
+    k.sort();
+    k
+}
+
+/// Asserts that `v` has every field of `fields`, each of the JSON type named (`"string"`,
+/// `"number"`, `"integer"`, `"boolean"`, `"array"`, `"object"`).
+fn assert_fields(v: &Value, what: &str, fields: &[(&str, &str)]) {
+    for (name, kind) in fields {
+        let f = v
+            .get(*name)
+            .unwrap_or_else(|| panic!("{what}: no `{name}`: {v}"));
+        let ok = match *kind {
+            "string" => f.is_string(),
+            "number" => f.is_number(),
+            "integer" => f.is_u64(),
+            "boolean" => f.is_boolean(),
+            "array" => f.is_array(),
+            "object" => f.is_object(),
+            other => panic!("unknown kind {other}"),
+        };
+        assert!(ok, "{what}: `{name}` is not {kind}: {f}");
+    }
+}
+
+/// A run's numbers the way skill-creator's aggregator reads a workspace: the pass rate from
+/// grading.json's `summary`; the time from grading.json's `timing.total_duration_seconds`,
+/// or when that is absent from timing.json together with its `total_tokens`; the tokens
+/// otherwise from `execution_metrics.output_chars`; errors and tool calls from
+/// `execution_metrics`.
+fn as_skill_creator_reads(run_dir: &Path) -> (f64, f64, f64) {
+    let grading = read_json(&run_dir.join("grading.json"));
+    let pass_rate = grading["summary"]["pass_rate"].as_f64().unwrap_or(0.0);
+    let mut time = grading["timing"]["total_duration_seconds"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let mut tokens = None;
+    if time == 0.0 && run_dir.join("timing.json").exists() {
+        let timing = read_json(&run_dir.join("timing.json"));
+        time = timing["total_duration_seconds"].as_f64().unwrap_or(0.0);
+        tokens = timing["total_tokens"].as_f64().filter(|t| *t != 0.0);
+    }
+    let tokens = tokens.unwrap_or_else(|| {
+        grading["execution_metrics"]["output_chars"]
+            .as_f64()
+            .unwrap_or(0.0)
+    });
+    (pass_rate, time, tokens)
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+#[test]
+fn a_run_with_baseline_and_repeats_is_a_skill_creator_workspace_field_by_field() {
+    let mock = Mock::start(skill_sensitive);
+    let (_tmp, root) = example_copy("meeting-notes");
+    let out = mock.run(&root, &["--no-cache", "--baseline", "--repeats", "3"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let dir = run_dir(&root);
+    let evals = read_json(&root.join("evals/evals.json"));
+
+    // benchmark.json (schemas.md "benchmark.json").
+    let bench = read_json(&dir.join("benchmark.json"));
+    let meta = &bench["metadata"];
+    assert_fields(
+        meta,
+        "metadata",
+        &[
+            ("skill_name", "string"),
+            ("skill_path", "string"),
+            ("executor_model", "string"),
+            ("analyzer_model", "string"),
+            ("timestamp", "string"),
+            ("evals_run", "array"),
+            ("runs_per_configuration", "integer"),
+        ],
+    );
+    assert_eq!(meta["skill_name"], "meeting-notes");
+    assert_eq!(
+        Path::new(meta["skill_path"].as_str().unwrap()),
+        root.canonicalize().unwrap()
+    );
+    assert_eq!(meta["executor_model"], "mock-model");
+    assert_eq!(meta["analyzer_model"], "mock-model");
+    assert!(chrono::DateTime::parse_from_rfc3339(meta["timestamp"].as_str().unwrap()).is_ok());
+    assert_eq!(meta["evals_run"], json!([1, 2, 3]));
+    assert_eq!(meta["runs_per_configuration"], 3);
+    let runs = bench["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 18, "3 evals x 2 configurations x 3 runs");
+    for r in runs {
+        assert_fields(
+            r,
+            "runs[]",
+            &[
+                ("eval_id", "integer"),
+                ("eval_name", "string"),
+                ("configuration", "string"),
+                ("run_number", "integer"),
+                ("result", "object"),
+                ("expectations", "array"),
+                ("notes", "array"),
+            ],
+        );
+        assert!(r["configuration"] == "with_skill" || r["configuration"] == "without_skill");
+        assert_fields(
+            &r["result"],
+            "runs[].result",
+            &[
+                ("pass_rate", "number"),
+                ("passed", "integer"),
+                ("failed", "integer"),
+                ("total", "integer"),
+                ("time_seconds", "number"),
+                ("tokens", "integer"),
+                ("tool_calls", "integer"),
+                ("errors", "integer"),
+            ],
+        );
+        for e in r["expectations"].as_array().unwrap() {
+            assert_fields(
+                e,
+                "expectations[]",
+                &[
+                    ("text", "string"),
+                    ("passed", "boolean"),
+                    ("evidence", "string"),
+                ],
+            );
+        }
+    }
+    let summary = &bench["run_summary"];
+    for config in ["with_skill", "without_skill"] {
+        for metric in ["pass_rate", "time_seconds", "tokens"] {
+            assert_fields(
+                &summary[config][metric],
+                &format!("run_summary.{config}.{metric}"),
+                &[
+                    ("mean", "number"),
+                    ("stddev", "number"),
+                    ("min", "number"),
+                    ("max", "number"),
+                ],
+            );
+        }
+    }
+    assert_fields(
+        &summary["delta"],
+        "run_summary.delta",
+        &[
+            ("pass_rate", "string"),
+            ("time_seconds", "string"),
+            ("tokens", "string"),
+        ],
+    );
+    assert_eq!(summary["delta"]["pass_rate"], "+1.00");
+    assert!(bench["notes"].is_array());
+
+    // Per eval and run: eval_metadata.json, grading.json, timing.json, outputs/.
+    let mut read: std::collections::BTreeMap<&str, Vec<(f64, f64, f64)>> = Default::default();
+    for (i, eval) in evals["evals"].as_array().unwrap().iter().enumerate() {
+        let id = i + 1;
+        let eval_dir = dir.join(format!("eval-{id}"));
+        let metadata = read_json(&eval_dir.join("eval_metadata.json"));
+        assert_fields(
+            &metadata,
+            "eval_metadata.json",
+            &[
+                ("eval_id", "integer"),
+                ("eval_name", "string"),
+                ("prompt", "string"),
+                ("assertions", "array"),
+            ],
+        );
+        assert_eq!(metadata["eval_id"], id);
+        assert_eq!(metadata["prompt"], eval["prompt"]);
+        assert_eq!(metadata["assertions"], eval["expectations"]);
+        for config in ["with_skill", "without_skill"] {
+            for n in 1..=3 {
+                let run = eval_dir.join(config).join(format!("run-{n}"));
+                assert_eq!(
+                    read_json(&run.join("eval_metadata.json")),
+                    metadata,
+                    "the viewer reads it beside the run"
+                );
+                let grading = read_json(&run.join("grading.json"));
+                assert_fields(
+                    &grading,
+                    "grading.json",
+                    &[
+                        ("expectations", "array"),
+                        ("summary", "object"),
+                        ("execution_metrics", "object"),
+                        ("timing", "object"),
+                        ("claims", "array"),
+                        ("user_notes_summary", "object"),
+                    ],
+                );
+                assert_eq!(
+                    grading["expectations"].as_array().unwrap().len(),
+                    eval["expectations"].as_array().unwrap().len()
+                );
+                for e in grading["expectations"].as_array().unwrap() {
+                    assert_eq!(keys(e), ["evidence", "passed", "text"].map(String::from));
+                }
+                assert_fields(
+                    &grading["summary"],
+                    "grading.summary",
+                    &[
+                        ("passed", "integer"),
+                        ("failed", "integer"),
+                        ("total", "integer"),
+                        ("pass_rate", "number"),
+                    ],
+                );
+                assert_fields(
+                    &grading["execution_metrics"],
+                    "grading.execution_metrics",
+                    &[
+                        ("tool_calls", "object"),
+                        ("total_tool_calls", "integer"),
+                        ("total_steps", "integer"),
+                        ("errors_encountered", "integer"),
+                        ("output_chars", "integer"),
+                        ("transcript_chars", "integer"),
+                    ],
+                );
+                assert_fields(
+                    &grading["timing"],
+                    "grading.timing",
+                    &[
+                        ("executor_duration_seconds", "number"),
+                        ("grader_duration_seconds", "number"),
+                    ],
+                );
+                // The total is timing.json's, so that skill-creator reads the tokens from there.
+                assert!(grading["timing"].get("total_duration_seconds").is_none());
+                assert_fields(
+                    &grading["user_notes_summary"],
+                    "grading.user_notes_summary",
+                    &[
+                        ("uncertainties", "array"),
+                        ("needs_review", "array"),
+                        ("workarounds", "array"),
+                    ],
+                );
+                let timing = read_json(&run.join("timing.json"));
+                assert_fields(
+                    &timing,
+                    "timing.json",
+                    &[
+                        ("total_tokens", "integer"),
+                        ("duration_ms", "integer"),
+                        ("total_duration_seconds", "number"),
+                        ("executor_start", "string"),
+                        ("executor_end", "string"),
+                        ("executor_duration_seconds", "number"),
+                        ("grader_start", "string"),
+                        ("grader_end", "string"),
+                        ("grader_duration_seconds", "number"),
+                    ],
+                );
+                let metrics = read_json(&run.join("outputs/metrics.json"));
+                assert_fields(
+                    &metrics,
+                    "metrics.json",
+                    &[
+                        ("tool_calls", "object"),
+                        ("total_tool_calls", "integer"),
+                        ("total_steps", "integer"),
+                        ("files_created", "array"),
+                        ("errors_encountered", "integer"),
+                        ("output_chars", "integer"),
+                        ("transcript_chars", "integer"),
+                    ],
+                );
+                // The output is kept for both configurations.
+                let output = std::fs::read_to_string(run.join("outputs/output.md")).unwrap();
+                let expected = if config == "with_skill" {
+                    GOOD_NOTES
+                } else {
+                    BARE_NOTES
+                };
+                assert_eq!(output, expected);
+                read.entry(if config == "with_skill" {
+                    "with_skill"
+                } else {
+                    "without_skill"
+                })
+                .or_default()
+                .push(as_skill_creator_reads(&run));
+            }
+        }
+    }
+    // What skill-creator's aggregator computes from the folders is what benchmark.json says.
+    for config in ["with_skill", "without_skill"] {
+        let runs = &read[config];
+        assert_eq!(runs.len(), 9);
+        let s = &summary[config];
+        let pass = mean(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
+        let time = mean(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
+        let tokens = mean(&runs.iter().map(|r| r.2).collect::<Vec<_>>());
+        assert!(
+            (pass - s["pass_rate"]["mean"].as_f64().unwrap()).abs() < 1e-9,
+            "{config} pass rate"
+        );
+        assert!(
+            (time - s["time_seconds"]["mean"].as_f64().unwrap()).abs() < 1e-9,
+            "{config} time"
+        );
+        assert!(
+            (tokens - s["tokens"]["mean"].as_f64().unwrap()).abs() < 1e-9,
+            "{config} tokens"
+        );
+    }
+    assert_eq!(summary["with_skill"]["tokens"]["mean"], 1200.0);
+    assert_eq!(summary["without_skill"]["tokens"]["mean"], 850.0);
+}
+
+/// Every file under `dir`, by its path below it.
+fn files_under(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn export_writes_a_stored_local_run_as_the_same_skill_creator_folder() {
+    let mock = Mock::start(skill_sensitive);
+    let (tmp, root) = example_copy("meeting-notes");
+    let out = mock.run(&root, &["--no-cache", "--baseline"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let dir = run_dir(&root);
+    let target = tmp.path().join("iteration-1");
+    let out = mock
+        .skilleval()
+        .args(["export", "--skill-creator"])
+        .arg(&dir)
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let exported = files_under(&target);
+    let own = files_under(&dir);
+    assert_eq!(
+        exported.len(),
+        3 * 2 * 5 + 3 + 1,
+        "per run 5 files, per eval its metadata, the benchmark"
+    );
+    for (path, bytes) in &exported {
+        assert_eq!(
+            own.get(path),
+            Some(bytes),
+            "{path}: the export is the file the run wrote"
+        );
+    }
+    assert!(exported.contains_key("eval-2/without_skill/run-1/outputs/output.md"));
+    // Not a run folder, or a folder already written: bad input.
+    let out = mock
+        .skilleval()
+        .args(["export", "--skill-creator"])
+        .arg(tmp.path())
+        .arg(tmp.path().join("elsewhere"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is not a run folder"),
+        "{}",
+        stderr(&out)
+    );
+    let out = mock
+        .skilleval()
+        .args(["export", "--skill-creator"])
+        .arg(&dir)
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not empty"), "{}", stderr(&out));
 }

@@ -334,13 +334,23 @@ fn changes_state(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
+/// A refusal as its caller reads it: a page of the web interface (a form posted to `/ui/…`
+/// lands the browser on it) gets the HTML error page, the API its JSON error.
+fn refusal_for(path: &str, e: ApiError) -> Response {
+    if path.starts_with("/ui") {
+        crate::ui::PageError(e).into_response()
+    } else {
+        e.into_response()
+    }
+}
+
 /// The middleware: request id, authentication, scope, rate limits, visibility, audit.
 pub async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let path = request.uri().path().to_string();
     let changes_state = changes_state(request.method());
     // A browser's request from another site never changes state here, signed in or not.
     if changes_state && same_origin(&request) == Some(false) {
-        return cross_site_refusal().into_response();
+        return refusal_for(&path, cross_site_refusal());
     }
     if is_open(&path) {
         return next.run(request).await;
@@ -366,7 +376,7 @@ pub async fn guard(State(state): State<AppState>, request: Request, next: Next) 
             // A page asked for without a session: the sign-in form, not a JSON 401.
             (None, Redirect::to("/ui/login").into_response())
         }
-        Err((principal, e)) => (principal, challenge(e.into_response())),
+        Err((principal, e)) => (principal, challenge(refusal_for(&path, e))),
     };
     let mut response = response;
     if let Ok(value) = HeaderValue::from_str(&request_id) {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use serde_json::{json, Value};
-use skilleval_analysis::benchmark::Extras;
+use skilleval_analysis::benchmark::{BenchmarkMetadata, Extras};
 use skilleval_analysis::budget::mark_stopped;
 use skilleval_analysis::summary::{Summarizer, Verdict};
 use skilleval_execution::result::NO_BASELINE;
@@ -381,6 +381,13 @@ pub fn variant_extras(
         .collect();
     // Baseline and repeats first, then the trigger evals, as `skilleval run` orders them.
     out.markdown = extras.markdown() + &out.markdown;
-    out.benchmark = Some(extras.benchmark_json(&run.skill, &run.created_at.to_rfc3339(), &notes));
+    let meta = BenchmarkMetadata::of(
+        &run.skill,
+        &skilleval_reports::skill_creator::service_skill_path(&run.skill, &run.version),
+        &run.created_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        results,
+    );
+    out.benchmark = Some(extras.benchmark_json(&meta, &notes));
     out
 }

@@ -8,8 +8,9 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use skilleval_analysis::benchmark::{benchmark_json, benchmark_run, run_summary};
-use skilleval_execution::variant::Configuration;
+use skilleval_analysis::benchmark::{
+    benchmark_json, benchmark_runs, run_summary, BenchmarkMetadata,
+};
 use skilleval_infra::store::comparisons::HistoryRow;
 use uuid::Uuid;
 
@@ -200,17 +201,28 @@ pub async fn benchmark(
             continue;
         };
         let results = load_results(&state.store, run.run_id).await?;
-        let runs: Vec<_> = results
+        let primary: Vec<_> = results
             .iter()
-            .filter_map(|r| benchmark_run(Configuration::WithSkill, 1, r))
+            .filter(|r| r.variant.is_primary())
+            .cloned()
             .collect();
+        let runs = benchmark_runs(&primary);
         let summary = run_summary(&runs);
-        let timestamp = run.finished_at.unwrap_or(row.created_at).to_rfc3339();
+        let timestamp = run
+            .finished_at
+            .unwrap_or(row.created_at)
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let notes = vec![format!(
             "version {} (package {}), run {}",
             row.version, row.package_hash, run.run_id
         )];
-        let mut doc = benchmark_json(&name, &timestamp, &runs, &summary, None, &notes);
+        let meta = BenchmarkMetadata::of(
+            &name,
+            &skilleval_reports::skill_creator::service_skill_path(&name, &row.version),
+            &timestamp,
+            &primary,
+        );
+        let mut doc = benchmark_json(&meta, &runs, &summary, None, &notes);
         doc["metadata"]["version"] = json!(row.version);
         doc["metadata"]["version_id"] = json!(row.version_id);
         doc["metadata"]["run_id"] = json!(run.run_id);

@@ -22,6 +22,7 @@ use crate::state::AppState;
 pub mod admin;
 pub mod comparisons;
 pub mod editor;
+pub mod exports;
 pub mod fields;
 pub mod health;
 pub mod history;
@@ -83,6 +84,7 @@ routes! {
     post "/v1/runs/{id}/reviews" => reviews::create;
     get "/v1/runs/{id}/reviews" => reviews::list;
     get "/v1/runs/{id}/feedback" => reviews::feedback;
+    get "/v1/runs/{id}/workspace" => exports::workspace_zip;
     get "/v1/skills/{name}/agreement" => reviews::agreement;
     post "/v1/skills/{name}/preview" => preview::preview;
     get "/v1/skills/{name}/versions/{version}/definition" => editor::definition;

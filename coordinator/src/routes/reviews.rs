@@ -7,6 +7,14 @@
 //! The grade reviewed is read from the stored result when the review arrives (pass or not;
 //! the judge model, else the strategy) and stored with the review, so the agreement needs
 //! nothing but the reviews.
+//!
+//! skill-creator's `feedback.json` goes both ways, with its meaning: a review is keyed by the
+//! viewer's name of the run it is about (`eval-1-with_skill-run-1`, the run's folder as
+//! `skilleval_reports::skill_creator` lays it out) and its `feedback` is empty when the
+//! reviewer found the output fine and had nothing to add ("empty means fine"), else what they
+//! said. The same file, written by skill-creator's viewer, can be posted to
+//! `POST /v1/runs/{id}/reviews`: an empty feedback is a reviewer who says the case passes, any
+//! text one who says it does not, and each becomes an agree or a disagree with the stored grade.
 
 use std::collections::BTreeMap;
 
@@ -17,11 +25,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use skilleval_analysis::stats::{cohen_kappa, Agreement, AgreementTable};
 use skilleval_execution::result::{CaseStatus, JobResult};
+use skilleval_execution::variant::Configuration;
 use skilleval_infra::store::reviews::{NewReview, ReviewRow, ReviewVerdict};
+use skilleval_reports::skill_creator::{review_run_id, EvalDirs, ViewerRuns};
 use uuid::Uuid;
 
 use crate::error::ApiError;
-use crate::extract::{parse_uuid, ApiJson};
+use crate::extract::{parse_json, parse_uuid, ApiJson};
+use crate::results::load_results;
 use crate::state::AppState;
 
 /// A criterion's normalised score at or above this counts as the judge saying "pass".
@@ -50,6 +61,43 @@ pub struct ReviewItem {
     pub verdict: ReviewVerdict,
     #[serde(default)]
     pub note: String,
+}
+
+/// skill-creator's `feedback.json`, as its viewer writes it (`reviewer` is ours: its viewer
+/// writes none).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackFile {
+    pub reviews: Vec<FeedbackEntry>,
+    /// `complete` or `in_progress`; either is taken.
+    #[serde(default)]
+    pub status: Option<String>,
+    /// Who reviewed, for the entries that do not say.
+    #[serde(default)]
+    pub reviewer: String,
+}
+
+/// One run's feedback in skill-creator's `feedback.json`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackEntry {
+    /// The viewer's name of the run (`eval-1-with_skill-run-1`).
+    pub run_id: String,
+    /// Empty: the output is fine.
+    pub feedback: String,
+    #[serde(default)]
+    pub timestamp: Option<String>,
+    #[serde(default)]
+    pub reviewer: Option<String>,
+}
+
+/// Whether a reviews body is skill-creator's `feedback.json` (its entries name a `run_id`)
+/// rather than our own shape (`test_case_id` and a verdict).
+fn is_feedback_file(body: &Value) -> bool {
+    body.get("reviews")
+        .and_then(Value::as_array)
+        .and_then(|items| items.first())
+        .is_some_and(|first| first.get("run_id").is_some())
 }
 
 /// Who graded a result: the judge model when a model graded it, else the strategy.
@@ -173,19 +221,129 @@ pub async fn store_reviews(
     Ok(reviews.len())
 }
 
-/// `POST /v1/runs/{id}/reviews`.
+/// `POST /v1/runs/{id}/reviews`: our reviews, or skill-creator's `feedback.json`.
 #[tracing::instrument(skip_all, fields(run_id = %id))]
 pub async fn create(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    ApiJson(body): ApiJson<ReviewsBody>,
+    ApiJson(body): ApiJson<Value>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let run_id = parse_uuid("id", &id)?;
+    // Parsed again as the shape it is, so a type error names its field in that shape.
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    if is_feedback_file(&body) {
+        let file: FeedbackFile = parse_json(&bytes)?;
+        let (stored, ignored) = import_feedback(&state, run_id, file).await?;
+        return Ok((
+            StatusCode::CREATED,
+            Json(json!({ "run_id": run_id, "stored": stored, "ignored": ignored })),
+        ));
+    }
+    let body: ReviewsBody = parse_json(&bytes)?;
     let stored = store_reviews(&state, run_id, body).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "run_id": run_id, "stored": stored })),
+        Json(json!({ "run_id": run_id, "stored": stored, "ignored": [] })),
     ))
+}
+
+/// An entry of a `feedback.json` that names a run of the folder but is not imported, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct IgnoredFeedback {
+    pub run_id: String,
+    pub reason: String,
+}
+
+/// Imports skill-creator's `feedback.json` onto the run: each entry about a case's first
+/// with-skill attempt becomes a review of its grade (empty feedback: the reviewer says it
+/// passes; any text: it does not; the text is the note). Entries about another attempt (a
+/// repeat, the baseline) or a case with no grade are returned as ignored, with the reason; an
+/// entry naming no run of the folder is a 422 naming it. All or none are stored.
+pub async fn import_feedback(
+    state: &AppState,
+    run_id: Uuid,
+    file: FeedbackFile,
+) -> Result<(usize, Vec<IgnoredFeedback>), ApiError> {
+    if state.store.get_run(run_id).await?.is_none() {
+        return Err(ApiError::not_found("run", run_id));
+    }
+    let results: Vec<JobResult> = load_results(&state.store, run_id)
+        .await?
+        .into_iter()
+        .filter(|r| r.variant.configuration != Configuration::Trigger)
+        .collect();
+    let runs = ViewerRuns::of(&results);
+    let mut items = Vec::new();
+    let mut ignored = Vec::new();
+    for (i, entry) in file.reviews.into_iter().enumerate() {
+        let Some((case_id, configuration, run_number)) = runs.get(&entry.run_id) else {
+            return Err(invalid_review(
+                &format!("/reviews/{i}/run_id"),
+                format!(
+                    "`{}` names no run of run {run_id}'s skill-creator folder (its runs are named \
+                     like `eval-1-with_skill-run-1`: GET /v1/runs/{run_id}/workspace has them)",
+                    entry.run_id
+                ),
+            ));
+        };
+        if configuration != Configuration::WithSkill || run_number != 1 {
+            ignored.push(IgnoredFeedback {
+                run_id: entry.run_id,
+                reason: "reviews are of a case's grade, its first attempt with the skill; this is \
+                         another attempt"
+                    .into(),
+            });
+            continue;
+        }
+        let Some(result) = results
+            .iter()
+            .find(|r| r.test_case_id == case_id && r.variant.is_primary())
+        else {
+            continue;
+        };
+        if !matches!(result.status, CaseStatus::Passed | CaseStatus::Failed) {
+            ignored.push(IgnoredFeedback {
+                run_id: entry.run_id,
+                reason: format!(
+                    "the case was {}: it has no grade to review",
+                    result.status.as_str()
+                ),
+            });
+            continue;
+        }
+        let reviewer_pass = entry.feedback.trim().is_empty();
+        let judge_pass = result.status == CaseStatus::Passed;
+        items.push((
+            entry.reviewer.unwrap_or_else(|| file.reviewer.clone()),
+            ReviewItem {
+                test_case_id: case_id.to_string(),
+                criterion: None,
+                verdict: if reviewer_pass == judge_pass {
+                    ReviewVerdict::Agree
+                } else {
+                    ReviewVerdict::Disagree
+                },
+                note: entry.feedback,
+            },
+        ));
+    }
+    // One request per reviewer, each all-or-nothing like any reviews body; a failure of a later
+    // one would leave earlier ones stored, so every item is checked first.
+    let mut by_reviewer: BTreeMap<String, Vec<ReviewItem>> = BTreeMap::new();
+    for (reviewer, item) in items {
+        if item.note.chars().count() > MAX_NOTE_CHARS {
+            return Err(invalid_review(
+                "/reviews",
+                format!("a feedback is over {MAX_NOTE_CHARS} characters"),
+            ));
+        }
+        by_reviewer.entry(reviewer).or_default().push(item);
+    }
+    let mut stored = 0;
+    for (reviewer, reviews) in by_reviewer {
+        stored += store_reviews(state, run_id, ReviewsBody { reviewer, reviews }).await?;
+    }
+    Ok((stored, ignored))
 }
 
 /// `GET /v1/runs/{id}/reviews`.
@@ -204,9 +362,8 @@ pub async fn list(
     ))
 }
 
-/// `GET /v1/runs/{id}/feedback`: skill-creator's `feedback.json` (`{reviews: [{run_id,
-/// feedback, timestamp}], status}`), one entry per review; `run_id` names the case (and
-/// `#criterion` for a criterion's review), `feedback` says agree/disagree and the note.
+/// `GET /v1/runs/{id}/feedback`: skill-creator's `feedback.json` of the run's reviews
+/// ([`feedback_json`]).
 pub async fn feedback(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -216,32 +373,72 @@ pub async fn feedback(
         return Err(ApiError::not_found("run", run_id));
     }
     let reviews = state.store.reviews_of_run(run_id).await?;
-    Ok(Json(feedback_json(&reviews)))
+    let results: Vec<JobResult> = load_results(&state.store, run_id)
+        .await?
+        .into_iter()
+        .filter(|r| r.variant.configuration != Configuration::Trigger)
+        .collect();
+    Ok(Json(feedback_json(&reviews, &EvalDirs::of(&results))))
 }
 
-/// The `feedback.json` document of some reviews.
-pub fn feedback_json(reviews: &[ReviewRow]) -> Value {
-    let entries: Vec<Value> = reviews
-        .iter()
-        .map(|r| {
-            let target = match &r.criterion {
-                Some(c) => format!("{}#{c}", r.test_case_id),
-                None => r.test_case_id.clone(),
-            };
-            let verdict = match r.verdict {
-                ReviewVerdict::Agree => "agree",
-                ReviewVerdict::Disagree => "disagree",
-            };
-            let feedback = if r.note.is_empty() {
-                verdict.to_string()
-            } else {
-                format!("{verdict}: {}", r.note)
-            };
+/// What one review says in skill-creator's terms: nothing when the reviewer found the output
+/// fine and wrote no note; the note when they wrote one; else that the output fails.
+fn feedback_line(r: &ReviewRow) -> Option<String> {
+    let reviewer_pass = match r.verdict {
+        ReviewVerdict::Agree => r.judge_pass,
+        ReviewVerdict::Disagree => !r.judge_pass,
+    };
+    let note = r.note.trim();
+    let said = if !note.is_empty() {
+        note.to_string()
+    } else if reviewer_pass {
+        return None;
+    } else if r.judge_pass {
+        format!(
+            "not fine: the reviewer disagrees with the passing grade of {}",
+            r.judge
+        )
+    } else {
+        format!(
+            "not fine: the reviewer agrees with the failing grade of {}",
+            r.judge
+        )
+    };
+    Some(match &r.criterion {
+        Some(c) => format!("{c}: {said}"),
+        None => said,
+    })
+}
+
+/// The `feedback.json` of some reviews: one entry per reviewed case, keyed by the viewer's
+/// name of its first with-skill attempt (`eval-1-with_skill-run-1`), its `feedback` the lines
+/// of its reviews ([`feedback_line`]; empty when every review found it fine with nothing to
+/// add), its `timestamp` the latest review's, `reviewer` the reviewers. Cases nobody reviewed
+/// are left out: unreviewed is not "fine".
+pub fn feedback_json(reviews: &[ReviewRow], dirs: &EvalDirs) -> Value {
+    let mut cases: Vec<(&str, Vec<&ReviewRow>)> = Vec::new();
+    for r in reviews {
+        match cases.iter_mut().find(|(id, _)| *id == r.test_case_id) {
+            Some((_, rs)) => rs.push(r),
+            None => cases.push((&r.test_case_id, vec![r])),
+        }
+    }
+    let entries: Vec<Value> = cases
+        .into_iter()
+        .map(|(case_id, rs)| {
+            let lines: Vec<String> = rs.iter().filter_map(|r| feedback_line(r)).collect();
+            let mut reviewers: Vec<&str> = rs
+                .iter()
+                .map(|r| r.reviewer.as_str())
+                .filter(|r| !r.is_empty())
+                .collect();
+            reviewers.sort_unstable();
+            reviewers.dedup();
             json!({
-                "run_id": target,
-                "feedback": feedback,
-                "timestamp": r.created_at,
-                "reviewer": r.reviewer,
+                "run_id": review_run_id(dirs, case_id).unwrap_or_else(|| case_id.to_string()),
+                "feedback": lines.join("\n"),
+                "timestamp": rs.iter().map(|r| r.created_at).max(),
+                "reviewer": reviewers.join(", "),
             })
         })
         .collect();

@@ -16,9 +16,10 @@ use serde_json::Value;
 use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_infra::store::pages::{CaseQuery, CaseSort, SkillSort};
 use skilleval_infra::store::reviews::{ReviewRow, ReviewVerdict};
+use skilleval_model::definition::TestCase;
 use skilleval_model::package::RiskReport;
 use skilleval_reports::html::{
-    case_detail, case_table, risk_section, summary_section, CaseRow, HISTOGRAM_BINS,
+    case_detail, case_table, risk_section, summary_section, CaseInput, CaseRow, HISTOGRAM_BINS,
 };
 use uuid::Uuid;
 
@@ -459,7 +460,13 @@ pub async fn case(
             .collect(),
         _ => Vec::new(),
     };
-    let input = case_input(&state, run_id, index, &result.test_case_id).await;
+    let planned = planned_case(&state, run_id, index, &result.test_case_id).await;
+    let input = planned.as_ref().map(|c| CaseInput {
+        prompt: &c.input.prompt,
+        description: c.description.as_deref(),
+        context: c.input.context.as_ref(),
+        files: &c.input.files,
+    });
     let reviewable = matches!(result.status, CaseStatus::Passed | CaseStatus::Failed);
     let saved = params.contains_key("saved");
     Ok(layout(
@@ -467,7 +474,7 @@ pub async fn case(
         html! {
             p.meta { a href=(format!("/ui/runs/{run_id}")) { "← run of " (run.skill) " " (run.version) }
                 " · " (result.name) }
-            (case_detail(&result, input.as_deref()))
+            (case_detail(&result, input.as_ref()))
             h3 { "Human review" }
             @if saved { p #review-saved { "Review saved." } }
             @if !reviews.is_empty() {
@@ -504,15 +511,15 @@ pub async fn case(
     ))
 }
 
-/// The case's input as planned (prompt templated, variables, files), from the run's plan:
+/// The case as planned (prompt templated, description, context, files), from the run's plan:
 /// results do not store it. `None` when the plan cannot say (a filtered run whose positions
 /// differ from the eval file's, a plan that no longer reads).
-async fn case_input(state: &AppState, run_id: Uuid, index: i32, id: &str) -> Option<String> {
+async fn planned_case(state: &AppState, run_id: Uuid, index: i32, id: &str) -> Option<TestCase> {
     let plan = state.planner.plan_of(run_id).await.ok()?;
     let mut chunks = plan.chunks(usize::try_from(index).ok()?, 1);
     let jobs = chunks.recv().await?.ok()?;
     let job = jobs.into_iter().next().filter(|j| j.case.id == id)?;
-    serde_json::to_string_pretty(&job.case.input).ok()
+    Some(job.case)
 }
 
 /// `POST /ui/runs/{id}/cases/{index}/review` (the form): stored through the API's checks.
@@ -657,6 +664,47 @@ pub async fn compare(
 /// Moved cases shown with their outputs side by side.
 const SIDE_BY_SIDE: usize = 20;
 
+/// Two outputs side by side, line by line: lines only the base has marked removed, lines only
+/// the head has marked added (`similar`'s line diff).
+fn side_by_side_diff(base: &str, head: &str) -> Markup {
+    use similar::{ChangeTag, TextDiff};
+    let diff = TextDiff::from_lines(base, head);
+    let mut left: Vec<(String, &str)> = Vec::new();
+    let mut right: Vec<(String, &str)> = Vec::new();
+    for change in diff.iter_all_changes() {
+        let line = change.to_string_lossy().into_owned();
+        match change.tag() {
+            ChangeTag::Equal => {
+                left.push((line.clone(), ""));
+                right.push((line, ""));
+            }
+            ChangeTag::Delete => left.push((line, "del")),
+            ChangeTag::Insert => right.push((line, "ins")),
+        }
+    }
+    let changed = left
+        .iter()
+        .chain(&right)
+        .filter(|(_, c)| !c.is_empty())
+        .count();
+    let pane = |lines: &[(String, &str)], class: &str| {
+        html! {
+            pre.text.diff.(class) {
+                @for (line, c) in lines {
+                    @if c.is_empty() { (line) } @else { span.(c) { (line) } }
+                }
+            }
+        }
+    };
+    html! {
+        p.muted.diff-count { (changed) " changed line(s): removed in the base, added in the head" }
+        div.side-by-side {
+            div { p.muted { "base" } (pane(&left, "output-a")) }
+            div { p.muted { "head" } (pane(&right, "output-b")) }
+        }
+    }
+}
+
 /// `GET /ui/comparisons/{id}`.
 pub async fn comparison(State(state): State<AppState>, Path(id): Path<String>) -> Page {
     let comparison_id: Uuid = parse_uuid("id", &id)?;
@@ -749,10 +797,10 @@ pub async fn comparison(State(state): State<AppState>, Path(id): Path<String>) -
             h3 { "Outputs side by side" }
             @for id in &shown {
                 h4 { (id) }
-                div.side-by-side {
-                    div { p.muted { "base" } pre.text.output-a { (base_out.get(id).map(String::as_str).unwrap_or("")) } }
-                    div { p.muted { "head" } pre.text.output-b { (head_out.get(id).map(String::as_str).unwrap_or("")) } }
-                }
+                (side_by_side_diff(
+                    base_out.get(id).map(String::as_str).unwrap_or(""),
+                    head_out.get(id).map(String::as_str).unwrap_or(""),
+                ))
             }
             @if shown.is_empty() { p.muted { "No case moved." } }
         },

@@ -14,7 +14,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
 use crate::e2e::start_worker_with;
-use crate::helpers::{spawn_app_with, AppOptions, TestApp};
+use crate::helpers::{serve_local, spawn_app_with, AppOptions, TestApp};
 use crate::packages::{given_tests, skill_md, zip_of};
 
 const TOKEN: &str = "browser-test-token";
@@ -263,6 +263,27 @@ async fn browser_upload_lists_problems_then_follows_the_calculator_live_to_its_v
             .any(|t| t.contains("eval/tests.json#/testCases/2/expected/patterns/0")),
         "{texts:?}"
     );
+    // Each problem once: the status line counts them and repeats none.
+    let status = text_of(&c, "#validation-status").await;
+    assert!(status.starts_with("2 problem(s) to fix"), "{status}");
+    assert!(!status.contains("unclosed"), "{status}");
+    // The regex error keeps its lines: the pattern, then the caret under it.
+    let message = c
+        .find(Locator::Css("#problems li.error:last-child .message"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines: Vec<&str> = message.lines().collect();
+    let pattern_line = lines
+        .iter()
+        .position(|l| l.contains("([unclosed"))
+        .unwrap_or_else(|| panic!("{message}"));
+    assert!(
+        lines.get(pattern_line + 1).is_some_and(|l| l.trim() == "^"),
+        "{message}"
+    );
     assert_eq!(
         c.find(Locator::Css("#start-run"))
             .await
@@ -327,6 +348,15 @@ async fn browser_upload_lists_problems_then_follows_the_calculator_live_to_its_v
         .await
         .unwrap();
     assert!(c.find(Locator::Css("#histogram")).await.is_ok());
+    // The progress bar reads at a glance: wider than the browser's default 160 px.
+    let (_, _, width, _) = c
+        .find(Locator::Css("#run-progress"))
+        .await
+        .unwrap()
+        .rectangle()
+        .await
+        .unwrap();
+    assert!(width > 300.0, "progress bar {width} px wide");
     screenshot(&c, "calculator-run").await;
     assert_no_console_errors(&c, "calculator run page").await;
 
@@ -419,9 +449,10 @@ async fn browser_filters_failures_reviews_compares_and_never_runs_an_output() {
         .await
         .unwrap();
     assert_eq!(text_of(&c, "#case-output").await, HOSTILE);
-    assert!(
-        text_of(&c, "#case-input").await.contains("Say ok (1)"),
-        "the case's input"
+    assert_eq!(
+        text_of(&c, "#case-prompt").await,
+        "Say ok (1)",
+        "the case's prompt, as text"
     );
     assert_eq!(
         c.execute("return typeof window.__xss;", vec![])
@@ -639,6 +670,23 @@ async fn browser_filters_failures_reviews_compares_and_never_runs_an_output() {
     assert!(
         base_outputs.contains(&HOSTILE.to_string()),
         "{base_outputs:?}"
+    );
+    // Side by side with the difference marked: the base's line removed, the head's added.
+    assert_eq!(
+        c.find_all(Locator::Css(".output-a span.del"))
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        c.find(Locator::Css(".output-b span.ins"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "ok"
     );
     assert_eq!(
         c.execute("return typeof window.__xss;", vec![])
@@ -1114,5 +1162,174 @@ async fn browser_upload_takes_a_folder_and_offers_the_open_profile() {
     screenshot(&c, "upload-folder-profile").await;
     assert_no_console_errors(&c, "upload of a folder").await;
     c.close().await.unwrap();
+    app.cleanup().await;
+}
+
+/// A `command` skill whose script answers "Hello, world" and crashes on the case `crash`.
+fn why_package() -> Vec<u8> {
+    let script = "import json, sys\ncase = json.load(sys.stdin)\nif case[\"test_case_id\"] == \"crash\":\n    sys.stderr.write(\"the input has no numbers\\n\")\n    sys.exit(3)\nprint(\"Hello, world\")\n";
+    let tests = json!({
+        "version": "2.0",
+        "profile": "deterministic",
+        "settings": { "defaultTimeout": 10000, "runner": { "type": "command", "script": "scripts/run.py" } },
+        "testCases": [
+            { "id": "greet", "name": "Greeting", "description": "Greets the world in title case.",
+              "input": { "prompt": "Say \"hello\" to the world", "context": { "audience": "everyone" } },
+              "expected": { "output": "Hello, World" }, "evaluation": { "strategy": "exact_match" } },
+            { "id": "crash", "name": "No numbers", "input": { "prompt": "Add nothing" },
+              "expected": { "output": "0" }, "evaluation": { "strategy": "exact_match" } }
+        ]
+    });
+    zip_of(&[
+        ("SKILL.md", skill_md("why").as_bytes()),
+        (
+            "eval/tests.json",
+            &serde_json::to_vec_pretty(&tests).unwrap(),
+        ),
+        ("scripts/run.py", script.as_bytes()),
+    ])
+}
+
+#[tokio::test]
+async fn browser_shows_why_a_case_failed_its_error_once_and_refuses_a_cross_site_form_with_a_page()
+{
+    let (app, _cache, stop, worker) = app_with_worker().await;
+    let upload = app.upload_zip_as(why_package(), TOKEN).await;
+    let run_id = upload["run_id"].as_str().expect("a run").to_string();
+    let run = wait_for_verdict_as(&app, &run_id).await;
+    assert_eq!(run["counters"]["failed"], 1, "{run}");
+    assert_eq!(run["counters"]["errored"], 1, "{run}");
+    let driver = start_driver().await;
+    let c = browser(&driver).await;
+    sign_in(&c, &app).await;
+
+    // The exact-match failure: prompt as text, its description, the difference marked.
+    c.goto(&format!("{}/ui/runs/{run_id}/cases/0", app.address))
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#case-diff"))
+        .await
+        .unwrap();
+    assert_eq!(
+        text_of(&c, "#case-prompt").await,
+        "Say \"hello\" to the world"
+    );
+    assert_eq!(
+        text_of(&c, "#case-description").await,
+        "Greets the world in title case."
+    );
+    assert!(text_of(&c, "#case-context")
+        .await
+        .contains("\"audience\": \"everyone\""));
+    assert_eq!(
+        text_of(&c, "#case-diff").await,
+        "First difference at line 1, column 8: expected `W`, got `w`."
+    );
+    for (pane, marked) in [("#case-output", "w"), ("#case-expected", "W")] {
+        let mark = c
+            .find(Locator::Css(&format!("{pane} mark.diff-at")))
+            .await
+            .unwrap();
+        assert!(
+            mark.is_displayed().await.unwrap(),
+            "{pane}'s mark is visible"
+        );
+        assert_eq!(mark.text().await.unwrap(), marked);
+    }
+    // Side by side: the two panes are next to each other, not one under the other.
+    let top = |css: &'static str| {
+        let c = c.clone();
+        async move {
+            c.find(Locator::Css(css))
+                .await
+                .unwrap()
+                .rectangle()
+                .await
+                .unwrap()
+                .1
+        }
+    };
+    assert!((top("#case-output").await - top("#case-expected").await).abs() < 2.0);
+    screenshot(&c, "case-exact-match-diff").await;
+    assert_no_console_errors(&c, "exact-match case").await;
+
+    // The errored case: its error once, with whose it is; no empty output box.
+    c.goto(&format!("{}/ui/runs/{run_id}/cases/1", app.address))
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#case-error"))
+        .await
+        .unwrap();
+    let heading = text_of(&c, "#case-error h3").await;
+    assert_eq!(heading, "Error: the skill's (permanent)");
+    assert!(text_of(&c, "#case-error-message")
+        .await
+        .contains("the input has no numbers"));
+    let body = text_of(&c, "main").await;
+    assert_eq!(
+        body.matches("the input has no numbers").count(),
+        1,
+        "the error is shown once: {body}"
+    );
+    assert!(
+        c.find(Locator::Css("#case-output")).await.is_err(),
+        "no empty output box"
+    );
+    assert!(text_of(&c, "table.attempts")
+        .await
+        .contains("the error above"));
+    screenshot(&c, "case-errored").await;
+    assert_no_console_errors(&c, "errored case").await;
+
+    // Another site's form posting to a page: the browser lands on the HTML error page.
+    let target = format!("{}/ui/compare", app.address);
+    let attacker = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let target = target.clone();
+            async move {
+                axum::response::Html(format!(
+                    "<!doctype html><title>elsewhere</title><form method=post action=\"{target}\">\
+                     <input name=base value=\"{run}\"><input name=head value=\"{run}\">\
+                     <button id=go type=submit>go</button></form>",
+                    run = uuid::Uuid::nil()
+                ))
+            }
+        }),
+    );
+    let (addr, server) = serve_local(attacker).await;
+    c.goto(&format!("http://{addr}/")).await.unwrap();
+    c.find(Locator::Css("#go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#error-message"))
+        .await
+        .unwrap();
+    assert_eq!(c.current_url().await.unwrap().path(), "/ui/compare");
+    assert_eq!(c.title().await.unwrap(), "Error 403 · skilleval");
+    assert!(
+        text_of(&c, "#error-message")
+            .await
+            .contains("must come from this server's own pages"),
+        "the refusal says why"
+    );
+    assert!(
+        c.find(Locator::Css("header nav")).await.is_ok(),
+        "the site's layout, not raw JSON"
+    );
+    screenshot(&c, "cross-site-form-refused").await;
+    // The browser logs the 403 it was answered; that is the page's point, not an error of it.
+    let _ = c.issue_cmd(BrowserLog).await;
+    server.abort();
+
+    c.close().await.unwrap();
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
     app.cleanup().await;
 }

@@ -28,6 +28,7 @@ mod rescore;
 mod risk;
 mod runs;
 mod sampling;
+mod skill_creator;
 mod submit;
 mod tenancy;
 mod tls;

@@ -201,7 +201,14 @@ async fn reviews_are_checked_stored_exported_and_summarised_as_judge_agreement()
     assert!(reviews.iter().all(|r| r["run_id"].is_string()
         && r["feedback"].is_string()
         && r["timestamp"].is_string()));
-    assert_eq!(reviews[0]["run_id"], "case-000");
+    // Keyed as skill-creator's viewer names runs; agreeing that a case passes is "fine".
+    assert_eq!(reviews[0]["run_id"], "eval-1-case-000-with_skill-run-1");
+    assert_eq!(reviews[0]["feedback"], "", "{feedback}");
+    assert_eq!(
+        reviews[1]["feedback"],
+        "not fine: the reviewer agrees with the failing grade of exact_match"
+    );
+    assert_eq!(reviews[1]["reviewer"], "ann");
 
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), worker).await;
@@ -302,6 +309,25 @@ async fn pages_need_a_session_carry_a_strict_csp_and_refuse_cross_site_changes()
             .status()
             .as_u16(),
         200
+    );
+    // A form of another site posting to a page lands on the HTML error page, not on JSON.
+    let r = client
+        .post(url("/ui/compare"))
+        .header("Cookie", &session)
+        .header("Origin", "http://evil.example")
+        .form(&[("base", "x"), ("head", "y")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let page = r.text().await.unwrap();
+    assert!(
+        page.contains("Error 403") && page.contains("own pages"),
+        "{page}"
     );
     // A bearer client (no browser) needs no origin.
     let r = client

@@ -33,6 +33,9 @@ pub struct RunResult {
     pub time_seconds: f64,
     /// Tokens spent producing the output (what using the skill costs).
     pub tokens: u64,
+    /// Tool calls the run made (an agent's, or a transcript's); 0 when it made none.
+    #[serde(default)]
+    pub tool_calls: u64,
     /// 1 when the case errored.
     pub errors: u64,
     /// The strategy's score; `None` when the case errored.
@@ -51,16 +54,111 @@ pub struct RunResult {
 /// One (case, configuration, attempt) (skill-creator's `runs[]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchmarkRun {
-    /// The case id; a number when it is one (skill-creator's integer ids).
+    /// skill-creator's integer id of the case ([`EvalNumbering`]).
     pub eval_id: Value,
     pub eval_name: String,
+    /// The case's own id (what `eval_id` numbers).
+    #[serde(default)]
+    pub case_id: String,
     pub configuration: Configuration,
     pub run_number: u32,
     pub result: RunResult,
     pub expectations: Vec<Expectation>,
+    /// What a reader of the run should know: retries, an error, a cut output, an agent that
+    /// never opened the skill ([`run_notes`]).
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
-/// The run of one result. Skipped cases have none.
+/// How a run's cases get skill-creator's integer ids: their own when every case id of the run
+/// is a whole number (skill-creator's evals, converted), else their 1-based position in the
+/// definition, for every case alike (one rule per run, so ids never collide).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvalNumbering {
+    all_numeric: bool,
+}
+
+impl EvalNumbering {
+    /// The numbering of a run whose case ids are `ids`.
+    pub fn of<'a>(ids: impl IntoIterator<Item = &'a str>) -> Self {
+        EvalNumbering {
+            all_numeric: ids.into_iter().all(|id| id.parse::<u64>().is_ok()),
+        }
+    }
+
+    /// The eval id of the case `case_id` at `case_index`.
+    pub fn eval_id(self, case_id: &str, case_index: u32) -> u64 {
+        match case_id.parse::<u64>() {
+            Ok(n) if self.all_numeric => n,
+            _ => u64::from(case_index) + 1,
+        }
+    }
+
+    /// Whether the eval id is the case id itself.
+    pub fn is_case_id(self) -> bool {
+        self.all_numeric
+    }
+}
+
+/// Tool calls a result's runner made, by tool name (an agent's transcript, or the tool calls a
+/// `given` sample or a transcript carried).
+pub fn tool_call_counts(r: &JobResult) -> BTreeMap<String, u64> {
+    let calls = r
+        .details
+        .pointer("/runner/transcript/tool_calls")
+        .or_else(|| r.details.pointer("/runner/tool_calls"))
+        .or_else(|| r.details.get("tool_calls"))
+        .and_then(Value::as_array);
+    let mut counts = BTreeMap::new();
+    for c in calls.into_iter().flatten() {
+        let name = c
+            .get("name")
+            .or_else(|| c.get("tool"))
+            .and_then(Value::as_str)
+            .unwrap_or("unknown");
+        *counts.entry(name.to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// What a reader of one attempt should know, one sentence each (skill-creator's per-run
+/// `notes`): retries, an error and its reason, an output cut at the size limit, an agent run
+/// that hit its limit or never opened the skill.
+pub fn run_notes(r: &JobResult) -> Vec<String> {
+    let mut notes = Vec::new();
+    if r.attempts.len() > 1 {
+        notes.push(format!(
+            "{} after {} attempts",
+            r.status.as_str(),
+            r.attempts.len()
+        ));
+    }
+    if let Some(e) = &r.error {
+        notes.push(format!("errored: {e}"));
+    }
+    if r.output_truncated {
+        notes.push("the output was cut at the stored size limit".to_string());
+    }
+    if let Some(limit) = r
+        .details
+        .pointer("/runner/limit_hit")
+        .and_then(Value::as_str)
+    {
+        notes.push(format!("the agent stopped at its limit: {limit}"));
+    }
+    if r.variant.configuration == Configuration::WithSkill
+        && r.details
+            .pointer("/runner/skill_used")
+            .and_then(Value::as_bool)
+            == Some(false)
+    {
+        notes.push("the agent never opened the skill's SKILL.md".to_string());
+    }
+    notes
+}
+
+/// The run of one result. Skipped cases have none. Its `eval_id` is the case id as a number
+/// when it is one; [`Extras::build`] numbers a whole run ([`EvalNumbering`]).
 pub fn benchmark_run(
     configuration: Configuration,
     run_number: u32,
@@ -82,6 +180,7 @@ pub fn benchmark_run(
             .parse::<u64>()
             .map_or_else(|_| json!(r.test_case_id), |n| json!(n)),
         eval_name: r.name.clone(),
+        case_id: r.test_case_id.clone(),
         configuration,
         run_number,
         result: RunResult {
@@ -91,6 +190,7 @@ pub fn benchmark_run(
             total,
             time_seconds: r.duration_ms as f64 / 1000.0,
             tokens: r.produce_usage.total_tokens(),
+            tool_calls: tool_call_counts(r).values().sum(),
             errors: u64::from(r.status == CaseStatus::Errored),
             score: r.score,
             case_passed: r.status == CaseStatus::Passed,
@@ -102,7 +202,21 @@ pub fn benchmark_run(
                     == Some(false),
         },
         expectations: exps,
+        notes: run_notes(r),
     })
+}
+
+/// The runs of `results` (skipped ones have none), numbered as one run ([`EvalNumbering`]).
+pub fn benchmark_runs(results: &[JobResult]) -> Vec<BenchmarkRun> {
+    let numbering = EvalNumbering::of(results.iter().map(|r| r.test_case_id.as_str()));
+    results
+        .iter()
+        .filter_map(|r| {
+            let mut run = benchmark_run(r.variant.configuration, r.variant.run_number, r)?;
+            run.eval_id = json!(numbering.eval_id(&r.test_case_id, r.case_index));
+            Some(run)
+        })
+        .collect()
 }
 
 /// Mean, sample standard deviation (n − 1; 0 for a single value), min and max.
@@ -344,11 +458,70 @@ fn signed(v: f64, decimals: usize) -> String {
     format!("{v:+.decimals$}")
 }
 
+/// Who and what a benchmark is about (skill-creator's `metadata`, less what the runs give).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchmarkMetadata {
+    pub skill_name: String,
+    /// Where the skill is: its folder for a local run, `skilleval:<name>@<version>` for a run
+    /// of the service.
+    pub skill_path: String,
+    /// The model(s) that produced the outputs, or a sentence saying none did.
+    pub executor_model: String,
+    /// The model(s) that judged the expectations, or a sentence saying none did (skilleval
+    /// writes the analyst's notes itself).
+    pub analyzer_model: String,
+    /// RFC 3339.
+    pub timestamp: String,
+}
+
+/// What produced no output with a model writes as its model.
+pub const NO_EXECUTOR_MODEL: &str = "none: no model produced the outputs (script or given outputs)";
+/// What judged nothing with a model writes as its analyzer.
+pub const NO_ANALYZER_MODEL: &str = "none: no model judged the expectations";
+
+impl BenchmarkMetadata {
+    /// The metadata of a run of `skill_name` at `skill_path`, its models read from its
+    /// results: the runner's model (`details.runner.model`) and the judge's
+    /// (`details.judge.model`, or an embedding strategy's `details.model`).
+    pub fn of(skill_name: &str, skill_path: &str, timestamp: &str, results: &[JobResult]) -> Self {
+        let models = |pointers: &[&str]| {
+            let mut names: Vec<&str> = results
+                .iter()
+                .filter_map(|r| {
+                    pointers
+                        .iter()
+                        .find_map(|p| r.details.pointer(p).and_then(Value::as_str))
+                })
+                .filter(|m| !m.is_empty())
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            names.join(", ")
+        };
+        let executor = models(&["/runner/model"]);
+        let analyzer = models(&["/judge/model", "/model"]);
+        BenchmarkMetadata {
+            skill_name: skill_name.to_string(),
+            skill_path: skill_path.to_string(),
+            executor_model: if executor.is_empty() {
+                NO_EXECUTOR_MODEL.to_string()
+            } else {
+                executor
+            },
+            analyzer_model: if analyzer.is_empty() {
+                NO_ANALYZER_MODEL.to_string()
+            } else {
+                analyzer
+            },
+            timestamp: timestamp.to_string(),
+        }
+    }
+}
+
 /// skill-creator's `benchmark.json` for one run: `metadata`, `runs`, `run_summary` (deltas as
 /// signed strings, as its viewer shows them) and, with repeats, `repeats`.
 pub fn benchmark_json(
-    skill_name: &str,
-    timestamp: &str,
+    meta: &BenchmarkMetadata,
     runs: &[BenchmarkRun],
     summary: &BaselineSummary,
     repeats: Option<&RepeatsSummary>,
@@ -382,8 +555,11 @@ pub fn benchmark_json(
     }
     let mut doc = json!({
         "metadata": {
-            "skill_name": skill_name,
-            "timestamp": timestamp,
+            "skill_name": meta.skill_name,
+            "skill_path": meta.skill_path,
+            "executor_model": meta.executor_model,
+            "analyzer_model": meta.analyzer_model,
+            "timestamp": meta.timestamp,
             "evals_run": ids,
             "runs_per_configuration": per_config,
         },
@@ -525,10 +701,7 @@ impl Extras {
     /// From every attempt (with and without the skill); `repeats` is the attempts per case the
     /// run asked for.
     pub fn build(results: &[JobResult], repeats: u32) -> Extras {
-        let runs: Vec<BenchmarkRun> = results
-            .iter()
-            .filter_map(|r| benchmark_run(r.variant.configuration, r.variant.run_number, r))
-            .collect();
+        let runs = benchmark_runs(results);
         let summary = run_summary(&runs);
         let repeats = (repeats > 1).then(|| {
             let with: Vec<&JobResult> = results
@@ -560,10 +733,9 @@ impl Extras {
 
     /// skill-creator's `benchmark.json` of the run, with `uplift` (per case and criterion)
     /// where a baseline ran.
-    pub fn benchmark_json(&self, skill_name: &str, timestamp: &str, notes: &[String]) -> Value {
+    pub fn benchmark_json(&self, meta: &BenchmarkMetadata, notes: &[String]) -> Value {
         let mut doc = benchmark_json(
-            skill_name,
-            timestamp,
+            meta,
             &self.runs,
             &self.summary,
             self.repeats.as_ref(),
@@ -814,7 +986,11 @@ mod tests {
         assert!((d.score - 0.45).abs() < 1e-12);
         assert!((d.tokens - 300.0).abs() < 1e-12);
         assert!((d.time_seconds - 2.0).abs() < 1e-12);
-        let doc = benchmark_json("s", "t", &runs, &s, None, &[]);
+        let meta = BenchmarkMetadata::of("s", "/skills/s", "t", &with);
+        assert_eq!(meta.executor_model, NO_EXECUTOR_MODEL);
+        let doc = benchmark_json(&meta, &runs, &s, None, &[]);
+        assert_eq!(doc["metadata"]["skill_path"], "/skills/s");
+        assert_eq!(doc["metadata"]["analyzer_model"], NO_ANALYZER_MODEL);
         assert_eq!(doc["run_summary"]["delta"]["pass_rate"], "+0.50");
         assert_eq!(doc["run_summary"]["delta"]["tokens"], "+300");
         assert_eq!(doc["runs"][0]["eval_id"], 1, "numeric ids stay numbers");
@@ -916,13 +1092,75 @@ mod tests {
         assert!((u.criteria["clarity"] - 0.4).abs() < 1e-12);
         let extras = Extras::build(&results, 2);
         assert_eq!(extras.uplift.as_ref(), Some(&u));
-        let doc = extras.benchmark_json("s", "t", &[]);
+        let doc = extras.benchmark_json(&BenchmarkMetadata::of("s", "p", "t", &results), &[]);
         assert_eq!(doc["uplift"]["cases"][0]["test_case_id"], "a");
+        // String case ids: numbered by position, the case's own id kept beside.
+        assert_eq!(doc["runs"][0]["eval_id"], 1);
+        assert_eq!(doc["runs"][0]["case_id"], "a");
         assert!(extras.markdown().contains("### Uplift per criterion"));
         assert_eq!(
             extras.repeats.as_ref().unwrap().cases.len(),
             2,
             "repeats are over the with-skill attempts"
+        );
+    }
+
+    #[test]
+    fn a_run_is_numbered_by_its_ids_only_when_every_id_is_a_number() {
+        let numeric = EvalNumbering::of(["1", "7"]);
+        assert_eq!(numeric.eval_id("7", 1), 7);
+        assert!(numeric.is_case_id());
+        let mixed = EvalNumbering::of(["1", "tc-2"]);
+        assert_eq!(mixed.eval_id("1", 0), 1);
+        assert_eq!(mixed.eval_id("tc-2", 4), 5);
+        assert!(!mixed.is_case_id());
+    }
+
+    #[test]
+    fn notes_tool_calls_and_models_come_from_the_results() {
+        let mut r = result("a", 1, CaseStatus::Passed, Some(1.0), 10, 1_000);
+        r.details = json!({
+            "judge": {"model": "judge-1"},
+            "runner": {"model": "exec-1", "skill_used": false, "limit_hit": "max_turns",
+                       "transcript": {"tool_calls": [{"name": "bash"}, {"name": "bash"}, {"name": "read_file"}]}}
+        });
+        r.output_truncated = true;
+        r.attempts = vec![
+            skilleval_execution::result::Attempt {
+                number: 1,
+                status: CaseStatus::Failed,
+                score: Some(0.0),
+                duration_ms: 5,
+                grade_ms: 1,
+                error: None,
+            },
+            skilleval_execution::result::Attempt {
+                number: 2,
+                status: CaseStatus::Passed,
+                score: Some(1.0),
+                duration_ms: 5,
+                grade_ms: 1,
+                error: None,
+            },
+        ];
+        let counts = tool_call_counts(&r);
+        assert_eq!(counts.get("bash"), Some(&2));
+        assert_eq!(counts.get("read_file"), Some(&1));
+        let run = benchmark_run(Configuration::WithSkill, 1, &r).unwrap();
+        assert_eq!(run.result.tool_calls, 3);
+        assert_eq!(
+            run.notes,
+            [
+                "passed after 2 attempts",
+                "the output was cut at the stored size limit",
+                "the agent stopped at its limit: max_turns",
+                "the agent never opened the skill's SKILL.md",
+            ]
+        );
+        let meta = BenchmarkMetadata::of("s", "p", "t", &[r]);
+        assert_eq!(
+            (meta.executor_model.as_str(), meta.analyzer_model.as_str()),
+            ("exec-1", "judge-1")
         );
     }
 }

@@ -12,11 +12,13 @@
 //!   package's), a strategy of `skilleval_grading` grades it under the case's timeout, and the
 //!   outcome is a [`result::JobResult`];
 //! - [`triggers`]: does the skill's description get it picked among others;
-//! - [`monitor`]: a skill's production monitor and its samples as `given` jobs.
+//! - [`monitor`]: a skill's production monitor and its samples as `given` jobs;
+//! - [`draft`]: a starter eval definition for a skill that has none (`skilleval init`).
 //!
 //! The CLI feeds jobs from an in-process pool, the worker from RabbitMQ; both call the same
 //! [`executor::Executor`].
 
+pub mod draft;
 pub mod executor;
 pub mod monitor;
 pub mod plan;

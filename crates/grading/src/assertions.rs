@@ -45,7 +45,8 @@ impl ModelStrategy for Assertions {
         if case.expected.assertions.is_empty() {
             opts.problem(
                 "/expected/assertions",
-                "assertions needs at least one assertion in expected.assertions",
+                "there is nothing to check: add the statements a good output must satisfy (for \
+                 example \"The summary lists the decision and its owner\"), one string each",
             );
         }
         for (i, a) in case.expected.assertions.iter().enumerate() {

@@ -162,6 +162,22 @@ impl Fault {
         }
     }
 
+    /// Whose fault it is, for a person reading an errored case: the host's (the machinery),
+    /// a model provider's (its faults name it: "provider `x` …", as the provider clients
+    /// write them), else the skill's (its script crashed or ran past the case's timeout, or
+    /// its definition asks for something that cannot run).
+    pub fn origin(&self) -> FaultOrigin {
+        match self {
+            Fault::Host { .. } => FaultOrigin::Host,
+            Fault::Transient { message, .. } | Fault::Permanent { message }
+                if message.contains("provider `") =>
+            {
+                FaultOrigin::Provider
+            }
+            _ => FaultOrigin::Skill,
+        }
+    }
+
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Fault::Transient {
@@ -169,6 +185,33 @@ impl Fault {
                 ..
             } => Some(Duration::from_millis(*ms)),
             _ => None,
+        }
+    }
+}
+
+/// Whose fault an error is ([`Fault::origin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultOrigin {
+    Skill,
+    Host,
+    Provider,
+}
+
+impl FaultOrigin {
+    /// Who, as a page says it: "the skill's", "the host's", "the model provider's".
+    pub fn label(self) -> &'static str {
+        match self {
+            FaultOrigin::Skill => "the skill's",
+            FaultOrigin::Host => "the host's",
+            FaultOrigin::Provider => "the model provider's",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultOrigin::Skill => "skill",
+            FaultOrigin::Host => "host",
+            FaultOrigin::Provider => "provider",
         }
     }
 }
@@ -218,6 +261,31 @@ impl RetryPolicy {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_fault_says_whose_it_is() {
+        assert_eq!(
+            Fault::host("bwrap could not start").origin(),
+            FaultOrigin::Host
+        );
+        assert_eq!(
+            Fault::transient("provider `openai` answered HTTP 503").origin(),
+            FaultOrigin::Provider
+        );
+        assert_eq!(
+            Fault::permanent("provider `x` refused the credentials (HTTP 401)").origin(),
+            FaultOrigin::Provider
+        );
+        assert_eq!(
+            Fault::permanent("script exited 1").origin(),
+            FaultOrigin::Skill
+        );
+        assert_eq!(
+            Fault::Timeout { timeout_ms: 5 }.origin(),
+            FaultOrigin::Skill
+        );
+    }
+
     use std::time::Duration;
 
     use super::*;

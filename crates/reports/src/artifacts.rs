@@ -1,14 +1,20 @@
 //! Files a local run leaves in the skill folder, in the shapes skill authors' tools already read.
 //!
-//! - `eval/runs/<run-id>/grading/<case-id>.json`: one file per case holding both the JSON-shapes
-//!   seed's `grading.json` (assertions with result, confidence, evidence; overall_score;
-//!   eval_critique) and skill-creator's (`expectations[{text, passed, evidence}]`, `summary`),
-//!   written from the same grade. Their `timing` objects are merged: every field of both.
-//! - `eval/benchmark.json`: one entry appended per run; `description_version` goes up when the
-//!   SHA-256 of the skill's description changes.
-//! - `eval/runs/<run-id>/run.json` and `results.jsonl`: what `skilleval compare` needs and the
-//!   files above lose: every with-skill attempt as a full [`JobResult`] (repeats, rubric
-//!   criteria) and each case's [`CaseFingerprint`] under the judge model of the run.
+//! - `eval/runs/<run-id>/grading/<case-id>.json`: the JSON-shapes seed's per-case file (the
+//!   first with-skill attempt), holding both the seed's `grading.json` (assertions with result,
+//!   confidence, evidence; overall_score; eval_critique) and skill-creator's
+//!   (`expectations[{text, passed, evidence}]`, `summary`), written from the same grade. Their
+//!   `timing` objects are merged: every field of both.
+//! - `eval/runs/<run-id>/` is also a skill-creator iteration folder, every attempt in its
+//!   layout (`crate::skill_creator`).
+//! - `eval/version-history.json`: the seed's `benchmark.json` (its history of description
+//!   versions) under a name that does not collide with skill-creator's `benchmark.json`; one
+//!   entry appended per run, `description_version` going up when the SHA-256 of the skill's
+//!   description changes.
+//! - `eval/runs/<run-id>/run.json` and `results.jsonl`: what `skilleval compare`, `rescore` and
+//!   `export` need and the files above lose: every attempt as a full [`JobResult`] (baseline and
+//!   repeats, rubric criteria), what each case asked ([`EvalInput`]) and each case's
+//!   [`CaseFingerprint`] under the judge model of the run.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,8 +51,24 @@ pub enum ArtifactError {
 
 /// The run file a comparison reads first (`eval/runs/<run-id>/run.json`).
 pub const RUN_RECORD_FILE: &str = "run.json";
-/// Every with-skill attempt of a run, one [`JobResult`] per line.
+/// Every attempt of a run (baseline included), one [`JobResult`] per line.
 pub const RESULTS_FILE: &str = "results.jsonl";
+/// The seed's history of description versions, in the skill's `eval/` folder.
+pub const VERSION_HISTORY_FILE: &str = "version-history.json";
+
+/// What a case asked, as a local run records it (results do not carry their input): for
+/// skill-creator's `eval_metadata.json` and the outputs viewer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalInput {
+    /// The prompt as sent (templated).
+    pub prompt: String,
+    /// Package-relative input files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+    /// The case's statements to check (`expected.assertions`), when it has them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub assertions: Vec<String>,
+}
 
 /// What a local run was: enough to say whether two runs' cases are comparable.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,9 +90,15 @@ pub struct RunRecord {
     pub timestamp: DateTime<Utc>,
     /// Per test case id, the definition, grader and judge that graded it.
     pub fingerprints: BTreeMap<String, CaseFingerprint>,
+    /// Per test case id, what it asked (absent in runs recorded before it was kept).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub inputs: BTreeMap<String, EvalInput>,
+    /// The skill's folder (or ZIP) as given to `skilleval run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill_path: Option<String>,
 }
 
-/// Writes `run.json` and `results.jsonl` under `run_dir`.
+/// Writes `run.json` and `results.jsonl` (every attempt) under `run_dir`.
 pub fn write_run_record(
     run_dir: &Path,
     record: &RunRecord,
@@ -94,8 +122,18 @@ pub fn write_run_record(
     std::fs::write(&path, lines).map_err(|source| ArtifactError::Write { path, source })
 }
 
-/// Reads back what [`write_run_record`] wrote.
+/// Reads back what [`write_run_record`] wrote: the record and the run proper, its with-skill
+/// attempts (what a comparison and a rescore read).
 pub fn read_run_record(run_dir: &Path) -> Result<(RunRecord, Vec<JobResult>), ArtifactError> {
+    let (record, mut results) = read_run_attempts(run_dir)?;
+    results.retain(|r| {
+        r.variant.configuration == skilleval_execution::variant::Configuration::WithSkill
+    });
+    Ok((record, results))
+}
+
+/// Reads back what [`write_run_record`] wrote: the record and every attempt.
+pub fn read_run_attempts(run_dir: &Path) -> Result<(RunRecord, Vec<JobResult>), ArtifactError> {
     let read = |name: &str| {
         let path = run_dir.join(name);
         std::fs::read_to_string(&path)
@@ -228,7 +266,8 @@ fn write_json(path: &Path, value: &Value) -> Result<(), ArtifactError> {
     })
 }
 
-/// Appends this run to `benchmark.json` (creating it), returning the entry's description version.
+/// Appends this run to the version history at `path` (`eval/version-history.json`, created
+/// when missing), returning the entry's description version.
 pub fn append_benchmark(
     path: &Path,
     skill_name: &str,
@@ -450,12 +489,23 @@ mod tests {
             repeats: 2,
             timestamp: Utc::now(),
             fingerprints,
+            inputs: BTreeMap::from([(
+                "tc-1".to_string(),
+                EvalInput {
+                    prompt: "p".into(),
+                    ..EvalInput::default()
+                },
+            )]),
+            skill_path: Some("skills/s".into()),
         };
         let run_dir = dir.path().join("runs/x");
-        write_run_record(&run_dir, &record, &[a.clone(), b.clone()]).unwrap();
+        let mut baseline = test_result("tc-1", CaseStatus::Failed, Some(0.0));
+        baseline.variant.configuration = skilleval_execution::variant::Configuration::WithoutSkill;
+        write_run_record(&run_dir, &record, &[a.clone(), b.clone(), baseline]).unwrap();
         let (back, results) = read_run_record(&run_dir).unwrap();
         assert_eq!(back, record);
-        assert_eq!(results.len(), 2);
+        assert_eq!(results.len(), 2, "the run proper: the with-skill attempts");
+        assert_eq!(read_run_attempts(&run_dir).unwrap().1.len(), 3);
         assert_eq!(results[0].rubric_scores, a.rubric_scores);
         assert_eq!(results[1].status, CaseStatus::Failed);
         assert_eq!(results[1].score, b.score);

@@ -8,12 +8,15 @@
 //! inline (a file has no server to load them from).
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
+use serde_json::Value;
 
 use skilleval_analysis::summary::RunSummary;
 use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_model::package::RiskReport;
 
 use super::ReportContext;
+
+pub mod why;
 
 /// The stylesheet every page uses (served as a static file by the coordinator, inlined in a
 /// report file).
@@ -207,33 +210,61 @@ pub fn case_table(rows: &[CaseRow], href: &dyn Fn(&CaseRow) -> String) -> Markup
     }
 }
 
-/// Everything about one case: output, expected, grader details, attempts.
-pub fn case_detail(r: &JobResult, input: Option<&str>) -> Markup {
+/// What a case asked, when the caller knows it (results do not carry it: the service reads
+/// it from the run's plan).
+#[derive(Debug, Clone, Copy)]
+pub struct CaseInput<'a> {
+    pub prompt: &'a str,
+    pub description: Option<&'a str>,
+    /// `input.context`, shown apart from the prompt.
+    pub context: Option<&'a Value>,
+    /// Package-relative input files.
+    pub files: &'a [String],
+}
+
+/// Everything about one case: what it asked, why it failed (the output beside what was
+/// expected, the difference marked: [`why`]) or its error, shown once with whose it is, the
+/// grader's feedback and criteria, and its attempts.
+pub fn case_detail(r: &JobResult, input: Option<&CaseInput<'_>>) -> Markup {
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+    let error_text = r.error.as_ref().map(ToString::to_string);
     html! {
         section.case-detail #case-detail data-case=(r.test_case_id) {
             p { "Status: " span.status.(r.status.as_str()) #case-status { (r.status.as_str()) }
                 " · score " (score_text(r.score)) " · strategy " (r.strategy)
                 " · " (r.duration_ms) " ms" }
-            @if let Some(input) = input {
-                h3 { "Input" } pre.text #case-input { (input) }
+            @if let Some(d) = input.and_then(|i| i.description).filter(|d| !d.trim().is_empty()) {
+                p.description #case-description { (d) }
             }
-            h3 { "Output" @if r.output_truncated { " (truncated)" } }
-            pre.text #case-output { (r.output.as_deref().unwrap_or("")) }
-            @if let Some(e) = &r.expected_output {
-                h3 { "Expected" } pre.text #case-expected { (e) }
+            @if let Some(input) = input {
+                h3 { "Prompt" } pre.text #case-prompt { (input.prompt) }
+                @if let Some(context) = input.context.filter(|c| !c.is_null()) {
+                    h3 { "Context" } pre.text #case-context { (context.as_str().map_or_else(|| pretty(context), str::to_string)) }
+                }
+                @if !input.files.is_empty() {
+                    h3 { "Input files" }
+                    ul #case-files { @for f in input.files { li { code { (f) } } } }
+                }
+            }
+            @if let Some(fault) = &r.error {
+                @let origin = fault.origin();
+                section.case-error #case-error data-origin=(origin.as_str()) {
+                    h3 { "Error: " (origin.label()) " (" (fault.kind()) ")" }
+                    pre.text #case-error-message { (fault) }
+                }
+                @if let Some(output) = r.output.as_deref().filter(|o| !o.is_empty()) {
+                    h3 { "Output before the error" } pre.text #case-output { (output) }
+                }
+            } @else if let Some(markup) = why::output_and_expected(r) {
+                (markup)
             }
             @if let Some(f) = &r.feedback {
                 h3 { "Grader feedback" } pre.text { (f) }
             }
-            @if let Some(errors) = r.schema_errors.as_ref().filter(|e| !e.is_empty()) {
-                h3 { "Schema errors" }
-                ul.schema-errors { @for e in errors {
-                    li { code { (serde_json::to_value(e).ok().and_then(|v| v.get("path").or_else(|| v.get("instance_path")).cloned()).map(|p| p.to_string()).unwrap_or_default()) } " " (serde_json::to_string(e).unwrap_or_default()) }
-                } }
-            }
             @if let Some(p) = &r.matched_patterns {
-                h3 { "Matched patterns" } ul { @for m in p { li { code { (m) } } } }
+                @if r.strategy != "regex_match" {
+                    h3 { "Matched patterns" } ul { @for m in p { li { code { (m) } } } }
+                }
             }
             @if let Some(serde_json::Value::Object(criteria)) = &r.rubric_scores {
                 h3 { "Criteria" }
@@ -246,17 +277,22 @@ pub fn case_detail(r: &JobResult, input: Option<&str>) -> Markup {
                     }
                 }
             }
-            @if let Some(e) = &r.error {
-                h3 { "Error" } pre.text { (serde_json::to_string_pretty(e).unwrap_or_default()) }
+            // An errored case's details are its error again: shown once, above.
+            @if r.error.is_none() {
+                h3 { "Grader details" }
+                pre.text.details { (pretty(&r.details)) }
             }
-            h3 { "Grader details" }
-            pre.text.details { (pretty(&r.details)) }
             h3 { "Attempts" }
             table.attempts {
                 tr { th { "#" } th { "status" } th { "score" } th { "ms" } th { "grading ms" } th { "error" } }
                 @for a in &r.attempts {
                     tr { td { (a.number) } td { (a.status.as_str()) } td { (score_text(a.score)) }
-                         td { (a.duration_ms) } td { (a.grade_ms) } td { (a.error.as_deref().unwrap_or("")) } }
+                         td { (a.duration_ms) } td { (a.grade_ms) }
+                         td { @match (&a.error, &error_text) {
+                             (Some(e), Some(last)) if e == last => span.muted { "the error above" },
+                             (Some(e), _) => (e),
+                             (None, _) => "",
+                         } } }
                 }
             }
         }
@@ -305,7 +341,8 @@ pub fn report_page(ctx: &ReportContext<'_>, assets: Assets<'_>, back: Option<&st
                     @if let Some(back) = back { nav { a href=(back) { "All runs" } } }
                 }
                 main {
-                    p.meta { "Run " (ctx.run_id) " · profile " (ctx.profile) " · " (ctx.created_at.to_rfc3339()) }
+                    p.meta { "Run " (ctx.run_id) " · profile " (ctx.profile) " · "
+                        (ctx.created_at.format("%Y-%m-%d %H:%M:%S UTC")) }
                     (summary_section(ctx.summary, &bins))
                     @if let Some(risk) = ctx.risk { (risk_section(risk)) }
                     h2 { "Cases" }

@@ -1,7 +1,8 @@
 //! Reports: a finished run rendered for people (Markdown, the HTML run page) and machines
-//! (JSON), and the files a local run leaves for skill-creator's tools ([`artifacts`]). It
-//! renders what the layers below computed and computes no statistic of its own; the only
-//! files it writes are a local run's, in [`artifacts`].
+//! (JSON), and the files a local run leaves for skill-creator's tools ([`artifacts`], and a
+//! run as skill-creator's iteration folder: [`skill_creator`]). It renders what the layers
+//! below computed and computes no statistic of its own; the only files it writes are a local
+//! run's (or an export of one), in [`artifacts`] and [`skill_creator`].
 //!
 //! Reports of a finished run, in Markdown for people and JSON for machines, and the run page
 //! in HTML ([`html`]: the web interface's and the self-contained `report.html`).
@@ -22,6 +23,7 @@ pub mod artifacts;
 pub mod html;
 mod json;
 mod markdown;
+pub mod skill_creator;
 
 pub use json::{evaluation_report, EvaluationReport, ReportSummary};
 pub use markdown::render_markdown;

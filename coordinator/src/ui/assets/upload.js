@@ -16,14 +16,22 @@
   var chosen = null;
 
   function clear(el) { while (el.firstChild) { el.removeChild(el.firstChild); } }
+  // One problem: where, then its message as written (a regex error's lines and caret kept).
   function item(parent, file, pointer, message, severity) {
     var li = document.createElement("li");
     li.className = "problem " + (severity || "error");
     var where = document.createElement("code");
     where.textContent = (file || "(package)") + (pointer ? "#" + pointer : "");
     li.appendChild(where);
-    li.appendChild(document.createTextNode(" " + (severity || "error") + ": " + message));
+    li.appendChild(document.createTextNode(" " + (severity || "error") + ":"));
+    var text = document.createElement("span");
+    text.className = "message";
+    text.textContent = message;
+    li.appendChild(text);
     parent.appendChild(li);
+  }
+  function count(problems, severity) {
+    return problems.filter(function (p) { return (p.severity || "error") === severity; }).length;
   }
 
   // The request body and headers for what was chosen.
@@ -51,14 +59,20 @@
         return;
       }
       var v = res.body;
-      (v.problems || []).forEach(function (p) { item(list, p.file, p.pointer, p.message, p.severity); });
+      var problems = v.problems || [];
+      // Each problem is listed once, below; the status line only counts them.
+      problems.forEach(function (p) { item(list, p.file, p.pointer, p.message, p.severity); });
       if (v.profile_open) { choice.hidden = false; }
       if (v.valid) {
         statusLine.textContent = "Valid: " + v.name + ", " + v.test_cases + " cases, profile " + v.profile +
-          ((v.problems || []).length ? " (with warnings)" : "");
+          (problems.length ? " (" + problems.length + " warning(s) below)" : "");
         start.disabled = false;
+      } else if (problems.length) {
+        statusLine.textContent = count(problems, "error") + " problem(s) to fix" +
+          (count(problems, "warning") ? " and " + count(problems, "warning") + " warning(s)" : "") +
+          ", listed below; fix them and choose the package again.";
       } else {
-        statusLine.textContent = (v.problems || []).length + " problem(s): " + v.message;
+        statusLine.textContent = "Not accepted: " + (v.message || "the package was refused");
       }
     }).catch(function () { statusLine.textContent = "Validation failed: the server did not answer."; });
   }

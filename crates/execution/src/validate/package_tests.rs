@@ -287,11 +287,8 @@ fn skill_creator_evals_convert_to_the_expected_v2_model() {
                 "Anything",
                 "Anything",
                 vec![],
-                Expected {
-                    patterns: vec![r"\S".into()],
-                    ..Expected::default()
-                },
-                "regex_match",
+                Expected::default(),
+                "assertions",
             ),
         ],
         suites: vec![],
@@ -303,31 +300,31 @@ fn skill_creator_evals_convert_to_the_expected_v2_model() {
         ["/evals/0", "/evals/1", "/evals/2", "/evals/3"]
     );
     assert_eq!(pkg.config, expected);
-    assert_eq!(
-        pointers(&pkg.problems),
-        [("evals/evals.json", "/evals/3", false)]
-    );
+    assert!(pkg.problems.is_empty(), "{:?}", pkg.problems);
     // `assertions` has no provider here: accepted, fields checked, graded by nothing but a
-    // grader that says a provider is needed.
+    // grader that says a provider is needed; the eval with neither expectations nor an
+    // expected output is refused where its expectations go, saying what to add.
     let registry = registry();
     let v = validate(&pkg, &registry);
-    assert!(v.is_ok(), "{:?}", v.problems);
-    assert_eq!(v.graders.keys().collect::<Vec<_>>(), ["1", "2", "3", "4"]);
+    assert!(!v.is_ok());
+    assert_eq!(
+        pointers(&v.problems),
+        [("evals/evals.json", "/evals/3/expectations", true)]
+    );
+    assert!(
+        v.problems[0]
+            .message
+            .contains("add the statements a good output must satisfy"),
+        "{}",
+        v.problems[0].message
+    );
     let missing: Vec<_> = pkg
         .config
         .test_cases
         .iter()
         .map(|c| registry.missing_provider(c.strategy_name(pkg.config.profile), c))
         .collect();
-    assert_eq!(
-        missing,
-        [
-            Some("assertions"),
-            Some("assertions"),
-            Some("assertions"),
-            None
-        ]
-    );
+    assert_eq!(missing, [Some("assertions"); 4]);
 }
 
 #[test]

@@ -3,8 +3,8 @@
 //! The same walk runs over a folder opened in place and over a freshly extracted ZIP, so a
 //! folder and the ZIP of that folder list the same files and hash the same. Skipped, and so
 //! neither counted nor hashed: `.git`, `target`, `node_modules`, `__pycache__` and `__MACOSX`
-//! folders at any depth, `.DS_Store` files, and our own outputs `eval/runs/` and
-//! `eval/benchmark.json`. Symbolic links are followed only when they stay inside the package.
+//! folders at any depth, `.DS_Store` files, and our own outputs `eval/runs/`,
+//! `eval/version-history.json` and (from before that name) `eval/benchmark.json`. Symbolic links are followed only when they stay inside the package.
 
 use std::fs;
 use std::io::Read;
@@ -20,7 +20,11 @@ const SKIPPED_DIRS: &[&str] = &[".git", "target", "node_modules", "__pycache__",
 /// File names skipped at any depth.
 const SKIPPED_FILES: &[&str] = &[".DS_Store"];
 /// Package-relative paths skipped (the CLI's own outputs).
-const SKIPPED_PATHS: &[&str] = &["eval/runs", "eval/benchmark.json"];
+const SKIPPED_PATHS: &[&str] = &[
+    "eval/runs",
+    "eval/benchmark.json",
+    "eval/version-history.json",
+];
 
 /// One regular file of the package.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,6 +266,7 @@ mod tests {
     fn skip_rules() {
         assert!(is_skipped("eval/runs/abc/grading/tc-1.json"));
         assert!(is_skipped("eval/benchmark.json"));
+        assert!(is_skipped("eval/version-history.json"));
         assert!(is_skipped("node_modules/x/index.js"));
         assert!(is_skipped("scripts/.git/HEAD"));
         assert!(is_skipped("a/.DS_Store"));

@@ -13,15 +13,16 @@
 //! - no expectations but an `expected_output`: skill-creator's `expected_output` describes a
 //!   good answer rather than giving it verbatim, so it becomes the single assertion (an exact
 //!   or embedding match against a description would fail good outputs);
-//! - neither: `regex_match` on `\S` (the output must not be blank) and a warning, since new
-//!   skill-creator evals often start with no expectations yet.
+//! - neither: strategy `assertions` with no assertion, which validation refuses at
+//!   `/evals/N/expectations`, saying what to add (skill-creator's own first drafts, and
+//!   `skilleval init`'s without a model, leave expectations for the author to write; a case
+//!   that checked nothing would pass anything).
 //!
 //! Names: an extra `name` field, else the prompt's first line (at most 80 characters).
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::v1::NON_EMPTY_PATTERN;
 use super::{
     deserialize_id, name_from_prompt, CaseShape, Converted, EvalFormat, NamedListFormat, Renames,
 };
@@ -98,7 +99,7 @@ pub fn convert(value: &Value, file: &str) -> Converted {
 }
 
 fn to_v2(eval: Eval, file: &str, at: &str, problems: &mut Vec<Problem>) -> (TestCase, Renames) {
-    let mut evaluation = Evaluation {
+    let evaluation = Evaluation {
         strategy: "assertions".to_string(),
         ..Evaluation::default()
     };
@@ -113,6 +114,12 @@ fn to_v2(eval: Eval, file: &str, at: &str, problems: &mut Vec<Problem>) -> (Test
             "both `expectations` and `assertions` are given; `assertions` is ignored",
         ));
     }
+    // Where an empty list is reported: the field the author wrote, `expectations` by default.
+    let empty_at = if eval.expectations.is_none() && eval.assertions.is_some() {
+        WITH_ASSERTIONS
+    } else {
+        WITH_EXPECTATIONS
+    };
     let renames = match (eval.expectations, eval.assertions) {
         (Some(list), _) if !list.is_empty() => {
             expected.assertions = list;
@@ -127,17 +134,7 @@ fn to_v2(eval: Eval, file: &str, at: &str, problems: &mut Vec<Problem>) -> (Test
                 expected.assertions = vec![output];
                 FROM_EXPECTED_OUTPUT
             }
-            None => {
-                problems.push(Problem::warning(
-                    file,
-                    at,
-                    "this eval has no `expectations` and no `expected_output`: it only checks that \
-                     the output is not blank",
-                ));
-                evaluation.strategy = "regex_match".to_string();
-                expected.patterns = vec![NON_EMPTY_PATTERN.to_string()];
-                WITH_EXPECTATIONS
-            }
+            None => empty_at,
         },
     };
     let case = TestCase {
