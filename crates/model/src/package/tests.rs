@@ -1,7 +1,6 @@
 //! Package loading from folders: which eval file wins, what is refused, the package root and
 //! its content hash.
 
-
 use serde_json::json;
 
 use super::fixtures::{open, package, SKILL};
