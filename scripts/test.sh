@@ -55,7 +55,7 @@ promtool check rules deploy/monitoring/alerts.yaml
 (cd deploy/monitoring && promtool test rules alerts.test.yaml)
 
 log "cargo test (the monitoring tests also check every metric the dashboard and rules name is exported)"
-cargo test --workspace --locked -- "$@"
+cargo test --workspace --locked --no-fail-fast -- "$@"
 
 log "every example validates and runs"
 cargo build --workspace --locked --bins  # same feature set as the tests: no rebuild

@@ -6,40 +6,11 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod support;
+use support::example_copy;
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_skilleval"))
-}
-
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/skills")
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            if entry.file_name() == "runs" {
-                continue;
-            }
-            copy_dir(&entry.path(), &target);
-        } else if entry.file_name() != "benchmark.json" {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
-/// A copy of an example skill in a temp dir (world-readable, as the sandbox needs).
-fn example_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join(name);
-    copy_dir(&examples().join(name), &root);
-    let _ = Command::new("chmod")
-        .args(["-R", "a+rX"])
-        .arg(dir.path())
-        .status();
-    (dir, root)
 }
 
 fn stderr(o: &Output) -> String {

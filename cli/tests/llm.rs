@@ -14,6 +14,9 @@ use axum::extract::State;
 use axum::Router;
 use serde_json::{json, Value};
 
+mod support;
+use support::example_copy;
+
 type Respond = Arc<dyn Fn(usize, &Value) -> Value + Send + Sync>;
 
 #[derive(Clone)]
@@ -173,33 +176,6 @@ fn skill_sensitive(_: usize, body: &Value) -> Value {
         _ if has_skill(body) => reply(GOOD_NOTES, 1_000, 200),
         _ => reply(BARE_NOTES, 800, 50),
     }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            if entry.file_name() != "runs" {
-                copy_dir(&entry.path(), &target);
-            }
-        } else if entry.file_name() != "benchmark.json" {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
-fn example_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join(name);
-    copy_dir(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../examples/skills")
-            .join(name),
-        &root,
-    );
-    (dir, root)
 }
 
 fn stderr(o: &Output) -> String {
