@@ -19,85 +19,11 @@ use skilleval_execution::runner::{OutputRunner, ProduceRequest};
 use skilleval_grading::GradeEnv;
 use skilleval_model::definition::{RunnerConfig, TestCase};
 use skilleval_model::grade::Fault;
-use skilleval_sandbox::{
-    Sandbox, SandboxError, SandboxMode, SandboxOutput, SandboxPolicy, SandboxRequest,
+use skilleval_sandbox::fixtures::{
+    bwrap_sandbox, package, request, run, stderr, stdout, HANG_GUARD,
 };
+use skilleval_sandbox::{Sandbox, SandboxError, SandboxMode, SandboxPolicy};
 use tempfile::TempDir;
-
-/// A package directory laid out as loaders extract it (dirs 0755, files 0644).
-fn package(files: &[(&str, &str)]) -> TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for (rel, content) in files {
-        let path = dir.path().join(rel);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).expect("mkdir");
-        }
-        std::fs::write(&path, content).expect("write");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
-            .expect("chmod file");
-    }
-    for entry in walk_dirs(dir.path()) {
-        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod dir");
-    }
-    dir
-}
-
-fn walk_dirs(root: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = vec![root.to_path_buf()];
-    let mut i = 0;
-    while i < out.len() {
-        if let Ok(entries) = std::fs::read_dir(&out[i]) {
-            for e in entries.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    out.push(e.path());
-                }
-            }
-        }
-        i += 1;
-    }
-    out
-}
-
-/// How long a test waits for a run that ends at once unless what it tests is broken: a guard
-/// against a hang, never a measure of speed.
-const HANG_GUARD: Duration = Duration::from_secs(60);
-
-fn bwrap_sandbox(policy: SandboxPolicy) -> Sandbox {
-    let sandbox = Sandbox::detect(policy);
-    assert_eq!(
-        sandbox.mode(),
-        SandboxMode::Bubblewrap,
-        "bubblewrap must be installed and working for these tests: {:?}",
-        sandbox.unavailable_reason()
-    );
-    sandbox
-}
-
-fn request(pkg: &TempDir, argv: &[&str], timeout: Duration) -> SandboxRequest {
-    SandboxRequest {
-        argv: argv.iter().map(|s| (*s).to_string()).collect(),
-        package_root: pkg.path().to_path_buf(),
-        stdin: Vec::new(),
-        timeout,
-        env: BTreeMap::new(),
-    }
-}
-
-async fn run(sandbox: &Sandbox, req: SandboxRequest) -> SandboxOutput {
-    match sandbox.run(req).await {
-        Ok(out) => out,
-        Err(e) => panic!("sandbox run failed: {e}"),
-    }
-}
-
-fn stdout(out: &SandboxOutput) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &SandboxOutput) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 // ---------------------------------------------------------------------------------------------
 // The `command` runner

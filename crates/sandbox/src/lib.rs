@@ -17,6 +17,8 @@
 //! `command` (one process run to its end), `session` (a sandbox that serves many commands).
 
 pub mod egress;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixtures;
 
 mod argv;
 mod command;
