@@ -25,6 +25,11 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use std::process::Stdio;
+
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
 use crate::policy::{SandboxBind, SandboxError, SandboxPolicy, SandboxRequest};
 use crate::tools::Tools;
 
@@ -42,6 +47,39 @@ pub(crate) struct Plan {
     /// Set on the spawned process (bubblewrap gets the sandbox's env through `--setenv`).
     pub(crate) env: Vec<(OsString, OsString)>,
     pub(crate) cwd: Option<PathBuf>,
+}
+
+impl Plan {
+    /// Starts the plan's process: its environment cleared then set, stdin, stdout and stderr
+    /// piped, in a process group of its own (so the whole tree can be signalled at once),
+    /// killed if dropped. Returns the child and its process group.
+    pub(crate) fn spawn(&self) -> Result<(Child, Option<Pid>), SandboxError> {
+        let (program, args) = self.argv.split_first().ok_or_else(|| SandboxError::Spawn {
+            program: String::new(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command line"),
+        })?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(cwd) = &self.cwd {
+            cmd.current_dir(cwd);
+        }
+        let child = cmd.spawn().map_err(|source| SandboxError::Spawn {
+            program: program.to_string_lossy().into_owned(),
+            source,
+        })?;
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
+        Ok((child, pgid))
+    }
 }
 
 /// The command line for running `program` (already resolved) as `req` asks, with bubblewrap

@@ -18,13 +18,10 @@
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
 
 use crate::argv::{display_argv, Plan, STARTED_MARKER};
 use crate::host::Host;
@@ -154,32 +151,8 @@ impl Sandbox {
         req: &SandboxRequest,
         lease: Option<UidLease>,
     ) -> Result<SandboxOutput, SandboxError> {
-        let (program, args) = plan.argv.split_first().ok_or_else(|| SandboxError::Spawn {
-            program: String::new(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command line"),
-        })?;
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .env_clear()
-            .envs(plan.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group, so the whole tree can be signalled at once.
-            .process_group(0)
-            .kill_on_drop(true);
-        if let Some(cwd) = &plan.cwd {
-            cmd.current_dir(cwd);
-        }
         let start = Instant::now();
-        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
-            program: program.to_string_lossy().into_owned(),
-            source,
-        })?;
-        let pgid = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw);
+        let (mut child, pgid) = plan.spawn()?;
         // Kills the group (and the run's uid) if this future is dropped mid-run, e.g. by the
         // executor's own timeout.
         let mut guard = Reaper::new(pgid, host.sweep_command(lease.as_ref()), lease);

@@ -4,13 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
-use tokio::process::Command;
 
 use super::inside::Inside;
 use super::{SandboxSession, SESSION_CONTROL_DIR, SESSION_DRIVER, SESSION_START_TIMEOUT};
@@ -79,27 +76,7 @@ impl Sandbox {
         };
         let program = host.tools.resolve_program("sh")?;
         let plan = host.plan(&self.policy, &req, &program, &package, uid, None, &all)?;
-        let (program, args) = plan.argv.split_first().ok_or_else(|| SandboxError::Spawn {
-            program: String::new(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command line"),
-        })?;
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .env_clear()
-            .envs(plan.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
-            program: program.to_string_lossy().into_owned(),
-            source,
-        })?;
-        let pgid = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw);
+        let (mut child, pgid) = plan.spawn()?;
         // No `kill -1` sweep as the uid (two more programs to start per case): every
         // process of a session is in its pid namespace, which the kernel empties when its
         // init dies ([`SandboxSession::close`] kills it by pidfd; bubblewrap's
