@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use skilleval_execution::plan::PlanError;
 
+use skilleval_infra::store::runs::RunRow;
 use skilleval_infra::store::StoreError;
 
 use crate::runs::error::LaunchError;
@@ -119,6 +120,19 @@ impl ApiError {
 
     pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::CONFLICT, code, message)
+    }
+
+    /// 409 `run_not_finished`: what asks for a run's final results before it has them;
+    /// `then` says what becomes available once it has finished.
+    pub fn run_not_finished(run: &RunRow, then: &str) -> Self {
+        ApiError::conflict(
+            "run_not_finished",
+            format!(
+                "run {} has not finished ({} of {} cases done){then}",
+                run.id, run.counters.completed, run.counters.total
+            ),
+        )
+        .with_details(json!({ "status": run.status }))
     }
 
     pub fn unauthorized() -> Self {

@@ -12,7 +12,6 @@ use std::io::{Cursor, Write};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use skilleval_analysis::benchmark::BenchmarkMetadata;
 use skilleval_reports::artifacts::EvalInput;
 use skilleval_reports::skill_creator::{service_skill_path, workspace, WorkspaceFile};
@@ -72,14 +71,10 @@ pub async fn workspace_zip(
         .await?
         .ok_or_else(|| ApiError::not_found("run", run_id))?;
     if !run.finalised {
-        return Err(ApiError::conflict(
-            "run_not_finished",
-            format!(
-                "run {run_id} has not finished ({} of {} cases done): its files are written once it has",
-                run.counters.completed, run.counters.total
-            ),
-        )
-        .with_details(json!({ "status": run.status })));
+        return Err(ApiError::run_not_finished(
+            &run,
+            ": its files are written once it has",
+        ));
     }
     let results = load_results(&state.store, run_id).await?;
     let inputs = inputs_of(&state, run_id).await?;

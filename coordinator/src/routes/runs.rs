@@ -448,14 +448,7 @@ pub async fn report(
         .then(|| stored_summary(run.summary.as_ref()))
         .flatten()
     else {
-        return Err(ApiError::conflict(
-            "run_not_finished",
-            format!(
-                "run {run_id} has not finished ({} of {} cases done)",
-                run.counters.completed, run.counters.total
-            ),
-        )
-        .with_details(json!({ "status": run.status })));
+        return Err(ApiError::run_not_finished(&run, ""));
     };
     let all = load_results(&state.store, run_id).await?;
     // The run proper is its with-skill attempts; a baseline and repeats add their sections.

@@ -145,8 +145,18 @@ async fn results_page_with_a_cursor_and_filter_by_status_and_the_report_follows_
     assert_eq!(run["status"], "running");
     assert_eq!(run["counters"]["total"], 7);
     assert!(run["summary"].is_null());
-    let (status, _) = app.get_json(&format!("/v1/runs/{run_id}/report")).await;
-    assert_eq!(status, 409, "no report before the run finishes");
+    for path in ["report", "workspace"] {
+        let (status, body) = app.get_json(&format!("/v1/runs/{run_id}/{path}")).await;
+        assert_eq!(status, 409, "no {path} before the run finishes: {body}");
+        assert_eq!(body["error"]["code"], "run_not_finished", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("0 of 7 cases done")),
+            "{body}"
+        );
+        assert_eq!(body["error"]["details"]["status"], "running", "{body}");
+    }
 
     record_as_worker(
         &app,
