@@ -26,7 +26,7 @@ use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_execution::triggers;
 use skilleval_execution::validate::validate;
 use skilleval_model::definition::RunnerConfig;
-use skilleval_model::grade::RetryPolicy;
+use skilleval_model::grade::{RetryPolicy, Usage};
 use skilleval_model::package::{Package, PackageError, PackageLimits, RiskReport};
 use skilleval_model::problem::Problem;
 use skilleval_reports::artifacts;
@@ -882,11 +882,18 @@ async fn execute_with_retry(
     retry: RetryPolicy,
 ) -> JobResult {
     let mut previous: Vec<skilleval_execution::result::Attempt> = Vec::new();
+    // What the attempts retried away spent (an agent that failed at its fifth turn billed
+    // four): the case's, so budgets and reports count it.
+    let (mut produced, mut graded) = (Usage::default(), Usage::default());
     loop {
         let mut result = executor.execute(&job, package_root).await;
+        produced.add(&result.produce_usage);
+        graded.add(&result.grade_usage);
         let transient = result.status == CaseStatus::Errored
             && result.error.as_ref().is_some_and(|e| e.is_transient());
         if !transient || job.attempt >= retry.max_attempts {
+            result.produce_usage = produced;
+            result.grade_usage = graded;
             if !previous.is_empty() {
                 previous.append(&mut result.attempts);
                 for (i, a) in previous.iter_mut().enumerate() {

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::case_scripts::CaseScripts;
 use skilleval_model::definition::{EvalConfig, Given, Profile, RunnerConfig, TestCase};
 
 /// One test case to produce and grade.
@@ -31,6 +32,10 @@ pub struct Job {
     /// `setup.environment`, passed to the command runner.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub environment: BTreeMap<String, String>,
+    /// `setup.script` and `teardown.script`, run around each attempt in the case's workspace
+    /// ([`crate::case_scripts`]).
+    #[serde(default, skip_serializing_if = "CaseScripts::is_empty")]
+    pub scripts: CaseScripts,
     /// A recorded output sent with the job (production samples), overriding the case's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub given: Option<Given>,
@@ -249,6 +254,10 @@ impl Planner<'_> {
                 .as_ref()
                 .map(|s| s.environment.clone())
                 .unwrap_or_default(),
+            scripts: CaseScripts {
+                setup: config.setup.as_ref().and_then(|s| s.script.clone()),
+                teardown: config.teardown.as_ref().and_then(|t| t.script.clone()),
+            },
             given: None,
             suites,
             attempt: 1,
@@ -689,6 +698,30 @@ mod tests {
         assert_eq!(jobs[0].runner.kind, "command");
         assert_eq!(jobs[0].suites, vec!["core".to_string()]);
         assert!(jobs[2].suites.is_empty());
+    }
+
+    #[test]
+    fn setup_and_teardown_scripts_travel_with_every_job() {
+        let mut c = config();
+        c.setup = Some(skilleval_model::definition::Setup {
+            script: Some("scripts/setup.sh".into()),
+            ..Default::default()
+        });
+        c.teardown = Some(skilleval_model::definition::Teardown {
+            script: Some("scripts/teardown.py".into()),
+        });
+        let jobs = plan(&c, "h", Uuid::nil(), &CaseFilter::default(), None).unwrap();
+        for j in &jobs {
+            assert_eq!(j.scripts.setup.as_deref(), Some("scripts/setup.sh"));
+            assert_eq!(j.scripts.teardown.as_deref(), Some("scripts/teardown.py"));
+        }
+        let back: Job = serde_json::from_str(&serde_json::to_string(&jobs[0]).unwrap()).unwrap();
+        assert_eq!(back, jobs[0]);
+        let plain = plan(&config(), "h", Uuid::nil(), &CaseFilter::default(), None).unwrap();
+        assert!(plain[0].scripts.is_empty());
+        assert!(!serde_json::to_string(&plain[0])
+            .unwrap()
+            .contains("scripts"));
     }
 
     #[test]
