@@ -251,6 +251,7 @@ async fn monitor_inner(args: &MonitorArgs) -> Result<(), u8> {
     let results = crate::run::execute_all(
         &executor,
         jobs.clone(),
+        Vec::new(),
         package.root(),
         args.concurrency.max(1),
         false,

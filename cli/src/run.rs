@@ -26,7 +26,7 @@ use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_execution::triggers;
 use skilleval_execution::validate::validate;
 use skilleval_model::definition::RunnerConfig;
-use skilleval_model::grade::RetryPolicy;
+use skilleval_model::grade::{RetryPolicy, Usage};
 use skilleval_model::package::{Package, PackageError, PackageLimits, RiskReport};
 use skilleval_model::problem::Problem;
 use skilleval_reports::artifacts;
@@ -471,9 +471,11 @@ async fn execute_cases(
         max_tokens: args.max_tokens,
     });
     let started = Utc::now();
+    let order = skilleval_execution::plan::run_order(&package.config, &jobs);
     let all_results = execute_all(
         executor,
         jobs,
+        order,
         package.root(),
         concurrency,
         package.config.settings.fail_fast,
@@ -818,13 +820,16 @@ fn continue_legacy_history(base: &Path, history: &Path) {
 }
 
 /// Executes jobs `concurrency` at a time, retrying transient faults locally with backoff;
-/// results come back in the order of `jobs`. With `fail_fast`, the first case that does not
-/// pass stops new cases from starting; with a `budget`, so does reaching it. Cases not started
-/// are recorded as skipped, with the reason.
+/// results come back in the order of `jobs`. `order` groups jobs that run one at a time, in
+/// the group's order ([`skilleval_execution::plan::run_order`]: a suite with `runInSequence`);
+/// a group takes one of the `concurrency` slots, and a job in no group runs alone. With
+/// `fail_fast`, the first case that does not pass stops new cases from starting; with a
+/// `budget`, so does reaching it. Cases not started are recorded as skipped, with the reason.
 #[allow(clippy::too_many_arguments)]
 pub async fn execute_all(
     executor: &Executor,
     jobs: Vec<Job>,
+    order: Vec<Vec<usize>>,
     package_root: &Path,
     concurrency: usize,
     fail_fast: bool,
@@ -834,43 +839,68 @@ pub async fn execute_all(
 ) -> Vec<JobResult> {
     let bar = progress_bar(jobs.len() as u64, quiet);
     let stop = AtomicBool::new(false);
-    let mut results: Vec<(usize, JobResult)> = stream::iter(jobs.into_iter().enumerate())
-        .map(|(index, job)| {
-            let bar = &bar;
-            let stop = &stop;
-            async move {
-                if stop.load(Ordering::SeqCst) {
-                    bar.inc(1);
-                    return (
-                        index,
-                        JobResult::skipped(&job, "failFast: an earlier case did not pass"),
-                    );
-                }
-                if let Some(reason) = budget.and_then(Budget::exceeded) {
-                    bar.inc(1);
-                    return (index, JobResult::skipped(&job, &reason));
-                }
-                let result = execute_with_retry(executor, job, package_root, retry).await;
-                if let Some(b) = budget {
-                    b.record(&result.produce_usage);
-                    b.record(&result.grade_usage);
-                }
-                if fail_fast && result.status != CaseStatus::Passed {
-                    stop.store(true, Ordering::SeqCst);
-                }
-                bar.set_message(format!(
-                    "{} {}",
-                    result.test_case_id,
-                    result.status.as_str()
-                ));
+    let one = |index: usize, job: Job| {
+        let bar = &bar;
+        let stop = &stop;
+        async move {
+            if stop.load(Ordering::SeqCst) {
                 bar.inc(1);
-                (index, result)
+                return (
+                    index,
+                    JobResult::skipped(&job, "failFast: an earlier case did not pass"),
+                );
             }
+            if let Some(reason) = budget.and_then(Budget::exceeded) {
+                bar.inc(1);
+                return (index, JobResult::skipped(&job, &reason));
+            }
+            let result = execute_with_retry(executor, job, package_root, retry).await;
+            if let Some(b) = budget {
+                b.record(&result.produce_usage);
+                b.record(&result.grade_usage);
+            }
+            if fail_fast && result.status != CaseStatus::Passed {
+                stop.store(true, Ordering::SeqCst);
+            }
+            bar.set_message(format!(
+                "{} {}",
+                result.test_case_id,
+                result.status.as_str()
+            ));
+            bar.inc(1);
+            (index, result)
+        }
+    };
+    let mut slots: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
+    let mut groups: Vec<Vec<(usize, Job)>> = order
+        .into_iter()
+        .map(|group| {
+            group
+                .into_iter()
+                .filter_map(|i| slots.get_mut(i).and_then(Option::take).map(|j| (i, j)))
+                .collect()
+        })
+        .collect();
+    groups.extend(
+        slots
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, job)| job.map(|j| vec![(i, j)])),
+    );
+    let one = &one;
+    let done: Vec<Vec<(usize, JobResult)>> = stream::iter(groups)
+        .map(|group| async move {
+            let mut out = Vec::with_capacity(group.len());
+            for (index, job) in group {
+                out.push(one(index, job).await);
+            }
+            out
         })
         .buffer_unordered(concurrency)
         .collect()
         .await;
     bar.finish_and_clear();
+    let mut results: Vec<(usize, JobResult)> = done.into_iter().flatten().collect();
     results.sort_by_key(|(index, _)| *index);
     results.into_iter().map(|(_, r)| r).collect()
 }
@@ -882,11 +912,18 @@ async fn execute_with_retry(
     retry: RetryPolicy,
 ) -> JobResult {
     let mut previous: Vec<skilleval_execution::result::Attempt> = Vec::new();
+    // What the attempts retried away spent (an agent that failed at its fifth turn billed
+    // four): the case's, so budgets and reports count it.
+    let (mut produced, mut graded) = (Usage::default(), Usage::default());
     loop {
         let mut result = executor.execute(&job, package_root).await;
+        produced.add(&result.produce_usage);
+        graded.add(&result.grade_usage);
         let transient = result.status == CaseStatus::Errored
             && result.error.as_ref().is_some_and(|e| e.is_transient());
         if !transient || job.attempt >= retry.max_attempts {
+            result.produce_usage = produced;
+            result.grade_usage = graded;
             if !previous.is_empty() {
                 previous.append(&mut result.attempts);
                 for (i, a) in previous.iter_mut().enumerate() {

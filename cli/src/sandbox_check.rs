@@ -1,7 +1,8 @@
 //! No sandbox, no grading: before `skilleval run` starts, every case that runs untrusted code
-//! from the package (a `command` runner, a `custom` grader script) must be able to have the
-//! sandbox. Without one, running would error each such case and call it a verdict; a missing
-//! sandbox is a problem of this machine, so the run is refused with what to install instead.
+//! from the package (a `command` runner, a `custom` grader script, a setup or teardown
+//! script) must be able to have the sandbox. Without one, running would error each such case
+//! and call it a verdict; a missing sandbox is a problem of this machine, so the run is refused
+//! with what to install instead.
 
 use skilleval_execution::plan::Job;
 use skilleval_sandbox::{Sandbox, SandboxMode};
@@ -13,6 +14,9 @@ const LISTED: usize = 5;
 pub fn untrusted_code(job: &Job) -> Option<String> {
     if job.runner.kind == "command" || job.runner.kind == "agent" {
         return Some(format!("runner `{}`", job.runner.kind));
+    }
+    if !job.scripts.is_empty() {
+        return Some("`setup.script` / `teardown.script`".to_string());
     }
     let custom = job.strategy() == "custom"
         || (job.strategy() == "hybrid" && job.case.evaluation.weights.contains_key("custom"));

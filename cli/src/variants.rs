@@ -53,6 +53,7 @@ mod tests {
             retry_count: 0,
             package_hash: "h".into(),
             environment: Default::default(),
+            scripts: Default::default(),
             given: None,
             suites: vec![],
             attempt: 1,

@@ -118,6 +118,47 @@ fn a_failing_case_makes_the_verdict_fail_with_exit_1() {
 }
 
 #[test]
+fn a_suite_in_sequence_runs_its_cases_one_at_a_time_in_its_order() {
+    let (_tmp, root) = example_copy("calculator");
+    let tests = root.join("eval/tests.json");
+    let mut def: Value = serde_json::from_str(&std::fs::read_to_string(&tests).unwrap()).unwrap();
+    let order = ["tc-005", "tc-002", "tc-006", "tc-001"];
+    def["suites"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "ordered", "testIds": order, "runInSequence": true}));
+    std::fs::write(&tests, serde_json::to_string_pretty(&def).unwrap()).unwrap();
+    let out = bin()
+        .args([
+            "run",
+            "--quiet",
+            "--no-write",
+            "--format",
+            "json",
+            "-j",
+            "6",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = report["results"].as_array().unwrap();
+    let time = |id: &str, field: &str| -> chrono::DateTime<chrono::Utc> {
+        let r = results.iter().find(|r| r["test_case_id"] == id).unwrap();
+        r[field].as_str().unwrap().parse().unwrap()
+    };
+    // Each case of the suite started after the one before it in the suite was recorded.
+    for pair in order.windows(2) {
+        let (before, after) = (pair[0], pair[1]);
+        assert!(
+            time(after, "started_at") >= time(before, "finished_at"),
+            "{after} started before {before} finished: {results:#?}"
+        );
+    }
+}
+
+#[test]
 fn tag_and_case_filters_select_cases() {
     let (_tmp, root) = example_copy("calculator");
     let out = bin()

@@ -446,6 +446,71 @@ fn a_budget_stops_the_run_and_the_verdict_says_so() {
     );
 }
 
+/// An agent that never stops: every turn calls `bash true` and costs 1,000 + 100 tokens.
+fn runaway_agent(index: usize, _: &Value) -> Value {
+    json!({
+        "model": "mock-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [
+            {"id": format!("call_{index}"), "type": "function",
+             "function": {"name": "bash", "arguments": "{\"command\": \"true\"}"}}
+        ]}, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 1_000, "completion_tokens": 100}
+    })
+}
+
+#[test]
+fn a_runaway_agent_case_is_counted_by_the_budget_that_then_stops_the_run() {
+    let mock = Mock::start(runaway_agent);
+    // sales-report: three agent cases, `maxTurns: 12`.
+    let (_tmp, root) = example_copy("sales-report");
+    let out = mock.run(
+        &root,
+        &[
+            "--no-cache",
+            "--no-write",
+            "-j",
+            "1",
+            "--max-tokens",
+            "5000",
+            "--format",
+            "json",
+        ],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(mock.requests().len(), 12, "one case ran to its turn limit");
+    assert!(
+        err.contains("3 cases: 0 passed, 0 failed, 1 errored, 2 skipped"),
+        "{err}"
+    );
+    assert!(
+        err.contains("budget exceeded: spent 13200 of the 5000 token limit (--max-tokens)"),
+        "{err}"
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let first = &report["results"][0];
+    assert_eq!(first["status"], "errored");
+    assert_eq!(first["produce_usage"]["input_tokens"], 12_000);
+    assert_eq!(first["produce_usage"]["output_tokens"], 1_200);
+    let cost = first["produce_usage"]["cost_usd"].as_f64().unwrap();
+    assert!((cost - 0.036).abs() < 1e-9, "{cost}");
+    assert_eq!(first["details"]["runner"]["limit"], "max_turns");
+    assert_eq!(
+        first["details"]["runner"]["transcript"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .len(),
+        12
+    );
+    assert!(first["details"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("max turns reached (12) after 12 tool calls"));
+    for skipped in &report["results"].as_array().unwrap()[1..] {
+        assert_eq!(skipped["status"], "skipped");
+    }
+}
+
 #[test]
 fn model_examples_validate_and_are_listed_without_a_provider() {
     for name in ["meeting-notes", "launch-announcement", "support-answers"] {

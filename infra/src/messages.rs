@@ -231,6 +231,7 @@ mod tests {
             retry_count: 0,
             package_hash: "abc".into(),
             environment: Default::default(),
+            scripts: Default::default(),
             given: None,
             suites: vec![],
             attempt: 2,

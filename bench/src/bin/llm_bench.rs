@@ -304,6 +304,7 @@ async fn run(
     skilleval_cli::run::execute_all(
         executor,
         jobs,
+        Vec::new(),
         root,
         concurrency,
         false,

@@ -19,6 +19,7 @@ use chrono::Utc;
 use serde_json::Value;
 use tracing::Instrument as _;
 
+use crate::case_scripts::{self, CaseWorkspace, Phase, Step};
 use crate::plan::Job;
 use crate::result::{Attempt, CaseStatus, JobResult, NO_BASELINE};
 use crate::runner::{ProduceRequest, RunnerRegistry};
@@ -242,25 +243,64 @@ impl Executor {
         for n in 1..=max_attempts {
             let t0 = Instant::now();
             let timeout = Duration::from_millis(job.timeout_ms);
-            let outcome =
-                tokio::time::timeout(timeout, self.attempt(job, grader.as_ref(), &env, timeout))
-                    .await;
+            // Setup and teardown scripts get a fresh case workspace per attempt; a recorded
+            // output (a rescore, a preview, a production sample) is graded without them.
+            let workspace = if job.scripts.is_empty() || job.given.is_some() {
+                None
+            } else {
+                match CaseWorkspace::create(&self.sandbox) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        let fault = Fault::host(format!("creating the case's workspace: {e}"));
+                        return finish_errored(result, n, fault, 0);
+                    }
+                }
+            };
+            let mut setup = None;
+            let outcome = tokio::time::timeout(
+                timeout,
+                self.attempt(
+                    job,
+                    grader.as_ref(),
+                    &env,
+                    timeout,
+                    workspace.as_ref(),
+                    &mut setup,
+                ),
+            )
+            .await;
             let elapsed = duration_ms(t0.elapsed());
             let number = n;
+            // After grading, outside the case's timeout: it cannot change the grade.
+            let teardown = match (&job.scripts.teardown, &workspace) {
+                (Some(script), Some(ws)) => Some(
+                    self.teardown(job, &env, ws, script, &outcome, timeout)
+                        .await,
+                ),
+                _ => None,
+            };
+            let steps = [("setup", setup), ("teardown", teardown)];
             match outcome {
                 Err(_) => {
-                    return finish_errored(
+                    let mut result = finish_errored(
                         result,
                         number,
                         Fault::Timeout {
                             timeout_ms: job.timeout_ms,
                         },
                         elapsed,
-                    )
+                    );
+                    record_steps(&mut result, steps);
+                    return result;
                 }
-                Ok((produce_usage, Err(fault))) => {
+                Ok((produce_usage, Err(Unfinished { fault, produced }))) => {
                     result.produce_usage.add(&produce_usage);
-                    return finish_errored(result, number, fault, elapsed);
+                    let mut result = finish_errored(result, number, fault, elapsed);
+                    if let Some(produced) = produced {
+                        keep_partial(&mut result, produced);
+                    }
+                    record_steps(&mut result, steps);
+                    return result;
                 }
                 Ok((produce_usage, Ok((produced, grade, grade_ms)))) => {
                     result.produce_usage.add(&produce_usage);
@@ -279,6 +319,7 @@ impl Executor {
                         error: None,
                     });
                     apply_grade(&mut result, produced, grade, elapsed);
+                    record_steps(&mut result, steps);
                     result.status = status;
                     if status == CaseStatus::Passed {
                         break;
@@ -290,36 +331,77 @@ impl Executor {
         result
     }
 
-    /// One attempt: produce, then grade. Returns what producing cost even when grading fails,
-    /// and with the grade, the milliseconds grading took.
+    /// One attempt: produce, then grade. Returns what producing cost even when grading fails
+    /// or the runner stopped short, and with the grade, the milliseconds grading took.
+    /// With a `workspace`, the package's setup script runs first, in it (what it did goes to
+    /// `setup`); its failure ends the attempt before the runner starts.
     async fn attempt(
         &self,
         job: &Job,
         grader: &dyn Grader,
         env: &GradeEnv,
         timeout: Duration,
-    ) -> (Usage, Result<(Produced, Grade, u64), Fault>) {
+        workspace: Option<&CaseWorkspace>,
+        setup: &mut Option<Value>,
+    ) -> (Usage, Result<(Produced, Grade, u64), Unfinished>) {
         let Some(runner) = self.runners.get(&job.runner.kind) else {
             let known = self.runners.names().join(", ");
             let msg = format!("unknown runner `{}`; known: {known}", job.runner.kind);
-            return (Usage::default(), Err(Fault::permanent(msg)));
+            return (Usage::default(), Err(Fault::permanent(msg).into()));
         };
+        let started = Instant::now();
+        if let (Some(script), Some(ws)) = (&job.scripts.setup, workspace) {
+            let input = &job.case.input;
+            let step = Step {
+                phase: Phase::Setup,
+                script,
+                sandbox: &self.sandbox,
+                package_root: &env.package_root,
+                workspace: ws,
+                stdin: serde_json::json!({
+                    "phase": "setup",
+                    "workspace": ws.seen_from(&self.sandbox),
+                    "test_case_id": job.case.id,
+                    "prompt": input.prompt,
+                    "variables": input.variables,
+                    "files": input.files,
+                }),
+                environment: &job.environment,
+                timeout,
+            };
+            match case_scripts::setup(step).await {
+                Ok(report) => *setup = Some(report.to_json()),
+                Err(fault) => return (Usage::default(), Err(fault.into())),
+            }
+        }
         let req = ProduceRequest {
             case: &job.case,
             runner: &job.runner,
             given: job.given.as_ref(),
             environment: &job.environment,
-            timeout,
+            // What the setup left of the attempt's time (an agent stops itself before it).
+            timeout: timeout.saturating_sub(started.elapsed()),
+            workspace,
         };
         let span = produce_span(job);
-        let produced = match runner.produce(&req, env).instrument(span.clone()).await {
+        let mut produced = match runner.produce(&req, env).instrument(span.clone()).await {
             Ok(p) => p,
             Err(fault) => {
                 record_fault(&span, &fault);
-                return (Usage::default(), Err(fault));
+                return (Usage::default(), Err(fault.into()));
             }
         };
         self.record_produced(&span, job, &produced);
+        if let Some(fault) = produced.stopped.take() {
+            record_fault(&span, &fault);
+            return (
+                produced.usage,
+                Err(Unfinished {
+                    fault,
+                    produced: Some(produced),
+                }),
+            );
+        }
         drop(span);
         let usage = produced.usage;
         // Files the case expects, and the file it grades, before the strategy runs: a missing
@@ -388,7 +470,47 @@ impl Executor {
             }
             g
         });
-        (usage, graded.map(|g| (produced, g, grade_ms)))
+        (
+            usage,
+            graded
+                .map(|g| (produced, g, grade_ms))
+                .map_err(Unfinished::from),
+        )
+    }
+
+    /// Runs the package's teardown script in the attempt's workspace, told how the attempt
+    /// ended; what it did, as `details.teardown` records it.
+    async fn teardown(
+        &self,
+        job: &Job,
+        env: &GradeEnv,
+        workspace: &CaseWorkspace,
+        script: &str,
+        outcome: &AttemptOutcome,
+        timeout: Duration,
+    ) -> Value {
+        let (status, score) = match outcome {
+            Ok((_, Ok((_, grade, _)))) if grade.passed => (CaseStatus::Passed, Some(grade.score)),
+            Ok((_, Ok((_, grade, _)))) => (CaseStatus::Failed, Some(grade.score)),
+            _ => (CaseStatus::Errored, None),
+        };
+        case_scripts::teardown(Step {
+            phase: Phase::Teardown,
+            script,
+            sandbox: &self.sandbox,
+            package_root: &env.package_root,
+            workspace,
+            stdin: serde_json::json!({
+                "phase": "teardown",
+                "workspace": workspace.seen_from(&self.sandbox),
+                "test_case_id": job.case.id,
+                "status": status.as_str(),
+                "score": score,
+            }),
+            environment: &job.environment,
+            timeout,
+        })
+        .await
     }
 
     /// What the runner call's span learns from its answer: for a model call (a runner that
@@ -418,6 +540,62 @@ impl Executor {
                 message("assistant", &produced.output),
             );
         }
+    }
+}
+
+/// An attempt as the case's timeout left it: what producing cost, and the graded output or
+/// why there is none.
+type AttemptOutcome =
+    Result<(Usage, Result<(Produced, Grade, u64), Unfinished>), tokio::time::error::Elapsed>;
+
+/// Puts what the setup and teardown scripts did on the result (`details.setup`,
+/// `details.teardown`), whatever the attempt became.
+fn record_steps(result: &mut JobResult, steps: [(&str, Option<Value>); 2]) {
+    for (key, value) in steps {
+        let Some(value) = value else { continue };
+        if !result.details.is_object() {
+            let grade = std::mem::take(&mut result.details);
+            result.details = if grade.is_null() {
+                serde_json::json!({})
+            } else {
+                serde_json::json!({ "grade": grade })
+            };
+        }
+        if let Value::Object(map) = &mut result.details {
+            map.insert(key.into(), value);
+        }
+    }
+}
+
+/// Why an attempt ended without a grade, with what the runner had produced when it stopped
+/// short ([`Produced::stopped`]; `None` for a runner that failed outright or a grader's fault).
+struct Unfinished {
+    fault: Fault,
+    produced: Option<Produced>,
+}
+
+impl From<Fault> for Unfinished {
+    fn from(fault: Fault) -> Self {
+        Unfinished {
+            fault,
+            produced: None,
+        }
+    }
+}
+
+/// Keeps on an errored result what its runner produced before it stopped short: the runner's
+/// details (an agent's transcript, turns and the limit it hit) beside the error, and the text
+/// it had. Its usage is already in `produce_usage`.
+fn keep_partial(result: &mut JobResult, produced: Produced) {
+    if !produced.details.is_null() {
+        if let Value::Object(map) = &mut result.details {
+            map.insert("runner".into(), produced.details);
+        }
+    }
+    if !produced.output.is_empty() {
+        let (output, cut) = cap_output(produced.output);
+        result.output = Some(output);
+        result.output_truncated = produced.truncated || cut;
     }
 }
 
@@ -599,6 +777,17 @@ mod tests {
                     Ok(Produced::default())
                 }
                 "fail" => Err(Fault::permanent("script crashed")),
+                "stopped" => Ok(Produced {
+                    output: "half done".to_string(),
+                    usage: Usage {
+                        input_tokens: 4_000,
+                        output_tokens: 200,
+                        cost_usd: 0.01,
+                    },
+                    details: serde_json::json!({"limit": "max_turns", "turns": [1, 2]}),
+                    stopped: Some(Fault::permanent("agent stopped: max turns reached (2)")),
+                    ..Produced::default()
+                }),
                 "429" => Err(Fault::Transient {
                     message: "rate limited".into(),
                     retry_after_ms: Some(2_000),
@@ -657,6 +846,7 @@ mod tests {
             retry_count,
             package_hash: "hash".into(),
             environment: Default::default(),
+            scripts: Default::default(),
             given: None,
             suites: vec![],
             attempt: 1,
@@ -728,6 +918,30 @@ mod tests {
             .as_str()
             .unwrap_or_default()
             .contains("script crashed"));
+    }
+
+    #[tokio::test]
+    async fn a_runner_stopped_short_is_errored_with_its_usage_and_details_kept() {
+        let (ex, grades) = executor(vec!["stopped"]);
+        let r = ex.execute(&job(2, 1_000), Path::new("/")).await;
+        assert_eq!(r.status, CaseStatus::Errored);
+        assert_eq!(
+            r.error,
+            Some(Fault::permanent("agent stopped: max turns reached (2)"))
+        );
+        assert_eq!(r.produce_usage.total_tokens(), 4_200);
+        assert!((r.produce_usage.cost_usd - 0.01).abs() < 1e-12);
+        assert_eq!(r.details["runner"]["limit"], "max_turns");
+        assert_eq!(r.details["runner"]["turns"], serde_json::json!([1, 2]));
+        assert!(r.details["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("max turns reached"));
+        assert_eq!(r.output.as_deref(), Some("half done"));
+        assert_eq!(r.score, None);
+        // Never graded, and not re-run by retryCount (an error, not a failure).
+        assert_eq!(grades.load(Ordering::SeqCst), 0);
+        assert_eq!(r.attempts.len(), 1);
     }
 
     #[tokio::test]

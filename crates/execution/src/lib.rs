@@ -11,6 +11,8 @@
 //! - [`executor`] runs one job: a [`runner`] produces the output (sandboxed when the code is the
 //!   package's), a strategy of `skilleval_grading` grades it under the case's timeout, and the
 //!   outcome is a [`result::JobResult`];
+//! - [`case_scripts`]: a package's `setup.script` and `teardown.script` around each attempt,
+//!   in the case's workspace;
 //! - [`triggers`]: does the skill's description get it picked among others;
 //! - [`monitor`]: a skill's production monitor and its samples as `given` jobs;
 //! - [`draft`]: a starter eval definition for a skill that has none (`skilleval init`).
@@ -18,6 +20,7 @@
 //! The CLI feeds jobs from an in-process pool, the worker from RabbitMQ; both call the same
 //! [`executor::Executor`].
 
+pub mod case_scripts;
 pub mod draft;
 pub mod executor;
 pub mod monitor;

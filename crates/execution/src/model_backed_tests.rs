@@ -442,6 +442,7 @@ async fn the_baseline_runner_sends_no_system_prompt() {
         given: None,
         environment: &BTreeMap::new(),
         timeout: Duration::from_secs(5),
+        workspace: None,
     };
     use crate::runner::OutputRunner;
     let produced = runner.produce(&req, &env(dir.path())).await.unwrap();
@@ -553,6 +554,7 @@ async fn a_429_with_retry_after_2_is_waited_out_and_succeeds() {
         given: None,
         environment: &BTreeMap::new(),
         timeout: Duration::from_secs(10),
+        workspace: None,
     };
     use crate::runner::OutputRunner;
     let started = Instant::now();

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::case_scripts::CaseScripts;
 use skilleval_model::definition::{EvalConfig, Given, Profile, RunnerConfig, TestCase};
 
 /// One test case to produce and grade.
@@ -31,6 +32,10 @@ pub struct Job {
     /// `setup.environment`, passed to the command runner.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub environment: BTreeMap<String, String>,
+    /// `setup.script` and `teardown.script`, run around each attempt in the case's workspace
+    /// ([`crate::case_scripts`]).
+    #[serde(default, skip_serializing_if = "CaseScripts::is_empty")]
+    pub scripts: CaseScripts,
     /// A recorded output sent with the job (production samples), overriding the case's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub given: Option<Given>,
@@ -249,6 +254,10 @@ impl Planner<'_> {
                 .as_ref()
                 .map(|s| s.environment.clone())
                 .unwrap_or_default(),
+            scripts: CaseScripts {
+                setup: config.setup.as_ref().and_then(|s| s.script.clone()),
+                teardown: config.teardown.as_ref().and_then(|t| t.script.clone()),
+            },
             given: None,
             suites,
             attempt: 1,
@@ -281,6 +290,39 @@ impl<'f> Selection<'f> {
             && (self.filter.tags.is_empty() || tags.iter().any(|t| self.filter.tags.contains(t)))
             && self.suite.as_ref().is_none_or(|ids| ids.contains(id))
     }
+}
+
+/// The order `jobs` may run in: groups of indices into `jobs`, each run one job at a time in
+/// its order, the groups side by side. A suite with `runInSequence` is one group: the jobs of
+/// its cases in the suite's `testIds` order (a case's variants — baseline, repeats — together,
+/// in job order); every other job is a group of its own. A case listed by several such suites
+/// runs in the first. Every index is in exactly one group; groups come in the order of their
+/// first job.
+pub fn run_order(config: &EvalConfig, jobs: &[Job]) -> Vec<Vec<usize>> {
+    // Case id -> (sequential suite, position in it); the first suite that lists a case wins.
+    let mut place: HashMap<&str, (usize, usize)> = HashMap::new();
+    for (k, suite) in config.suites.iter().enumerate() {
+        if !suite.run_in_sequence {
+            continue;
+        }
+        for (position, id) in suite.test_ids.iter().enumerate() {
+            place.entry(id.as_str()).or_insert((k, position));
+        }
+    }
+    let mut chains: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        match place.get(job.case.id.as_str()) {
+            Some(&(suite, position)) => chains.entry(suite).or_default().push((position, i)),
+            None => groups.push(vec![i]),
+        }
+    }
+    for (_, mut chain) in chains {
+        chain.sort_unstable();
+        groups.push(chain.into_iter().map(|(_, i)| i).collect());
+    }
+    groups.sort_by_key(|g| g.iter().min().copied());
+    groups
 }
 
 fn empty(filter: &CaseFilter) -> PlanError {
@@ -689,6 +731,71 @@ mod tests {
         assert_eq!(jobs[0].runner.kind, "command");
         assert_eq!(jobs[0].suites, vec!["core".to_string()]);
         assert!(jobs[2].suites.is_empty());
+    }
+
+    #[test]
+    fn setup_and_teardown_scripts_travel_with_every_job() {
+        let mut c = config();
+        c.setup = Some(skilleval_model::definition::Setup {
+            script: Some("scripts/setup.sh".into()),
+            ..Default::default()
+        });
+        c.teardown = Some(skilleval_model::definition::Teardown {
+            script: Some("scripts/teardown.py".into()),
+        });
+        let jobs = plan(&c, "h", Uuid::nil(), &CaseFilter::default(), None).unwrap();
+        for j in &jobs {
+            assert_eq!(j.scripts.setup.as_deref(), Some("scripts/setup.sh"));
+            assert_eq!(j.scripts.teardown.as_deref(), Some("scripts/teardown.py"));
+        }
+        let back: Job = serde_json::from_str(&serde_json::to_string(&jobs[0]).unwrap()).unwrap();
+        assert_eq!(back, jobs[0]);
+        let plain = plan(&config(), "h", Uuid::nil(), &CaseFilter::default(), None).unwrap();
+        assert!(plain[0].scripts.is_empty());
+        assert!(!serde_json::to_string(&plain[0])
+            .unwrap()
+            .contains("scripts"));
+    }
+
+    #[test]
+    fn a_suite_in_sequence_is_one_group_in_its_own_order_and_the_rest_run_alone() {
+        let mut c = config();
+        c.test_cases.push(TestCase {
+            id: "d".into(),
+            weight: 1.0,
+            ..TestCase::default()
+        });
+        c.suites = vec![
+            Suite {
+                name: "ordered".into(),
+                test_ids: vec!["d".into(), "a".into()],
+                run_in_sequence: true,
+            },
+            Suite {
+                name: "also".into(),
+                test_ids: vec!["a".into(), "c".into()],
+                run_in_sequence: true,
+            },
+            Suite {
+                name: "parallel".into(),
+                test_ids: vec!["b".into()],
+                run_in_sequence: false,
+            },
+        ];
+        let jobs = plan(&c, "h", Uuid::nil(), &CaseFilter::default(), None).unwrap();
+        let ids =
+            |g: &Vec<usize>| -> Vec<&str> { g.iter().map(|&i| jobs[i].case.id.as_str()).collect() };
+        let order = run_order(&c, &jobs);
+        let named: Vec<Vec<&str>> = order.iter().map(ids).collect();
+        // `a` runs in the first suite that lists it; `c` alone in the second.
+        assert_eq!(named, vec![vec!["d", "a"], vec!["b"], vec!["c"]]);
+        // A case's variants run together, in job order.
+        let doubled: Vec<Job> = jobs.iter().flat_map(|j| [j.clone(), j.clone()]).collect();
+        let order = run_order(&c, &doubled);
+        assert_eq!(order[0], vec![6, 7, 0, 1]);
+        let mut all: Vec<usize> = order.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..doubled.len()).collect::<Vec<_>>());
     }
 
     #[test]

@@ -119,6 +119,7 @@ async fn agent_run(
         given: None,
         environment: &environment,
         timeout: agent.timeout,
+        workspace: None,
     };
     let env = skilleval_grading::GradeEnv {
         sandbox: agent.sandbox.clone(),
@@ -128,6 +129,11 @@ async fn agent_run(
         .await
         .map_err(|f| f.to_string())?;
     let opened = produced.details.get("skill_used").and_then(Value::as_bool) == Some(true);
+    // `onLimit: grade` leaves only a fault in the middle of the loop to stop it: a run that
+    // failed before opening a skill made no pick.
+    if let (Some(fault), false) = (&produced.stopped, opened) {
+        return Err(fault.to_string());
+    }
     let pick = if opened {
         skill.name.clone()
     } else {

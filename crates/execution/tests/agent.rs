@@ -719,8 +719,83 @@ async fn max_turns_ends_the_case_errored_with_the_reason() {
     let r = &results[0];
     assert_eq!(r.status, CaseStatus::Errored);
     let error = r.error.as_ref().unwrap().to_string();
-    assert!(error.contains("max turns reached (3)"), "{error}");
+    assert_eq!(
+        error, "agent stopped: max turns reached (3) after 3 tool calls",
+        "the message docs/runners.md quotes"
+    );
     assert_eq!(model.requests().len(), 3);
+    // What the three turns spent (100 in + 10 out each) is the case's, as is what it did.
+    assert_eq!(r.produce_usage.input_tokens, 300);
+    assert_eq!(r.produce_usage.output_tokens, 30);
+    let runner = &r.details["runner"];
+    assert_eq!(runner["limit"], "max_turns", "{runner:#}");
+    assert_eq!(runner["limit_hit"], "max turns reached (3)");
+    assert_eq!(runner["turns"].as_array().unwrap().len(), 3);
+    let calls = runner["transcript"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 3);
+    assert!(calls
+        .iter()
+        .all(|c| c["name"] == "bash" && c["exit_code"] == 0));
+}
+
+#[tokio::test]
+async fn the_agent_works_in_the_workspace_its_setup_prepared() {
+    let model = ScriptedModel::start(|_, turn| match turn {
+        1 => Step::Call(vec![("bash", json!({"command": "cat fixture.txt"}))]),
+        _ => Step::Answer("done"),
+    })
+    .await;
+    let mut tests = one_case("fixture", json!({"type": "agent"}), "done");
+    tests["setup"] = json!({"script": "scripts/setup.sh"});
+    let pkg = package(tests);
+    let setup = pkg.path().join("scripts/setup.sh");
+    std::fs::write(&setup, "echo 'made by setup' > fixture.txt\n").unwrap();
+    std::fs::set_permissions(&setup, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let results = run_package(pkg.path(), model.clients(ProviderKind::Openai), |_| {}).await;
+    let r = &results[0];
+    assert_eq!(r.status, CaseStatus::Passed, "{r:#?}");
+    let calls = r.details["runner"]["transcript"]["tool_calls"]
+        .as_array()
+        .unwrap();
+    let result = calls[0]["result"].as_str().unwrap();
+    assert!(result.contains("made by setup"), "{result}");
+    // The file the setup left is in the workspace the agent leaves behind.
+    assert!(r.details["runner"]["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a["path"] == "fixture.txt"));
+}
+
+#[tokio::test]
+async fn max_tokens_ends_the_case_errored_with_what_it_spent() {
+    let model =
+        ScriptedModel::start(|_, _| Step::Call(vec![("bash", json!({"command": "true"}))])).await;
+    let tests = json!({
+        "version": "2.0",
+        "settings": {"runner": {"type": "agent", "maxTurns": 50, "maxTokens": 250}},
+        "testCases": [{"id": "loop", "input": {"prompt": "go"},
+                       "expected": {"includes": ["x"]}, "evaluation": {"strategy": "contains"}}]
+    });
+    let pkg = package(tests);
+    let results = run_package(pkg.path(), model.clients(ProviderKind::Openai), |_| {}).await;
+    let r = &results[0];
+    assert_eq!(r.status, CaseStatus::Errored);
+    let error = r.error.as_ref().unwrap().to_string();
+    assert_eq!(
+        error,
+        "agent stopped: max tokens reached (330 of 250) after 3 tool calls"
+    );
+    assert_eq!(model.requests().len(), 3);
+    assert_eq!(r.produce_usage.total_tokens(), 330);
+    assert_eq!(r.details["runner"]["limit"], "max_tokens");
+    assert_eq!(
+        r.details["runner"]["transcript"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
 }
 
 #[tokio::test]
@@ -741,6 +816,8 @@ async fn on_limit_grade_grades_what_the_agent_has() {
     let r = &results[0];
     assert_eq!(r.status, CaseStatus::Passed, "{r:#?}");
     assert_eq!(r.details["runner"]["limit_hit"], "max turns reached (2)");
+    assert_eq!(r.details["runner"]["limit"], "max_turns");
+    assert_eq!(r.produce_usage.total_tokens(), 220);
 }
 
 #[tokio::test]

@@ -72,6 +72,7 @@ async fn produce(
         given: None,
         environment,
         timeout,
+        workspace: None,
     };
     CommandRunner.produce(&req, &grade_env(pkg, sandbox)).await
 }

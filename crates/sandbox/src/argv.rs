@@ -33,8 +33,8 @@ use tokio::process::{Child, Command};
 use crate::policy::{SandboxBind, SandboxError, SandboxPolicy, SandboxRequest};
 use crate::tools::Tools;
 
-/// Where the package is mounted inside bubblewrap.
-pub(crate) const SANDBOX_PACKAGE_DIR: &str = "/skill";
+/// Where the package is mounted inside bubblewrap (the working directory a process starts in).
+pub const SANDBOX_PACKAGE_DIR: &str = "/skill";
 /// What the sandbox prints on stderr just before it `exec`s the program (as a `printf` format
 /// and as the bytes that come out).
 pub(crate) const STARTED_MARKER_PRINTF: &str = "\\036skilleval-sandbox: exec\\n";

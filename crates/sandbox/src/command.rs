@@ -25,7 +25,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::argv::{display_argv, Plan, STARTED_MARKER};
 use crate::host::Host;
-use crate::lease::{Identity, UidLease, UID_POOL_BASE};
+use crate::lease::{chown_tree, Identity, UidLease, UID_POOL_BASE};
 use crate::output::{read_capped, read_tail, Tail, STDERR_KEEP};
 use crate::policy::{SandboxBind, SandboxError, SandboxMode, SandboxOutput, SandboxRequest};
 use crate::reaper::Reaper;
@@ -107,6 +107,9 @@ impl Sandbox {
                 path: package.clone(),
                 reason: format!("{reason} (the sandbox runs as uid {uid})"),
             })?;
+            for b in binds.iter().filter(|b| b.writable) {
+                chown_tree(&b.source, uid)?;
+            }
         }
         let program = host.tools.resolve_program(program)?;
         // Unsandboxed, HOME and TMPDIR are a private scratch directory on the host.

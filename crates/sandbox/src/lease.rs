@@ -228,6 +228,18 @@ fn classify(pids: &[u32]) -> UidTasks {
 }
 
 /// Every uid in `range` that owns a process, with how many live and zombie processes it has.
+/// Hands a host directory tree to the sandbox's uid, so the sandboxed process may write it
+/// (a writable bind: a session's `/workspace`, a run's case workspace).
+pub(crate) fn chown_tree(dir: &Path, uid: u32) -> Result<(), SandboxError> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(uid))?;
+    if dir.is_dir() && !dir.is_symlink() {
+        for entry in std::fs::read_dir(dir)? {
+            chown_tree(&entry?.path(), uid)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 fn uids_with_tasks(range: std::ops::Range<u32>) -> BTreeMap<u32, UidTasks> {
     census(&range)

@@ -31,7 +31,7 @@ mod sandbox;
 mod session;
 mod tools;
 
-pub use argv::display_argv;
+pub use argv::{display_argv, SANDBOX_PACKAGE_DIR};
 pub use policy::{
     check_package_relative, SandboxBind, SandboxError, SandboxMode, SandboxOutput, SandboxPolicy,
     SandboxRequest,

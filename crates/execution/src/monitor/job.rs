@@ -152,6 +152,7 @@ pub fn sample_job(
         retry_count: 0,
         package_hash: ctx.package_hash.to_string(),
         environment: BTreeMap::new(),
+        scripts: Default::default(),
         given: Some(Given {
             output: sample.output.clone(),
             tool_calls: sample

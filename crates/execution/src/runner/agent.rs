@@ -13,7 +13,11 @@
 //!   inside the sandbox, so a symlink the agent planted cannot reach the host.
 //! - **Limits per case:** `maxTurns` (model requests), `maxTokens` (input + output, summed over
 //!   the case), `wallTimeMs` (never past the case's own timeout). Hitting one ends the case
-//!   `errored` with the reason, or, with `onLimit: "grade"`, grades what the agent has.
+//!   `errored` with the reason, or, with `onLimit: "grade"`, grades what the agent has. Either
+//!   way the case keeps what it spent, its transcript up to the stop and which limit it hit
+//!   ([`AgentLimit`]): a stopped case is returned as [`Produced`] with `stopped` set, never as
+//!   a bare fault, so budgets count its tokens. So is a fault in the middle of the loop (a
+//!   provider error at the fifth turn) once something was spent.
 //! - **Record.** `Produced.tool_calls` holds every call (so `tool_usage` checks it unchanged);
 //!   `details.transcript` is the `{output, tool_calls}` transcript shape with each call's
 //!   result, exit code and duration; `details.turns` the model turns; `details.skill_used`
@@ -107,6 +111,25 @@ pub enum OnLimit {
     Error,
     /// Graded on the agent's last answer and the files it left.
     Grade,
+}
+
+/// Which of the case's limits stopped the agent (`details.limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentLimit {
+    MaxTurns,
+    MaxTokens,
+    WallTime,
+}
+
+impl AgentLimit {
+    /// As `details.limit` records it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentLimit::MaxTurns => "max_turns",
+            AgentLimit::MaxTokens => "max_tokens",
+            AgentLimit::WallTime => "wall_time",
+        }
+    }
 }
 
 /// A skill listed in the catalogue that is not the one under test.
@@ -620,7 +643,9 @@ pub async fn run_agent(
         .map_err(|e| Fault::permanent(format!("runner `agent`: {e}")))?;
     let dirs =
         case_dirs(&env.sandbox).map_err(|e| io_fault("creating the case's directories", &e))?;
-    let seeded = seed_workspace(&env.package_root, &req.case.input.files, &dirs.workspace)?;
+    // The case workspace a setup script prepared, else the case's own.
+    let workspace: &Path = req.workspace.map_or(dirs.workspace.as_path(), |w| w.path());
+    let seeded = seed_workspace(&env.package_root, &req.case.input.files, workspace)?;
     write_decoys(&dirs.decoys, &opts.decoys)?;
     let entries = catalogue(&env.package_root, &opts.decoys, without);
     let skill_root: &Path = if without {
@@ -630,7 +655,7 @@ pub async fn run_agent(
     };
     let binds = [
         SandboxBind {
-            source: dirs.workspace.clone(),
+            source: workspace.to_path_buf(),
             dest: WORKSPACE_DIR,
             writable: true,
         },
@@ -667,25 +692,34 @@ pub async fn run_agent(
     let mut turns: Vec<Value> = Vec::new();
     let mut skill_used_at: Option<u32> = None;
     let mut answer = String::new();
-    let mut limit: Option<String> = None;
+    let mut limit: Option<(AgentLimit, String)> = None;
     let mut model = String::new();
     let mut truncated = false;
     let mut turn = 0u32;
     let outcome: Result<(), Fault> = async {
         loop {
             if turn >= opts.max_turns {
-                limit = Some(format!("max turns reached ({})", opts.max_turns));
+                limit = Some((
+                    AgentLimit::MaxTurns,
+                    format!("max turns reached ({})", opts.max_turns),
+                ));
                 return Ok(());
             }
             let now = Instant::now();
             if now >= deadline {
-                limit = Some(format!("wall time reached ({} ms)", wall.as_millis()));
+                limit = Some((
+                    AgentLimit::WallTime,
+                    format!("wall time reached ({} ms)", wall.as_millis()),
+                ));
                 return Ok(());
             }
             turn += 1;
             let Ok(reply) = tokio::time::timeout(deadline - now, client.agent_turn(&request)).await
             else {
-                limit = Some(format!("wall time reached ({} ms)", wall.as_millis()));
+                limit = Some((
+                    AgentLimit::WallTime,
+                    format!("wall time reached ({} ms)", wall.as_millis()),
+                ));
                 return Ok(());
             };
             let (reply, spent) = reply?;
@@ -745,10 +779,13 @@ pub async fn run_agent(
             }
             request.messages.push(AgentMessage::ToolResults(results));
             if usage.total_tokens() >= opts.max_tokens {
-                limit = Some(format!(
-                    "max tokens reached ({} of {})",
-                    usage.total_tokens(),
-                    opts.max_tokens
+                limit = Some((
+                    AgentLimit::MaxTokens,
+                    format!(
+                        "max tokens reached ({} of {})",
+                        usage.total_tokens(),
+                        opts.max_tokens
+                    ),
                 ));
                 return Ok(());
             }
@@ -756,14 +793,19 @@ pub async fn run_agent(
     }
     .await;
     session.close().await;
-    outcome?;
-    if let (Some(reason), OnLimit::Error) = (&limit, opts.on_limit) {
-        return Err(Fault::permanent(format!(
-            "agent stopped: {reason} after {} tool calls",
-            calls.len()
-        )));
-    }
-    let files = collect_artifacts(&dirs.workspace);
+    let stopped = match outcome {
+        // Nothing was spent: the bare fault says all there is.
+        Err(fault) if turns.is_empty() && calls.is_empty() && usage.is_zero() => return Err(fault),
+        Err(fault) => Some(fault),
+        Ok(()) => match (&limit, opts.on_limit) {
+            (Some((_, reason)), OnLimit::Error) => Some(Fault::permanent(format!(
+                "agent stopped: {reason} after {} tool calls",
+                calls.len()
+            ))),
+            _ => None,
+        },
+    };
+    let files = collect_artifacts(workspace);
     let transcript_calls: Vec<Value> = calls
         .iter()
         .map(|c| {
@@ -807,12 +849,14 @@ pub async fn run_agent(
             "transcript": {"output": answer, "tool_calls": transcript_calls},
             "artifacts": artifacts,
             "input_files": seeded,
-            "limit_hit": limit,
+            "limit": limit.as_ref().map(|(which, _)| which.as_str()),
+            "limit_hit": limit.as_ref().map(|(_, reason)| reason),
             "duration_ms": u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         }),
         usage,
         output: answer,
         files,
+        stopped,
     })
 }
 

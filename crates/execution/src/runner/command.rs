@@ -14,10 +14,11 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 
 use super::{OutputRunner, ProduceRequest};
+use crate::case_scripts::{interpreter_of, tail_text};
 use skilleval_grading::GradeEnv;
 use skilleval_model::grade::Fault;
 use skilleval_model::output::{transcript, Produced};
-use skilleval_sandbox::{check_package_relative, SandboxError, SandboxRequest};
+use skilleval_sandbox::{check_package_relative, SandboxBind, SandboxError, SandboxRequest};
 
 /// How much of stderr goes into faults and details.
 const STDERR_TAIL_BYTES: usize = 2048;
@@ -47,13 +48,18 @@ impl OutputRunner for CommandRunner {
         }
 
         let input = &req.case.input;
-        let stdin = json!({
+        let mut stdin = json!({
             "test_case_id": req.case.id,
             "prompt": input.prompt,
             "context": input.context.clone().unwrap_or(Value::Null),
             "variables": input.variables,
             "files": input.files,
         });
+        // The case workspace a setup script prepared: mounted, and named on stdin.
+        let binds: Vec<SandboxBind> = req.workspace.iter().map(|w| w.bind()).collect();
+        if let Some(w) = req.workspace {
+            stdin["workspace"] = json!(w.seen_from(&env.sandbox));
+        }
         let sandbox_req = SandboxRequest {
             argv: vec![
                 interpreter.to_string(),
@@ -67,7 +73,7 @@ impl OutputRunner for CommandRunner {
         let limit = env.sandbox.policy.max_output_bytes;
         let out = env
             .sandbox
-            .run(sandbox_req)
+            .run_with_binds(sandbox_req, &binds)
             .await
             .map_err(|e| fault_from(&e))?;
 
@@ -113,31 +119,17 @@ impl OutputRunner for CommandRunner {
 }
 
 fn interpreter_for(script: &str) -> Result<&'static str, Fault> {
-    let ext = std::path::Path::new(script)
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("");
-    match ext {
-        "py" => Ok("python3"),
-        "js" => Ok("node"),
-        "sh" => Ok("sh"),
-        _ => Err(Fault::permanent(format!(
+    interpreter_of(script).ok_or_else(|| {
+        Fault::permanent(format!(
             "runner `command`: script `{script}` must end in .py (python3), .js (node) or .sh (sh)"
-        ))),
-    }
+        ))
+    })
 }
 
 /// Whatever the sandbox itself fails with happened before the script ran (see
 /// [`skilleval_sandbox`]): the host's fault, never the skill's.
 fn fault_from(e: &SandboxError) -> Fault {
     Fault::host(format!("runner `command`: {e}"))
-}
-
-/// The last `max` bytes as text, starting on a character boundary.
-fn tail_text(bytes: &[u8], max: usize) -> String {
-    let start = bytes.len().saturating_sub(max);
-    let text = String::from_utf8_lossy(&bytes[start..]);
-    text.trim_start_matches('\u{FFFD}').to_string()
 }
 
 #[cfg(test)]
@@ -158,12 +150,5 @@ mod tests {
             "{err}"
         );
         assert!(interpreter_for("run").is_err());
-    }
-
-    #[test]
-    fn tail_starts_on_a_char_boundary() {
-        let s = "é".repeat(10);
-        let t = tail_text(s.as_bytes(), 5);
-        assert_eq!(t, "éé");
     }
 }

@@ -303,6 +303,7 @@ impl OutputRunner for LlmRunner {
             output: resp.text,
             tool_calls: None,
             files: Vec::new(),
+            stopped: None,
         })
     }
 }

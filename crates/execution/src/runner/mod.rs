@@ -34,6 +34,10 @@ pub struct ProduceRequest<'a> {
     pub environment: &'a BTreeMap<String, String>,
     /// Time left for this attempt; a sandboxed process is killed when it runs out.
     pub timeout: std::time::Duration,
+    /// The case workspace the package's `setup.script` prepared and its `teardown.script`
+    /// will see ([`crate::case_scripts`]): the `agent`'s `/workspace`, mounted at `/workspace`
+    /// for a `command` script. `None` (no such script): a runner that wants one makes its own.
+    pub workspace: Option<&'a crate::case_scripts::CaseWorkspace>,
 }
 
 /// Produces a test case's output.

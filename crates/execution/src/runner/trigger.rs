@@ -130,6 +130,7 @@ pub fn trigger_job(
         retry_count: 0,
         package_hash: package_hash.to_string(),
         environment: Default::default(),
+        scripts: Default::default(),
         given: None,
         suites: Vec::new(),
         attempt: 1,
@@ -249,6 +250,7 @@ impl OutputRunner for TriggerRunner {
             truncated: false,
             details: json!({ "trigger": result }),
             files: Vec::new(),
+            stopped: None,
         })
     }
 }

@@ -425,6 +425,13 @@ impl Validator<'_> {
             if let Some(script) = script {
                 if let Err(message) = paths::check_reference(&root, &script) {
                     self.error(at, format!("script {message}"));
+                } else if crate::case_scripts::interpreter_of(&script).is_none() {
+                    self.error(
+                        at,
+                        format!(
+                            "script `{script}` must end in .py (python3), .js (node) or .sh (sh)"
+                        ),
+                    );
                 }
             }
         }

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::grade::{ToolCall, Usage};
+use crate::grade::{Fault, ToolCall, Usage};
 
 pub mod transcript;
 
@@ -24,6 +24,11 @@ pub struct Produced {
     /// Files the runner left behind (the `agent` runner's `/workspace`), for graders that
     /// read files.
     pub files: Vec<ProducedFile>,
+    /// The runner stopped short (an agent at one of its limits, a provider failing mid-loop):
+    /// the case is `errored` with this fault and is not graded, but everything above is what
+    /// was produced up to the stop and stays with the result, its usage counted like any
+    /// other case's (budgets see it).
+    pub stopped: Option<Fault>,
 }
 
 /// A file a runner produced.

@@ -14,6 +14,7 @@ use super::{SandboxSession, SESSION_CONTROL_DIR, SESSION_DRIVER, SESSION_START_T
 use crate::argv::STARTED_MARKER;
 use crate::egress::{self, AllowedHosts, EgressProxy};
 use crate::host::Host;
+use crate::lease::chown_tree;
 use crate::output::{Tail, STDERR_KEEP};
 use crate::policy::{SandboxBind, SandboxError, SandboxMode, SandboxRequest};
 use crate::reaper::Reaper;
@@ -212,15 +213,4 @@ impl SandboxSession {
         let listener = egress::listen_in(inside.init, egress::PROXY_PORT).await?;
         Ok(EgressProxy::serve(listener, allowed, allow_private))
     }
-}
-
-/// Hands a host directory tree to the sandbox's uid, so the sandboxed process may write it.
-fn chown_tree(dir: &Path, uid: u32) -> Result<(), SandboxError> {
-    std::os::unix::fs::lchown(dir, Some(uid), Some(uid))?;
-    if dir.is_dir() && !dir.is_symlink() {
-        for entry in std::fs::read_dir(dir)? {
-            chown_tree(&entry?.path(), uid)?;
-        }
-    }
-    Ok(())
 }
