@@ -242,6 +242,7 @@ pub mod contains;
 pub mod custom;
 pub mod exact_match;
 pub mod extract;
+mod field;
 pub mod hybrid;
 pub mod json_schema;
 pub mod keyword_coverage;
