@@ -18,6 +18,8 @@ need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
+# npm installs the Zod converter (tools/zod) that expected.zodSchema is converted with.
+command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 # promtool checks and unit-tests the alert rules in deploy/monitoring (Debian's `prometheus`).
@@ -29,6 +31,9 @@ if [ "${#need[@]}" -gt 0 ]; then
     log "installing ${need[*]}"
     apt_install "${need[@]}"
 fi
+
+log "the Zod converter: npm ci in tools/zod (the versions its package-lock.json pins)"
+(cd tools/zod && npm ci --no-audit --no-fund --loglevel=error)
 
 if [ -x deploy/local/ensure-services.sh ]; then
     log "ensuring PostgreSQL and RabbitMQ are running"

@@ -31,6 +31,22 @@ pub mod validate;
 pub mod variants;
 pub mod view;
 
+/// The Zod converter's folder (`expected.zodSchema`): `tools/zod` in the current directory or
+/// the nearest of its parents that has one (a checkout of this repository, where
+/// `scripts/test.sh` runs `npm ci` in it), else `tools/zod` as a relative path, which then
+/// reports that the converter is not installed when a case needs it.
+pub fn zod_dir() -> PathBuf {
+    let relative = PathBuf::from("tools/zod");
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| {
+            cwd.ancestors()
+                .map(|dir| dir.join(&relative))
+                .find(|dir| dir.join(skilleval_grading::zod::SCRIPT).is_file())
+        })
+        .unwrap_or(relative)
+}
+
 /// The verdict is `pass` (or `validate` found no error).
 pub const EXIT_PASS: u8 = 0;
 /// The verdict is `fail`.

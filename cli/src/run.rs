@@ -298,6 +298,7 @@ fn build_executor(
     let executor = ExecutorBuilder::new()
         .providers(llm.map(|setup| setup.clients.clone()))
         .sandbox(sandbox_for(args))
+        .zod_dir(crate::zod_dir())
         .build();
     let validation = validate(package, executor.strategies());
     if !validation.is_ok() {

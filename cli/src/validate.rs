@@ -31,7 +31,14 @@ pub fn validate(args: &ValidateArgs) -> u8 {
             return report_package_error(&args.path, &e);
         }
     };
-    let registry = StrategyRegistry::builtin().build();
+    let registry = StrategyRegistry::builtin()
+        .zod(std::sync::Arc::new(
+            skilleval_grading::zod::ZodConverter::detect(
+                skilleval_sandbox::SandboxPolicy::default(),
+                crate::zod_dir(),
+            ),
+        ))
+        .build();
     let validation = validate_package(&package, &registry);
     let ok = validation.is_ok();
     // A skill with no eval yet is not a broken package: it gets its own code and the way on.

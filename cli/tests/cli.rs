@@ -239,6 +239,33 @@ fn validate_lists_every_problem_and_exits_2() {
 }
 
 #[test]
+fn the_zod_schema_example_case_runs_and_a_broken_source_is_named() {
+    // contact-extractor's `zod-contract` case: converted by tools/zod, found from the working
+    // directory (the crate's folder inside the checkout).
+    let (_tmp, root) = example_copy("contact-extractor");
+    let out = bin()
+        .args(["run", "--quiet", "--no-write", "--case", "zod-contract"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("1 passed"), "{}", stderr(&out));
+
+    let tests = root.join("eval/tests.json");
+    let text = std::fs::read_to_string(&tests).unwrap();
+    std::fs::write(
+        &tests,
+        text.replace("z.string().email()", "z.string().emial()"),
+    )
+    .unwrap();
+    let out = bin().args(["validate"]).arg(&root).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("/testCases/4/expected/zodSchema"), "{err}");
+    assert!(err.contains("emial is not a function"), "{err}");
+}
+
+#[test]
 fn a_zip_runs_like_its_folder() {
     let (tmp, root) = example_copy("slugify");
     let zip_path = tmp.path().join("slugify.zip");

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use skilleval_grading::zod::ZodConverter;
 use skilleval_grading::StrategyRegistry;
 use skilleval_infra::config::{RetentionSettings, Settings};
 use skilleval_infra::store::tenancy::Swept;
@@ -127,7 +128,14 @@ impl Application {
             webhooks,
             alerts,
             metrics,
-            strategies: Arc::new(StrategyRegistry::builtin().build()),
+            strategies: Arc::new(
+                StrategyRegistry::builtin()
+                    .zod(Arc::new(ZodConverter::detect(
+                        settings.sandbox.clone(),
+                        settings.coordinator.zod_dir.clone(),
+                    )))
+                    .build(),
+            ),
             limits: Arc::new(settings.limits.clone()),
             max_upload_bytes: settings.coordinator.max_upload_bytes,
             sampling: settings.coordinator.sampling.clone(),

@@ -44,10 +44,14 @@ command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ "${#need[@]}" -gt 0 ]; then
     log "installing ${need[*]} (the build's C toolchain, what the workers run skills with)"
     apt_install "${need[@]}"
 fi
+# The coordinator converts expected.zodSchema with the pinned Zod of tools/zod.
+log "the Zod converter: npm ci in tools/zod"
+(cd tools/zod && npm ci --no-audit --no-fund --loglevel=error)
 
 deploy/local/ensure-services.sh
 

@@ -486,6 +486,15 @@ pub struct CoordinatorSettings {
     /// default, every finding is reported and the upload accepted.
     #[serde(default)]
     pub risk: RiskPolicy,
+    /// The Zod converter's folder (`convert.cjs` and the pinned Zod in its `node_modules`,
+    /// `npm ci` there): `expected.zodSchema` is converted with it at upload. Relative paths
+    /// are taken from the working directory.
+    #[serde(default = "default_zod_dir")]
+    pub zod_dir: PathBuf,
+}
+
+fn default_zod_dir() -> PathBuf {
+    PathBuf::from("tools/zod")
 }
 
 /// `coordinator.quotas`: the same limits applied to each publisher and to each token.
@@ -572,6 +581,7 @@ impl Default for CoordinatorSettings {
             quotas: QuotaSettings::default(),
             retention: RetentionSettings::default(),
             risk: RiskPolicy::default(),
+            zod_dir: default_zod_dir(),
         }
     }
 }

@@ -83,6 +83,9 @@ pub fn test_settings(db_name: &str, prefix: &str, options: &AppOptions) -> Setti
     settings.coordinator.sweep_interval_secs = options.sweep_interval_secs;
     settings.coordinator.auth_tokens = options.auth_tokens.iter().map(Secret::new).collect();
     settings.coordinator.risk = options.risk;
+    // The repository's Zod converter (`npm ci` in tools/zod, as scripts/test.sh does).
+    settings.coordinator.zod_dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/zod");
     if let Some(n) = options.max_upload_bytes {
         settings.coordinator.max_upload_bytes = n;
     }

@@ -37,3 +37,4 @@ mod upload;
 mod variants;
 mod versions;
 mod webhooks;
+mod zod;

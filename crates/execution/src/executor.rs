@@ -51,6 +51,8 @@ pub const GRADER_CACHE_CAPACITY: usize = 1_024;
 pub struct ExecutorBuilder {
     providers: Option<Arc<ProviderClients>>,
     sandbox: Arc<Sandbox>,
+    /// The Zod converter's folder, when `expected.zodSchema` is to be converted.
+    zod_dir: Option<std::path::PathBuf>,
 }
 
 impl ExecutorBuilder {
@@ -70,10 +72,24 @@ impl ExecutorBuilder {
         self
     }
 
+    /// Converts `expected.zodSchema` with the converter in `dir` (`tools/zod`), run in this
+    /// builder's sandbox.
+    pub fn zod_dir(mut self, dir: std::path::PathBuf) -> Self {
+        self.zod_dir = Some(dir);
+        self
+    }
+
     pub fn build(self) -> Executor {
         let providers = self.providers.as_ref();
+        let mut strategies = StrategyRegistry::with_providers(providers);
+        if let Some(dir) = self.zod_dir {
+            strategies = strategies.zod(Arc::new(skilleval_grading::zod::ZodConverter::new(
+                self.sandbox.clone(),
+                dir,
+            )));
+        }
         Executor::new(
-            StrategyRegistry::with_providers(providers).build(),
+            strategies.build(),
             RunnerRegistry::with_providers(providers),
             self.sandbox,
         )

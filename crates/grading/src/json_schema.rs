@@ -1,4 +1,6 @@
-//! `json_schema`: the output must be JSON valid against `expected.jsonSchema`.
+//! `json_schema`: the output must be JSON valid against `expected.jsonSchema`, or against
+//! the JSON Schema `expected.zodSchema`'s Zod source converts to (see `zod`; the converted
+//! schema is then checked and graded exactly like a written one).
 //!
 //! The draft is read from the schema's `$schema` (draft 4, 6, 7, 2019-09, 2020-12; 2020-12 when
 //! absent; any other `$schema` is a problem). At compile the schema is checked against its
@@ -14,6 +16,7 @@
 //! wanted (`type: integer`, `required: name`). Score = max(0, 1 - 0.1 x errors) (the report
 //! seed's compliance score); passed when there are no errors.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -22,6 +25,7 @@ use jsonschema::{Draft, PatternOptions, Validator};
 use serde_json::{json, Value};
 
 use super::text::{abbreviate, truncate, REGEX_DFA_SIZE_LIMIT, REGEX_SIZE_LIMIT};
+use super::zod::ZodError;
 use super::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
 use skilleval_model::definition::TestCase;
 use skilleval_model::grade::{Fault, Grade, SchemaError};
@@ -49,20 +53,59 @@ impl Strategy for JsonSchema {
         case: &TestCase,
         ctx: &CompileContext<'_>,
     ) -> Result<Arc<dyn Grader>, Vec<Problem>> {
-        let Some(schema) = case.expected.json_schema.as_ref() else {
-            return Err(vec![ctx.problem(
-                "/expected/jsonSchema",
-                "json_schema needs expected.jsonSchema: the JSON Schema the output must satisfy",
-            )]);
+        let (schema, at) = match (&case.expected.json_schema, &case.expected.zod_schema) {
+            (Some(_), Some(_)) => {
+                return Err(vec![ctx.problem(
+                    "/expected/zodSchema",
+                    "json_schema: give expected.jsonSchema or expected.zodSchema, not both",
+                )])
+            }
+            (Some(schema), None) => (Cow::Borrowed(schema), "/expected/jsonSchema"),
+            (None, Some(Value::String(source))) => match convert_zod(source, ctx) {
+                Ok(schema) => (Cow::Owned(schema), "/expected/zodSchema"),
+                Err(problem) => return Err(vec![problem]),
+            },
+            (None, Some(other)) => {
+                return Err(vec![ctx.problem(
+                    "/expected/zodSchema",
+                    format!(
+                        "json_schema: expected.zodSchema must be a string holding a Zod schema's source, e.g. \"z.object({{ name: z.string() }})\", not {}",
+                        super::options::describe(other)
+                    ),
+                )])
+            }
+            (None, None) => {
+                return Err(vec![ctx.problem(
+                    "/expected/jsonSchema",
+                    "json_schema needs expected.jsonSchema (the JSON Schema the output must satisfy) or expected.zodSchema (a Zod schema's source)",
+                )])
+            }
         };
-        match compile_schema(schema) {
+        match compile_schema(&schema) {
             Ok(validator) => Ok(Arc::new(JsonSchemaGrader { validator })),
-            Err(messages) => Err(messages
-                .into_iter()
-                .map(|m| ctx.problem("/expected/jsonSchema", m))
-                .collect()),
+            Err(messages) => Err(messages.into_iter().map(|m| ctx.problem(at, m)).collect()),
         }
     }
+}
+
+/// The JSON Schema a Zod source converts to, or the problem at `/expected/zodSchema`.
+fn convert_zod(source: &str, ctx: &CompileContext<'_>) -> Result<Value, Problem> {
+    let Some(converter) = ctx.registry.zod() else {
+        return Err(ctx.problem(
+            "/expected/zodSchema",
+            "json_schema: expected.zodSchema needs the Zod converter, and this validator runs without one (docs/strategies.md, json_schema)",
+        ));
+    };
+    converter.convert(source).map_err(|e| match e {
+        ZodError::Source(message) => ctx.problem(
+            "/expected/zodSchema",
+            format!("json_schema: expected.zodSchema is not a Zod schema that converts to JSON Schema: {message}"),
+        ),
+        ZodError::Host(message) => ctx.problem(
+            "/expected/zodSchema",
+            format!("json_schema: expected.zodSchema could not be converted on this host, a problem of the host's configuration, not of the package: {message}"),
+        ),
+    })
 }
 
 /// The draft a schema declares with `$schema`; `Ok(None)` when it declares none.

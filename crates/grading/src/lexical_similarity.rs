@@ -2,10 +2,12 @@
 //! similarity (the evaluator seed's lexical similarity evaluator).
 //!
 //! Options: `algorithm` — `sorensen_dice` (default; bigram overlap, whitespace ignored),
-//! `jaro_winkler` or `levenshtein` (normalised: 1 - distance / longer length); `caseSensitive`
-//! (default false); `normalizeWhitespace` (default true); `threshold` (default 0.8, else
-//! `evaluation.passingThreshold`). Score = the similarity; passed when it reaches the threshold.
-//! Details: `similarity`, `algorithm`, `threshold`.
+//! `jaro_winkler` or `levenshtein` (normalised: 1 - distance / longer length); `sourceField`
+//! (default `output`) and `referenceField` (default `expected.output`): the two texts compared
+//! (see `field`); `caseSensitive` (default false); `normalizeWhitespace` (default true);
+//! `threshold` (default 0.8, else `evaluation.passingThreshold`). Score = the similarity;
+//! passed when it reaches the threshold. Details: `similarity`, `algorithm`, `threshold`,
+//! `source_field`, `reference_field`.
 //!
 //! Sørensen-Dice is computed here over characters (strsim 0.11 divides by byte lengths, which
 //! understates similarity for non-ASCII text); Jaro-Winkler and Levenshtein are strsim's. Those
@@ -20,6 +22,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::json;
 
+use super::field::Field;
 use super::options::OptionReader;
 use super::text::prepare;
 use super::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
@@ -82,29 +85,57 @@ impl Strategy for LexicalSimilarity {
         let case_sensitive = opts.bool("caseSensitive", false);
         let normalize_whitespace = opts.bool("normalizeWhitespace", true);
         let threshold = opts.threshold(0.8);
-        let Some(expected) = case.expected.output.as_deref() else {
-            opts.problem(
-                "/expected/output",
-                "lexical_similarity needs expected.output: the reference text",
-            );
-            return Err(opts.problems);
+        let source = opts.field("sourceField", Field::Output);
+        let reference_field = if opts.has("referenceField") {
+            opts.field("referenceField", Field::Expected)
+        } else {
+            if case.expected.output.is_none() {
+                opts.problem(
+                    "/expected/output",
+                    "lexical_similarity needs expected.output: the reference text (or option `referenceField` naming another)",
+                );
+            }
+            Field::Expected
         };
-        let expected = prepare(expected, case_sensitive, normalize_whitespace).into_owned();
-        let expected_chars = expected.chars().count();
-        let expected_bigrams = match algorithm {
-            Algorithm::SorensenDice => Some(Bigrams::of(&expected)),
-            _ => None,
+        // The reference is prepared once when it is the case's own expected output.
+        let reference = match (&reference_field, case.expected.output.as_deref()) {
+            (Field::Expected, Some(expected)) => {
+                let expected = prepare(expected, case_sensitive, normalize_whitespace).into_owned();
+                Reference::Fixed {
+                    chars: expected.chars().count(),
+                    bigrams: match algorithm {
+                        Algorithm::SorensenDice => Some(Bigrams::of(&expected)),
+                        _ => None,
+                    },
+                    text: expected,
+                }
+            }
+            _ => Reference::PerOutput(reference_field.clone()),
         };
         opts.finish(Arc::new(LexicalGrader {
             algorithm,
             case_sensitive,
             normalize_whitespace,
             threshold,
-            expected,
-            expected_chars,
-            expected_bigrams,
+            source,
+            reference_field,
+            reference,
         }) as Arc<dyn Grader>)
     }
+}
+
+/// The text compared against.
+#[derive(Debug)]
+enum Reference {
+    /// The case's expected output, prepared once, with its length in characters and (for
+    /// Sørensen-Dice) its bigrams.
+    Fixed {
+        text: String,
+        chars: usize,
+        bigrams: Option<Bigrams>,
+    },
+    /// A field read for each output (the prompt, a context value, the output itself).
+    PerOutput(Field),
 }
 
 #[derive(Debug)]
@@ -113,36 +144,54 @@ struct LexicalGrader {
     case_sensitive: bool,
     normalize_whitespace: bool,
     threshold: f64,
-    /// The reference, prepared once.
-    expected: String,
-    expected_chars: usize,
-    /// The reference's bigrams, for Sørensen-Dice.
-    expected_bigrams: Option<Bigrams>,
+    /// The text graded (option `sourceField`).
+    source: Field,
+    /// Where the reference comes from (option `referenceField`), for details.
+    reference_field: Field,
+    reference: Reference,
 }
 
 #[async_trait]
 impl Grader for LexicalGrader {
     async fn grade(&self, input: &GradeInput<'_>, _env: &GradeEnv) -> Result<Grade, Fault> {
-        let actual = prepare(input.output, self.case_sensitive, self.normalize_whitespace);
+        let source = self
+            .source
+            .text(input)
+            .map_err(|why| Fault::permanent(format!("lexical_similarity: sourceField: {why}")))?;
+        let actual = prepare(&source, self.case_sensitive, self.normalize_whitespace);
+        let read: String;
+        let (expected, expected_chars, expected_bigrams) = match &self.reference {
+            Reference::Fixed {
+                text,
+                chars,
+                bigrams,
+            } => (text.as_str(), *chars, bigrams.as_ref()),
+            Reference::PerOutput(field) => {
+                let text = field.text(input).map_err(|why| {
+                    Fault::permanent(format!("lexical_similarity: referenceField: {why}"))
+                })?;
+                read = prepare(&text, self.case_sensitive, self.normalize_whitespace).into_owned();
+                (read.as_str(), read.chars().count(), None)
+            }
+        };
         let mut bounded = false;
-        let similarity = match (self.algorithm, &self.expected_bigrams) {
+        let similarity = match (self.algorithm, expected_bigrams) {
             (Algorithm::SorensenDice, Some(bigrams)) => bigrams.dice(&Bigrams::of(&actual)),
-            (Algorithm::SorensenDice, None) => sorensen_dice(&actual, &self.expected),
+            (Algorithm::SorensenDice, None) => sorensen_dice(&actual, expected),
             (quadratic, _) => {
                 let actual_chars = actual.chars().count();
-                let cells = actual_chars as u64 * self.expected_chars as u64;
+                let cells = actual_chars as u64 * expected_chars as u64;
                 if cells <= MAX_QUADRATIC_CELLS {
                     match quadratic {
-                        Algorithm::JaroWinkler => strsim::jaro_winkler(&actual, &self.expected),
-                        _ => strsim::normalized_levenshtein(&actual, &self.expected),
+                        Algorithm::JaroWinkler => strsim::jaro_winkler(&actual, expected),
+                        _ => strsim::normalized_levenshtein(&actual, expected),
                     }
                 } else {
-                    let bound = length_bound(quadratic, actual_chars, self.expected_chars);
+                    let bound = length_bound(quadratic, actual_chars, expected_chars);
                     if bound >= self.threshold {
                         return Err(Fault::permanent(format!(
-                            "lexical_similarity: {} on {actual_chars} x {} characters is more than {MAX_QUADRATIC_CELLS} character pairs; use algorithm sorensen_dice for long texts",
+                            "lexical_similarity: {} on {actual_chars} x {expected_chars} characters is more than {MAX_QUADRATIC_CELLS} character pairs; use algorithm sorensen_dice for long texts",
                             quadratic.as_str(),
-                            self.expected_chars
                         )));
                     }
                     bounded = true;
@@ -155,6 +204,8 @@ impl Grader for LexicalGrader {
             "similarity": similarity,
             "algorithm": self.algorithm.as_str(),
             "threshold": self.threshold,
+            "source_field": self.source.name(),
+            "reference_field": self.reference_field.name(),
         });
         if bounded {
             details["bounded"] = json!(true);
@@ -383,6 +434,107 @@ mod tests {
         );
         assert!(problems[0].message.contains("unknown algorithm `cosine`"));
         assert!(problems[1].message.contains("between 0 and 1"));
+    }
+
+    #[tokio::test]
+    async fn source_and_reference_fields() {
+        let f = Fixture::new();
+        // The context's draft against the expected output. Bigrams (whitespace removed):
+        // "night" = ni ig gh ht, "nacht" = na ac ch ht; one in common:
+        // 2 x 1 / (4 + 4) = 0.25.
+        let c = case(json!({
+            "input": {"prompt": "p", "context": {"draft": "night", "reference": "nigh"}},
+            "expected": {"output": "nacht"},
+            "evaluation": {"strategy": "lexical_similarity", "options": {"sourceField": "input.context.draft"}}
+        }));
+        let g = f.ok(&c, "ignored").await;
+        assert_close(g.score, 0.25);
+        assert!(!g.passed);
+        assert_eq!(g.details["source_field"], "input.context.draft");
+        assert_eq!(g.details["reference_field"], "expected.output");
+
+        // The output against a context value, no expected output needed. "nigh" = ni ig gh,
+        // all three in "night": 2 x 3 / (4 + 3) = 6/7.
+        let c = case(json!({
+            "input": {"prompt": "p", "context": {"reference": "nigh"}},
+            "evaluation": {"strategy": "lexical_similarity", "options": {"referenceField": "context.reference"}}
+        }));
+        let g = f.ok(&c, "night").await;
+        assert_close(g.score, 6.0 / 7.0);
+        assert!(g.passed);
+        assert_eq!(g.details["reference_field"], "input.context.reference");
+
+        // A path the case's context lacks: the case errors, naming the path.
+        let c = case(json!({
+            "input": {"prompt": "p", "context": {"other": 1}},
+            "evaluation": {"strategy": "lexical_similarity", "options": {"referenceField": "context.reference"}}
+        }));
+        let fault = f.grade(&c, "night").await.unwrap_err();
+        assert!(
+            fault.to_string().contains("referenceField")
+                && fault.to_string().contains("input.context.reference"),
+            "{fault}"
+        );
+    }
+
+    #[tokio::test]
+    async fn case_and_whitespace_normalisation_against_the_prompt() {
+        let f = Fixture::new();
+        let with = |options: serde_json::Value| {
+            let mut o = json!({"algorithm": "levenshtein", "referenceField": "prompt"});
+            o.as_object_mut()
+                .unwrap()
+                .extend(options.as_object().unwrap().clone());
+            case(json!({
+                "input": {"prompt": "hello world!"},
+                "evaluation": {"strategy": "lexical_similarity", "options": o}
+            }))
+        };
+        // Defaults (case folded, whitespace collapsed): "hello world" vs "hello world!",
+        // one insertion over 12 characters: 1 - 1/12.
+        let g = f.ok(&with(json!({})), "Hello   World").await;
+        assert_close(g.score, 1.0 - 1.0 / 12.0);
+        // Whitespace kept: "hello   world" (13) vs "hello world!" (12): two spaces deleted,
+        // "!" inserted: 1 - 3/13.
+        let g = f
+            .ok(
+                &with(json!({"normalizeWhitespace": false})),
+                "Hello   World",
+            )
+            .await;
+        assert_close(g.score, 1.0 - 3.0 / 13.0);
+        // Case kept too: "Hello World" vs "hello world!": h/H and w/W substituted, "!"
+        // inserted: 1 - 3/12.
+        let g = f
+            .ok(&with(json!({"caseSensitive": true})), "Hello World")
+            .await;
+        assert_close(g.score, 1.0 - 3.0 / 12.0);
+    }
+
+    #[test]
+    fn field_problems_name_the_option() {
+        let f = Fixture::new();
+        let problems = f.problems(&case(json!({
+            "expected": {"output": "x"},
+            "evaluation": {"strategy": "lexical_similarity", "options": {"sourceField": "answer", "referenceField": 3}}
+        })));
+        assert_eq!(
+            pointers(&problems),
+            vec![
+                "/testCases/0/evaluation/options/sourceField",
+                "/testCases/0/evaluation/options/referenceField",
+            ]
+        );
+        assert!(problems[0].message.contains("unknown field `answer`"));
+        assert!(problems[1].message.contains("must be a string"));
+        let problems = f.problems(&case(json!({
+            "evaluation": {"strategy": "lexical_similarity", "options": {"referenceField": "groundTruth"}}
+        })));
+        assert_eq!(
+            pointers(&problems),
+            vec!["/testCases/0/evaluation/options/referenceField"]
+        );
+        assert!(problems[0].message.contains("reads expected.output"));
     }
 
     #[test]

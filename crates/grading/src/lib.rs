@@ -105,6 +105,8 @@ pub struct GradeEnv {
 pub struct StrategyRegistry {
     by_name: BTreeMap<&'static str, Arc<dyn Strategy>>,
     aliases: BTreeMap<&'static str, &'static str>,
+    /// Converts `expected.zodSchema` for `json_schema`; without, such a case is a problem.
+    zod: Option<Arc<zod::ZodConverter>>,
 }
 
 impl fmt::Debug for StrategyRegistry {
@@ -130,6 +132,12 @@ impl StrategyRegistryBuilder {
 
     pub fn alias(mut self, alias: &'static str, target: &'static str) -> Self {
         self.registry.aliases.insert(alias, target);
+        self
+    }
+
+    /// Zod sources (`expected.zodSchema`) are converted with `converter`.
+    pub fn zod(mut self, converter: Arc<zod::ZodConverter>) -> Self {
+        self.registry.zod = Some(converter);
         self
     }
 
@@ -159,6 +167,11 @@ impl StrategyRegistry {
     /// (see [`Strategy::missing_provider`]); `None` also for an unknown strategy name.
     pub fn missing_provider(&self, name: &str, case: &TestCase) -> Option<&'static str> {
         self.get(name)?.missing_provider(case, self)
+    }
+
+    /// The Zod converter this registry was built with.
+    pub fn zod(&self) -> Option<&Arc<zod::ZodConverter>> {
+        self.zod.as_ref()
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Strategy>> {
@@ -242,6 +255,7 @@ pub mod contains;
 pub mod custom;
 pub mod exact_match;
 pub mod extract;
+mod field;
 pub mod hybrid;
 pub mod json_schema;
 pub mod keyword_coverage;
@@ -260,3 +274,4 @@ pub(crate) mod test_support;
 mod text;
 pub mod tool_usage;
 pub mod toxicity;
+pub mod zod;

@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use super::field::Field;
 use super::CompileContext;
 use skilleval_model::definition::TestCase;
 use skilleval_model::problem::{escape_token, Problem};
@@ -186,6 +187,32 @@ impl<'a, 'c> OptionReader<'a, 'c> {
             }
         }
         ok.then_some(out)
+    }
+
+    /// A field option ([`Field`]): `default` when absent or wrong (a problem is pushed for
+    /// the latter). A field that reads `expected.output` when the case sets none is a problem
+    /// at the option.
+    pub fn field(&mut self, key: &str, default: Field) -> Field {
+        let Some(name) = self.string(key) else {
+            return default;
+        };
+        match Field::parse(name) {
+            Ok(field) => {
+                if field == Field::Expected && self.case.expected.output.is_none() {
+                    let msg = format!(
+                        "{}: option `{key}` reads expected.output, which this case does not set",
+                        self.strategy
+                    );
+                    self.option_problem(key, msg);
+                }
+                field
+            }
+            Err(why) => {
+                let msg = format!("{}: option `{key}`: {why}", self.strategy);
+                self.option_problem(key, msg);
+                default
+            }
+        }
     }
 
     /// The pass threshold: option `threshold`, then `evaluation.passingThreshold`, then

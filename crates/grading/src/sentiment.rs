@@ -10,16 +10,22 @@
 //! clearly-valenced word in ~40 tips a text); options `positiveThreshold` and
 //! `negativeThreshold` move those cut-offs.
 //!
-//! The case says what it wants with option `expected` (`positive`, `negative`, `neutral`)
-//! and/or `min`/`max` bounds on the normalised score. Score is 1 when every wanted condition
-//! holds, else 0 (the measured sentiment is in the details); passed likewise. Details: `score`
-//! (normalised), `comparative`, `category`, `total`, `words` (the scored words, at most 50).
+//! Option `outputType` says which measure the case judges (the seed's three output types):
+//! `comparativeNormalized` (default: the normalised score, in [0, 1]), `rawScore` (`total`, the
+//! sum of valences, unbounded) or `category`. The case says what it wants with option
+//! `expected` (`positive`, `negative`, `neutral`) and/or `min`/`max` bounds on that measure (not
+//! with `category`, which needs `expected`). `sourceField` (default `output`) names the text
+//! read (see `field`). Score is 1 when every wanted condition holds, else 0 (the measured
+//! sentiment is in the details); passed likewise. Details: `output_type`, `value` (the judged
+//! measure), `score` (normalised), `comparative`, `category`, `total`, `words` (the scored
+//! words, at most 50), `source_field`.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
+use super::field::Field;
 use super::options::OptionReader;
 use super::sentiment_lexicon::{is_negator, valence};
 use super::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
@@ -57,6 +63,36 @@ impl Category {
             Category::Positive => "positive",
             Category::Negative => "negative",
             Category::Neutral => "neutral",
+        }
+    }
+}
+
+/// Which measure of the sentiment a case judges (option `outputType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputType {
+    /// `(clamp(comparative, -5, 5) + 5) / 10`, in [0, 1].
+    ComparativeNormalized,
+    /// The sum of the valences.
+    RawScore,
+    /// `positive`, `negative` or `neutral`, by the thresholds on `comparative`.
+    Category,
+}
+
+impl OutputType {
+    pub fn parse(s: &str) -> Option<OutputType> {
+        match s.trim() {
+            "comparativeNormalized" => Some(OutputType::ComparativeNormalized),
+            "rawScore" => Some(OutputType::RawScore),
+            "category" => Some(OutputType::Category),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputType::ComparativeNormalized => "comparativeNormalized",
+            OutputType::RawScore => "rawScore",
+            OutputType::Category => "category",
         }
     }
 }
@@ -175,8 +211,38 @@ impl Strategy for Sentiment {
                 }
             }
         };
-        let min = opts.unit("min");
-        let max = opts.unit("max");
+        let output_type = match opts.string("outputType") {
+            None => OutputType::ComparativeNormalized,
+            Some(s) => OutputType::parse(s).unwrap_or_else(|| {
+                opts.option_problem(
+                    "outputType",
+                    format!("sentiment: option `outputType` must be `comparativeNormalized`, `rawScore` or `category`, not `{s}`"),
+                );
+                OutputType::ComparativeNormalized
+            }),
+        };
+        let source = opts.field("sourceField", Field::Output);
+        let (min, max) = match output_type {
+            OutputType::ComparativeNormalized => (opts.unit("min"), opts.unit("max")),
+            OutputType::RawScore => (opts.f64("min"), opts.f64("max")),
+            OutputType::Category => {
+                for key in ["min", "max"] {
+                    if opts.has(key) {
+                        opts.option_problem(
+                            key,
+                            format!("sentiment: option `{key}` bounds a number, and outputType `category` judges a category: set `expected` instead"),
+                        );
+                    }
+                }
+                if !opts.has("expected") {
+                    opts.problem(
+                        "/evaluation/options/expected",
+                        "sentiment: outputType `category` needs option `expected` (positive, negative or neutral)",
+                    );
+                }
+                (None, None)
+            }
+        };
         if let (Some(lo), Some(hi)) = (min, max) {
             if lo > hi {
                 opts.option_problem(
@@ -196,10 +262,12 @@ impl Strategy for Sentiment {
         if expected.is_none() && min.is_none() && max.is_none() && opts.problems.is_empty() {
             opts.problem(
                 "/evaluation/options/expected",
-                "sentiment needs option `expected` (positive, negative or neutral) or `min`/`max` bounds on the normalised score",
+                "sentiment needs option `expected` (positive, negative or neutral) or `min`/`max` bounds on the measure `outputType` names",
             );
         }
         opts.finish(Arc::new(SentimentGrader {
+            output_type,
+            source,
             expected,
             min,
             max,
@@ -211,7 +279,11 @@ impl Strategy for Sentiment {
 
 #[derive(Debug)]
 struct SentimentGrader {
+    output_type: OutputType,
+    /// The text read (option `sourceField`).
+    source: Field,
     expected: Option<Category>,
+    /// Bounds on the measure `output_type` names (never set for `category`).
     min: Option<f64>,
     max: Option<f64>,
     positive: f64,
@@ -221,12 +293,22 @@ struct SentimentGrader {
 #[async_trait]
 impl Grader for SentimentGrader {
     async fn grade(&self, input: &GradeInput<'_>, _env: &GradeEnv) -> Result<Grade, Fault> {
-        let analysis = analyze(input.output);
+        let text = self
+            .source
+            .text(input)
+            .map_err(|why| Fault::permanent(format!("sentiment: sourceField: {why}")))?;
+        let analysis = analyze(&text);
         let normalized = analysis.normalized();
         let category = analysis.category(self.positive, self.negative);
+        let (measure, value) = match self.output_type {
+            OutputType::ComparativeNormalized => (Some(normalized), json!(normalized)),
+            OutputType::RawScore => (Some(analysis.total as f64), json!(analysis.total)),
+            OutputType::Category => (None, json!(category.as_str())),
+        };
         let passed = self.expected.is_none_or(|want| want == category)
-            && self.min.is_none_or(|lo| normalized >= lo)
-            && self.max.is_none_or(|hi| normalized <= hi);
+            && measure.is_none_or(|m| {
+                self.min.is_none_or(|lo| m >= lo) && self.max.is_none_or(|hi| m <= hi)
+            });
         let words: Vec<Value> = analysis
             .scored
             .iter()
@@ -234,6 +316,8 @@ impl Grader for SentimentGrader {
             .map(|(w, v)| json!({"word": w, "valence": v}))
             .collect();
         let details = json!({
+            "output_type": self.output_type.as_str(),
+            "value": value,
             "score": normalized,
             "comparative": analysis.comparative,
             "category": category.as_str(),
@@ -243,6 +327,8 @@ impl Grader for SentimentGrader {
             "expected": self.expected.map(Category::as_str),
             "min": self.min,
             "max": self.max,
+            "thresholds": {"positive": self.positive, "negative": self.negative},
+            "source_field": self.source.name(),
         });
         Ok(Grade::new(if passed { 1.0 } else { 0.0 }, passed, details))
     }
@@ -356,6 +442,105 @@ mod tests {
             .await;
         assert!(g.passed);
         assert_eq!(g.details["words"].as_array().unwrap().len(), 50);
+    }
+
+    #[tokio::test]
+    async fn raw_score_output_type_bounds_the_sum() {
+        let f = Fixture::new();
+        let c = senti(json!({"outputType": "rawScore", "min": 2, "max": 5}));
+        // good (3) + good (3) + bad (-3) = 3, inside [2, 5].
+        let g = f.ok(&c, "good good bad").await;
+        assert!(g.passed, "{:?}", g.details);
+        assert_eq!(g.details["value"], 3);
+        assert_eq!(g.details["output_type"], "rawScore");
+        // bad (-3) + bad (-3) = -6, under 2.
+        let g = f.ok(&c, "bad bad").await;
+        assert!(!g.passed);
+        assert_eq!(g.details["value"], -6);
+        // Raw bounds are not limited to [0, 1]: -7..-5 holds -6.
+        let c = senti(json!({"outputType": "rawScore", "min": -7, "max": -5}));
+        assert!(f.ok(&c, "bad bad").await.passed);
+    }
+
+    #[tokio::test]
+    async fn comparative_normalized_output_type_bounds_the_normalised_score() {
+        let f = Fixture::new();
+        // "good day": total 3 over 2 words, comparative 1.5, normalised (1.5 + 5) / 10 = 0.65.
+        let c = senti(json!({"outputType": "comparativeNormalized", "min": 0.6}));
+        let g = f.ok(&c, "good day").await;
+        assert!(g.passed);
+        assert_close(g.details["value"].as_f64().unwrap(), 0.65);
+        let c = senti(json!({"min": 0.7}));
+        let g = f.ok(&c, "good day").await;
+        assert!(!g.passed);
+        assert_eq!(g.details["output_type"], "comparativeNormalized");
+    }
+
+    #[tokio::test]
+    async fn category_output_type_with_thresholds() {
+        let f = Fixture::new();
+        // "good" among ten words: comparative 3 / 10 = 0.3, over the default 0.05: positive.
+        let text = "the report is good and lists three items for tuesday";
+        let c = senti(json!({"outputType": "category", "expected": "positive"}));
+        let g = f.ok(&c, text).await;
+        assert!(g.passed, "{:?}", g.details);
+        assert_eq!(g.details["value"], "positive");
+        assert_close(g.details["comparative"].as_f64().unwrap(), 0.3);
+        // With the positive cut-off at 0.5, 0.3 is neutral.
+        let c = senti(
+            json!({"outputType": "category", "expected": "neutral", "positiveThreshold": 0.5}),
+        );
+        let g = f.ok(&c, text).await;
+        assert!(g.passed);
+        assert_eq!(g.details["value"], "neutral");
+        // "this is not good": negated good (-3) over 4 words, comparative -0.75: negative
+        // by default, neutral when the negative cut-off is -1.
+        let c = senti(json!({"outputType": "category", "expected": "negative"}));
+        assert!(f.ok(&c, "this is not good").await.passed);
+        let c = senti(
+            json!({"outputType": "category", "expected": "neutral", "negativeThreshold": -1}),
+        );
+        assert!(f.ok(&c, "this is not good").await.passed);
+    }
+
+    #[tokio::test]
+    async fn source_field_reads_the_context() {
+        let f = Fixture::new();
+        let c = case(json!({
+            "input": {"prompt": "p", "context": {"reply": "terrible"}},
+            "evaluation": {"strategy": "sentiment", "options": {"expected": "negative", "sourceField": "context.reply"}}
+        }));
+        // The output is positive; the context's reply ("terrible", -3) is what is judged.
+        let g = f.ok(&c, "wonderful").await;
+        assert!(g.passed);
+        assert_eq!(g.details["total"], -3);
+        assert_eq!(g.details["source_field"], "input.context.reply");
+    }
+
+    #[test]
+    fn output_type_problems() {
+        let f = Fixture::new();
+        let problems = f.problems(&senti(
+            json!({"outputType": "stars", "expected": "positive"}),
+        ));
+        assert_eq!(
+            pointers(&problems),
+            vec!["/testCases/0/evaluation/options/outputType"]
+        );
+        assert!(problems[0].message.contains("not `stars`"));
+        let problems = f.problems(&senti(json!({"outputType": "category", "min": 0.2})));
+        assert_eq!(
+            pointers(&problems),
+            vec![
+                "/testCases/0/evaluation/options/min",
+                "/testCases/0/evaluation/options/expected"
+            ]
+        );
+        assert!(problems[0].message.contains("outputType `category`"));
+        let problems = f.problems(&senti(
+            json!({"outputType": "rawScore", "min": 5, "max": 2}),
+        ));
+        assert!(problems[0].message.contains("must not be above max"));
     }
 
     #[test]

@@ -44,9 +44,19 @@ where
 /// are only required at ends that are word characters (so `C++` still matches in `C++ code`),
 /// and any run of whitespace in the term matches any run of whitespace in the text.
 pub(crate) fn term_pattern(term: &str, whole_word: bool) -> String {
+    keyword_pattern(term, whole_word, true)
+}
+
+/// [`term_pattern`], with whitespace normalisation a choice: when `normalize_whitespace` is
+/// false the term's inner whitespace must appear in the text exactly as written.
+pub(crate) fn keyword_pattern(term: &str, whole_word: bool, normalize_whitespace: bool) -> String {
     let term = term.trim();
-    let escaped: Vec<String> = term.split_whitespace().map(regex::escape).collect();
-    let body = escaped.join(r"\s+");
+    let body = if normalize_whitespace {
+        let escaped: Vec<String> = term.split_whitespace().map(regex::escape).collect();
+        escaped.join(r"\s+")
+    } else {
+        regex::escape(term)
+    };
     if !whole_word {
         return body;
     }

@@ -244,6 +244,11 @@ pub struct Expected {
     pub patterns: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json_schema: Option<Value>,
+    /// A Zod schema's source (Zod 3 or 4 syntax), in place of `json_schema`: converted to
+    /// JSON Schema once, at validation, then graded exactly as `json_schema` (the `json_schema`
+    /// strategy checks that it is a string that converts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zod_schema: Option<Value>,
     /// Files the runner must leave, checked before grading (the `agent` runner's workspace).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<ExpectedFile>,

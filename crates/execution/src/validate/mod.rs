@@ -90,7 +90,9 @@ fn validate_with(pkg: &Package, registry: &StrategyRegistry, keep_graders: bool)
 /// Gives the problems [`check`] gives for the package opened whole, in the same order, and
 /// leaves the package as [`Package::from_zip_bytes`] would have, without its cases and their
 /// pointers. A package read whole (another format, a file that is not a v2 list) is checked
-/// by [`check`] and its cases handed to `write` at once.
+/// by [`check`] and its cases handed to `write` at once. The cases handed over hold their Zod
+/// schemas converted ([`skilleval_grading::zod::inline_converted`]): what is stored for
+/// workers to grade is a plain JSON Schema.
 pub fn check_in_chunks(
     pkg: &mut Package,
     registry: &StrategyRegistry,
@@ -111,10 +113,12 @@ pub fn check_in_chunks(
         v.case_checks();
         checking.append(&mut v.problems);
         seen = v.seen;
+        skilleval_grading::zod::inline_converted(registry, &mut pkg.config.test_cases);
         write(std::mem::take(&mut pkg.config.test_cases));
     })?;
     let Some(converted) = streamed else {
         let validation = check(pkg, registry);
+        skilleval_grading::zod::inline_converted(registry, &mut pkg.config.test_cases);
         write(std::mem::take(&mut pkg.config.test_cases));
         pkg.case_pointers = Vec::new();
         return Ok(validation);
