@@ -3,7 +3,8 @@
 //! hand a skill to a skilleval server (`submit`), grade a log of its production samples with
 //! its monitor (`monitor`), or send such a log to a server (`samples push`), write a stored run
 //! as skill-creator's files (`export --skill-creator`) and send back the reviews written in
-//! skill-creator's viewer (`feedback push`).
+//! skill-creator's viewer (`feedback push`), and list a server's skills and runs (`skills
+//! list`, `runs list`).
 //!
 //! Local runs use the same domain crates' code path as the service's workers: open and
 //! validate the package, plan one job per case, execute jobs on an in-process pool, summarise,
@@ -19,6 +20,7 @@ use clap::{Args, Parser, Subcommand};
 pub mod compare;
 pub mod export;
 pub mod init;
+pub mod lists;
 pub mod monitor;
 pub mod plan;
 pub mod providers;
@@ -100,6 +102,10 @@ pub enum Command {
     Export(export::ExportArgs),
     /// Reviews written in skill-creator's viewer: `feedback push FEEDBACK.json --run ID --server URL`.
     Feedback(export::FeedbackArgs),
+    /// A server's skills: `skills list --server URL [--search W] [--sort pass_rate] ...`.
+    Skills(lists::SkillsArgs),
+    /// A server's runs: `runs list --server URL [--skill NAME] [--status running] ...`.
+    Runs(lists::RunsArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -225,6 +231,8 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::View(args) => view::view(&args).await,
         Command::Export(args) => export::export(&args).await,
         Command::Feedback(args) => export::feedback(&args).await,
+        Command::Skills(args) => lists::skills(&args).await,
+        Command::Runs(args) => lists::runs(&args).await,
     }
 }
 

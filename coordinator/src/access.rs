@@ -49,6 +49,7 @@ fn required_scope(method: &Method, route: &str) -> Option<Scope> {
         Scope::SkillsWrite
     } else if route.starts_with("/v1/runs")
         || route.starts_with("/v1/comparisons")
+        || route.starts_with("/v1/reports")
         || route.starts_with("/ui/runs/")
         || route == "/ui/compare"
     {
@@ -98,6 +99,10 @@ async fn check_visible(
                     Err(_) => true,
                 }
             }
+            ("id", "/v1/reports/{id}") => match uuid::Uuid::parse_str(value) {
+                Ok(id) => state.store.visible_report(viewer, id).await?,
+                Err(_) => true,
+            },
             ("id", "/v1/comparisons/{id}" | "/ui/comparisons/{id}") => {
                 match uuid::Uuid::parse_str(value) {
                     Ok(id) => state.store.visible_comparison(viewer, id).await?,
@@ -111,6 +116,7 @@ async fn check_visible(
                 "name" => "skill",
                 _ if route.starts_with("/v1/runs") || route.starts_with("/ui/runs") => "run",
                 _ if route.contains("/comparisons") => "comparison",
+                _ if route.starts_with("/v1/reports") => "report",
                 _ => "object",
             };
             return Err(ApiError::not_found(what, value));

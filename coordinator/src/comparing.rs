@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use serde_json::{json, Value};
 use skilleval_analysis::compare::{
-    self, CaseFingerprint, CompareError, CompareOptions, Comparison, RunSide,
+    self, CaseFingerprint, CompareError, CompareOptions, Comparison, GateRecord, RunSide,
 };
 use skilleval_execution::plan::CaseFilter;
 use skilleval_execution::result::JobResult;
@@ -301,29 +301,6 @@ pub async fn comparison_between(
     }
 }
 
-/// What the regression gate decided for a run, as its summary records it
-/// (`summary.regression_gate`).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct GateReport {
-    pub rule: &'static str,
-    pub verdict: skilleval_analysis::summary::Verdict,
-    pub config: GateConfig,
-    /// The run compared with: the latest completed run of the last earlier version that passed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub base_run: Option<Uuid>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub base_version: Option<Uuid>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub comparison_id: Option<String>,
-    /// Each rule that failed, in words.
-    pub reasons: Vec<String>,
-    /// The paired cases that regressed, worst first.
-    pub regressed_cases: Vec<String>,
-    /// Why the gate had nothing to judge, when it had not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
 /// The `no_regression` gate for a finished (not yet finalised) run: its results compared with
 /// the last earlier version of the skill whose run passed. Passes, with a note, when there is
 /// no such version or nothing the two share can be compared.
@@ -331,18 +308,8 @@ pub async fn regression_gate(
     store: &Store,
     run: &RunRow,
     config: GateConfig,
-) -> anyhow::Result<GateReport> {
-    let mut report = GateReport {
-        rule: "no_regression",
-        verdict: skilleval_analysis::summary::Verdict::Pass,
-        config,
-        base_run: None,
-        base_version: None,
-        comparison_id: None,
-        reasons: Vec::new(),
-        regressed_cases: Vec::new(),
-        note: None,
-    };
+) -> anyhow::Result<GateRecord> {
+    let mut report = GateRecord::no_regression(config);
     let Some((base_version, base_run)) = store.previous_run(run.version_id, true).await? else {
         report.note = Some("no earlier version of the skill has a passing run".into());
         return Ok(report);
@@ -367,28 +334,4 @@ pub async fn regression_gate(
         Err(e) => return Err(anyhow::Error::new(e)),
     }
     Ok(report)
-}
-
-impl GateReport {
-    /// The verdict reason a failed gate adds, naming the regressed cases.
-    pub fn reason(&self) -> String {
-        let shown: Vec<&str> = self
-            .regressed_cases
-            .iter()
-            .take(20)
-            .map(String::as_str)
-            .collect();
-        let more = self.regressed_cases.len().saturating_sub(shown.len());
-        format!(
-            "regression gate no_regression failed against run {}: {}; regressed cases: {}{}",
-            self.base_run.map(|r| r.to_string()).unwrap_or_default(),
-            self.reasons.join("; "),
-            shown.join(", "),
-            if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            }
-        )
-    }
 }

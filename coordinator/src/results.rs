@@ -7,6 +7,7 @@
 use anyhow::Context as _;
 use futures::TryStreamExt as _;
 use serde_json::Value;
+use skilleval_analysis::compare::GateRecord;
 use skilleval_analysis::summary::RunSummary;
 use skilleval_execution::plan::Job;
 use skilleval_execution::result::JobResult;
@@ -60,6 +61,14 @@ fn job_result(row: CaseRow) -> anyhow::Result<JobResult> {
     let mut r = JobResult::skipped(&job, &reason);
     r.status = row.status;
     Ok(r)
+}
+
+/// What the regression gate of a finalised run decided (its summary's `regression_gate`),
+/// when the run asked for a gate.
+pub fn stored_gate(summary: Option<&Value>) -> Option<GateRecord> {
+    summary
+        .and_then(|v| v.get("regression_gate"))
+        .and_then(|g| serde_json::from_value(g.clone()).ok())
 }
 
 /// The stored summary of a finalised run.

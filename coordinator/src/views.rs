@@ -5,13 +5,14 @@ use crate::db::{Counters, ResultRow, RunRow};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
+use skilleval_analysis::compare::GateRecord;
 use skilleval_infra::store::lifecycle::StopReason;
 use skilleval_infra::store::versions::VersionRow;
 use skilleval_model::package::RiskReport;
 use skilleval_model::problem::Problem;
 use uuid::Uuid;
 
-use crate::results::stored_summary;
+use crate::results::{stored_gate, stored_summary};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct UploadResponse {
@@ -64,6 +65,9 @@ pub struct SummaryView {
     /// The trigger evals' report (precision, recall, F1), when they ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub triggers: Option<Value>,
+    /// What the regression gate decided, when the run asked for one (docs/comparing.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regression_gate: Option<GateRecord>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -104,6 +108,7 @@ impl RunView {
                 verdict_reasons: s.verdict_reasons,
                 benchmark: r.summary.as_ref().and_then(|v| v.get("benchmark")).cloned(),
                 triggers: r.summary.as_ref().and_then(|v| v.get("triggers")).cloned(),
+                regression_gate: stored_gate(r.summary.as_ref()),
             })
         } else {
             None
@@ -258,4 +263,106 @@ pub struct VersionList {
     pub skill: String,
     pub skill_id: Uuid,
     pub versions: Vec<VersionView>,
+}
+
+/// A skill's latest version, as the skills list shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatestVersion {
+    pub version_id: Uuid,
+    pub version: String,
+    pub profile: String,
+}
+
+/// One skill of `GET /v1/skills`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SkillListItem {
+    pub skill_id: Uuid,
+    pub name: String,
+    /// The latest version's description.
+    pub description: String,
+    pub created_at: DateTime<Utc>,
+    /// When the latest version was uploaded.
+    pub updated_at: DateTime<Utc>,
+    pub versions: i64,
+    pub latest_version: LatestVersion,
+    /// The models the skill's versions name.
+    pub models: Vec<String>,
+    /// The latest version's latest finished upload or manual run, its verdict and pass rate
+    /// (`null` until one finished).
+    pub latest_run_id: Option<Uuid>,
+    pub verdict: Option<String>,
+    pub pass_rate: Option<f64>,
+}
+
+impl SkillListItem {
+    pub fn from_item(s: skilleval_infra::store::listing::SkillItem) -> Self {
+        SkillListItem {
+            skill_id: s.skill_id,
+            name: s.name,
+            description: s.description,
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+            versions: s.versions,
+            latest_version: LatestVersion {
+                version_id: s.latest_version_id,
+                version: s.latest_version,
+                profile: s.profile,
+            },
+            models: s.models,
+            latest_run_id: s.latest_run_id,
+            verdict: s.verdict,
+            pass_rate: s.pass_rate,
+        }
+    }
+}
+
+/// `GET /v1/skills`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SkillList {
+    pub skills: Vec<SkillListItem>,
+    pub next_cursor: Option<String>,
+}
+
+/// One run of `GET /v1/runs`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunListItem {
+    pub run_id: Uuid,
+    pub skill: String,
+    pub version_id: Uuid,
+    pub version: String,
+    pub kind: String,
+    pub status: String,
+    pub verdict: Option<String>,
+    pub counters: Counters,
+    /// The summary's mean score, once finished.
+    pub score: Option<f64>,
+    pub pass_rate: Option<f64>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl RunListItem {
+    pub fn from_item(r: skilleval_infra::store::listing::RunItem) -> Self {
+        RunListItem {
+            run_id: r.run_id,
+            skill: r.skill,
+            version_id: r.version_id,
+            version: r.version,
+            kind: r.kind,
+            status: r.status,
+            verdict: r.verdict,
+            counters: r.counters,
+            score: r.score,
+            pass_rate: r.pass_rate,
+            created_at: r.created_at,
+            finished_at: r.finished_at,
+        }
+    }
+}
+
+/// `GET /v1/runs`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunList {
+    pub runs: Vec<RunListItem>,
+    pub next_cursor: Option<String>,
 }

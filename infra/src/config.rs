@@ -845,6 +845,7 @@ fn file(dir: &Path, name: &str) -> config::File<config::FileSourceFile, config::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         let mut map: HashMap<String, String> = pairs
@@ -880,6 +881,162 @@ mod tests {
             serde_json::to_value(&loaded).unwrap(),
             serde_json::to_value(Settings::default()).unwrap()
         );
+    }
+
+    /// Keys whose built-in default depends on the machine: the file names them commented out.
+    const MACHINE_DEFAULTS: &[&str] = &["worker.package_cache_dir"];
+
+    /// Every leaf of `value` by dotted path. An empty table is a leaf: in the defaults it is a
+    /// map keyed by names the operator chooses (`llm.providers.providers`).
+    fn leaves(
+        prefix: &str,
+        value: &serde_json::Value,
+        out: &mut BTreeMap<String, serde_json::Value>,
+    ) {
+        match value {
+            serde_json::Value::Object(map) if !map.is_empty() => {
+                for (k, v) in map {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    leaves(&path, v, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), other.clone());
+            }
+        }
+    }
+
+    /// Every key and section a TOML file names, set or commented out (`# key = example`), by
+    /// dotted path.
+    fn named_keys(text: &str) -> BTreeSet<String> {
+        let mut section = String::new();
+        let mut named = BTreeSet::new();
+        for line in text.lines() {
+            let line = line.trim_start().trim_start_matches('#').trim_start();
+            if let Some(rest) = line.strip_prefix('[') {
+                if let Some((name, _)) = rest.split_once(']') {
+                    if name.chars().all(|c| {
+                        c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.'
+                    }) {
+                        section = name.to_string();
+                        named.insert(section.clone());
+                    }
+                }
+                continue;
+            }
+            let Some((key, _)) = line.split_once('=') else {
+                continue;
+            };
+            let key = key.trim();
+            if !key.is_empty()
+                && key.starts_with(|c: char| c.is_ascii_lowercase())
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
+                named.insert(if section.is_empty() {
+                    key.to_string()
+                } else {
+                    format!("{section}.{key}")
+                });
+            }
+        }
+        named
+    }
+
+    #[test]
+    fn the_shipped_default_toml_holds_every_key_with_its_default() {
+        let text = std::fs::read_to_string(Path::new(&repo_config()).join("default.toml")).unwrap();
+        let mut defaults = BTreeMap::new();
+        leaves(
+            "",
+            &serde_json::to_value(Settings::default()).unwrap(),
+            &mut defaults,
+        );
+        let table: toml::Table = toml::from_str(&text).unwrap();
+        let mut written = BTreeMap::new();
+        leaves("", &serde_json::to_value(&table).unwrap(), &mut written);
+        let named = named_keys(&text);
+        let is_open_map = |v: &serde_json::Value| v.as_object().is_some_and(|m| m.is_empty());
+        let mut problems = Vec::new();
+        for (key, default) in &defaults {
+            match written.get(key) {
+                Some(value) if value == default => {}
+                Some(value) => problems.push(format!(
+                    "{key} is {value} in the file, {default} in the code"
+                )),
+                None if default.is_null() || MACHINE_DEFAULTS.contains(&key.as_str()) => {
+                    if !named.contains(key) {
+                        problems.push(format!(
+                            "{key} (unset or per machine) is not even commented out"
+                        ));
+                    }
+                }
+                None if is_open_map(default) => {
+                    let under = format!("{key}.");
+                    if !named.iter().any(|n| n == key || n.starts_with(&under)) {
+                        problems.push(format!("{key} (a table of named entries) has no example"));
+                    }
+                }
+                None => problems.push(format!("{key} = {default} is missing")),
+            }
+        }
+        // A section holding only commented keys reads as an empty table: not a key.
+        for (key, value) in &written {
+            if !defaults.contains_key(key) && !is_open_map(value) {
+                problems.push(format!("{key} is in the file but not in the code"));
+            }
+        }
+        // A commented-out key must be a real one (or sit under a table of named entries).
+        for key in &named {
+            let known = defaults.contains_key(key)
+                || defaults.keys().any(|d| d.starts_with(&format!("{key}.")))
+                || defaults
+                    .iter()
+                    .any(|(d, v)| is_open_map(v) && key.starts_with(&format!("{d}.")));
+            if !known {
+                problems.push(format!(
+                    "{key} is named in the file but is no key of the code"
+                ));
+            }
+        }
+        assert!(problems.is_empty(), "config/default.toml: {problems:#?}");
+        // The check sees every section the code has.
+        for section in [
+            "coordinator.sampling",
+            "sandbox",
+            "limits",
+            "telemetry",
+            "llm.providers",
+        ] {
+            assert!(
+                defaults
+                    .keys()
+                    .any(|k| k.starts_with(&format!("{section}."))),
+                "{section}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_key_check_sees_a_missing_key_and_a_wrong_value() {
+        let text = "[worker]\nconcurrency = 5\n# samples_concurrency = 2\n[llm.providers]\n# [llm.providers.providers.x]\n# model = \"m\"\n";
+        let named = named_keys(text);
+        assert!(named.contains("worker.samples_concurrency"));
+        assert!(named.contains("llm.providers.providers.x.model"));
+        let table: toml::Table = toml::from_str(text).unwrap();
+        let mut written = BTreeMap::new();
+        leaves("", &serde_json::to_value(&table).unwrap(), &mut written);
+        assert_eq!(
+            written.get("worker.concurrency"),
+            Some(&serde_json::json!(5))
+        );
+        assert_eq!(written.get("llm.providers"), Some(&serde_json::json!({})));
+        assert!(!written.contains_key("worker.max_attempts"));
     }
 
     #[test]

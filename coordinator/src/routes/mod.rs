@@ -26,9 +26,11 @@ pub mod exports;
 pub mod fields;
 pub mod health;
 pub mod history;
+pub mod lists;
 pub mod monitoring;
 pub(crate) mod package_files;
 pub mod preview;
+pub mod reports;
 pub mod reviews;
 pub mod runs;
 pub mod skills;
@@ -51,6 +53,8 @@ macro_rules! routes {
 
 routes! {
     post "/v1/skills" => skills::upload;
+    get "/v1/skills" => lists::skills;
+    get "/v1/runs" => lists::runs;
     get "/v1/skills/{name}/versions" => skills::versions;
     get "/v1/skills/{name}/history" => history::history;
     get "/v1/skills/{name}/benchmark" => history::benchmark;
@@ -90,6 +94,8 @@ routes! {
     get "/v1/skills/{name}/versions/{version}/definition" => editor::definition;
     post "/v1/skills/{name}/versions/{version}/package" => editor::package;
     post "/v1/schemas/check" => editor::check_schema;
+    post "/v1/reports" => reports::create;
+    get "/v1/reports/{id}" => reports::get_report;
 }
 
 /// The whole application: routes, access (auth, scopes, limits, visibility, audit), error logging, metrics, tracing, timeouts.

@@ -22,7 +22,7 @@ use crate::aggregate::variant_extras;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
-use crate::results::{load_results, stored_summary};
+use crate::results::{load_results, stored_gate, stored_summary};
 use crate::routes::fields::{check_callback_url, check_repeats, check_trigger_runs, trigger_plan};
 use crate::runs::plan::RunRequest;
 use crate::state::AppState;
@@ -457,7 +457,8 @@ pub async fn report(
     } else {
         None
     };
-    let extras = variant_extras(&all, &run, triggers.as_ref());
+    let mut extras = variant_extras(&all, &run, triggers.as_ref());
+    extras.regression_gate = stored_gate(run.summary.as_ref());
     let results = skilleval_analysis::benchmark::with_skill(&all);
     // A version stored before risk reports existed has none; an unreadable one is left out.
     let risk: Option<RiskReport> = run

@@ -139,7 +139,7 @@ pub async fn upload(
     };
     let started = std::time::Instant::now();
     let opened = open_package(zip.clone(), state.limits.clone(), state.strategies.clone()).await;
-    let (mut package, definition, warnings, monitor, risk) = match opened {
+    let (mut package, definition, warnings, monitor, risk, models) = match opened {
         Ok(ok) => ok,
         Err(Opening::Package(e)) => {
             let reason = if matches!(e, PackageError::Refused { .. }) {
@@ -192,6 +192,7 @@ pub async fn upload(
         any_owner: principal.is_admin(),
         risk_report: serde_json::to_value(&risk)
             .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
+        models,
     };
     // Held until the upload's run is committed.
     let run_slot = if query.run {
@@ -576,7 +577,7 @@ pub async fn validate(
         None => zip,
     };
     match open_package(zip, state.limits.clone(), state.strategies.clone()).await {
-        Ok((package, definition, warnings, _, risk)) => {
+        Ok((package, definition, warnings, _, risk, _)) => {
             let eval = package.root().join(&package.eval_file);
             let open = package.format == Some(skilleval_model::package::EvalFormat::V2)
                 && package.eval_file == "eval/tests.json"

@@ -4,6 +4,7 @@
 //! replaced). A refused or invalid package is the one 422 [`package_error`] makes of it, every
 //! problem listed with its file and JSON pointer.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -32,15 +33,24 @@ pub(crate) async fn open_package(
         Vec<Problem>,
         Option<PackageMonitor>,
         RiskReport,
+        Vec<String>,
     );
     let opened = tokio::task::spawn_blocking(move || -> Result<Opened, PackageError> {
         let mut package = Package::from_zip_bytes_streamed(&zip, &limits)?;
         // The cases are checked and written to the stored text a chunk at a time: a large
         // definition is never held whole, as the model or as text.
         let mut writer = DefinitionWriter::new();
+        let mut models = BTreeSet::new();
         let validation = check_in_chunks(&mut package, &strategies, CHECK_CHUNK, |cases| {
+            for case in &cases {
+                add_model(&mut models, case.evaluation.options.get("model"));
+                add_model(&mut models, case.metadata.extra.get("model"));
+            }
             writer.write_cases(cases);
         })?;
+        if let Some(runner) = &package.config.settings.runner {
+            add_model(&mut models, runner.config().extra.get("model"));
+        }
         if !validation.is_ok() {
             return Err(PackageError::Invalid(validation.problems));
         }
@@ -61,7 +71,14 @@ pub(crate) async fn open_package(
             _ => None,
         };
         let risk = package.risk_report();
-        Ok((package, definition, validation.problems, monitor, risk))
+        Ok((
+            package,
+            definition,
+            validation.problems,
+            monitor,
+            risk,
+            models.into_iter().collect(),
+        ))
     })
     .await
     .map_err(|e| {
@@ -69,21 +86,35 @@ pub(crate) async fn open_package(
             "package validation task failed: {e}"
         )))
     })?;
-    let (package, definition, warnings, monitor, risk) = opened.map_err(Opening::Package)?;
+    let (package, definition, warnings, monitor, risk, models) =
+        opened.map_err(Opening::Package)?;
     let definition =
         definition.map_err(|e| Opening::Failed(ApiError::internal(anyhow::Error::from(e))))?;
-    Ok((package, definition, warnings, monitor, risk))
+    Ok((package, definition, warnings, monitor, risk, models))
 }
 
 /// What [`open_package`] gives: the package, its definition as text, the warnings, its
-/// monitor when the definition has a `monitoring` section, and its risk report.
+/// monitor when the definition has a `monitoring` section, its risk report, and the models
+/// its definition names (sorted, once each: what `GET /v1/skills?model=` filters on).
 pub(crate) type OpenedPackage = (
     Package,
     DefinitionText,
     Vec<Problem>,
     Option<PackageMonitor>,
     RiskReport,
+    Vec<String>,
 );
+
+/// Adds a named model (a non-empty string) to `models`: a runner's `model` option
+/// (`settings.runner`), a case's `evaluation.options.model` or `metadata.model`. The cases
+/// are read as validation streams them, since the package keeps none of them afterwards.
+fn add_model(models: &mut BTreeSet<String>, value: Option<&serde_json::Value>) {
+    if let Some(m) = value.and_then(serde_json::Value::as_str).map(str::trim) {
+        if !m.is_empty() {
+            models.insert(m.to_string());
+        }
+    }
+}
 
 /// A package's `monitoring` section: as written, and validated.
 pub(crate) struct PackageMonitor {

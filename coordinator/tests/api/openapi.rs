@@ -63,7 +63,7 @@ fn validator(doc: &Value, schema: &Value) -> jsonschema::Validator {
     jsonschema::validator_for(&root).expect("a valid schema")
 }
 
-fn assert_valid(doc: &Value, schema: &Value, instance: &Value, what: &str) {
+pub(crate) fn assert_valid(doc: &Value, schema: &Value, instance: &Value, what: &str) {
     let v = validator(doc, schema);
     let errors: Vec<String> = v
         .iter_errors(instance)

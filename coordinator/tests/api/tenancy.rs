@@ -104,6 +104,7 @@ struct Objects {
     other_run: Uuid,
     version_id: Uuid,
     comparison: Uuid,
+    report: Uuid,
     zip: Vec<u8>,
 }
 
@@ -132,6 +133,15 @@ async fn publish_objects(app: &TestApp, token: &str, skill: &str) -> Objects {
     )
     .await;
     assert_eq!(c.status, 201, "{}", c.body);
+    let report = send(
+        app,
+        Method::POST,
+        "/v1/reports",
+        token,
+        Body::Json(json!({ "skill": skill, "format": "json" })),
+    )
+    .await;
+    assert_eq!(report.status, 201, "{}", report.body);
     let m = send(
         app,
         Method::PUT,
@@ -157,9 +167,13 @@ async fn publish_objects(app: &TestApp, token: &str, skill: &str) -> Objects {
         other_run,
         version_id: id(&first.body, "version_id"),
         comparison: id(&c.body, "comparison_id"),
+        report: id(&report.body, "id"),
         zip,
     }
 }
+
+/// The lists: they name no object, and show only the caller's.
+const LISTS: &[&str] = &["/v1/skills", "/v1/runs"];
 
 /// Routes that read or change no stored object.
 const NAMES_NO_OBJECT: &[&str] = &["/v1/skills/validate", "/v1/schemas/check"];
@@ -184,16 +198,18 @@ fn operations(
         }
         for m in METHODS.iter().filter(|m| item.get(**m).is_some()) {
             let nowhere = Uuid::now_v7().to_string();
-            let (skill, version, run, comparison) = match objects {
+            let (skill, version, run, comparison, report) = match objects {
                 Some(o) => (
                     o.skill.clone(),
                     o.version.clone(),
                     o.run.to_string(),
                     o.comparison.to_string(),
+                    o.report.to_string(),
                 ),
                 None => (
                     "no-such-skill".to_string(),
                     "9".to_string(),
+                    nowhere.clone(),
                     nowhere.clone(),
                     nowhere.clone(),
                 ),
@@ -207,6 +223,8 @@ fn operations(
                     run.clone()
                 } else if template.starts_with("/v1/comparisons/") {
                     comparison.clone()
+                } else if template.starts_with("/v1/reports/") {
+                    report.clone()
                 } else if template.starts_with("/v1/admin/tokens/") {
                     token_prefix.to_string()
                 } else if template.starts_with("/v1/admin/") {
@@ -245,6 +263,10 @@ fn body_for(method: &Method, template: &str, objects: Option<&Objects>) -> Body 
             "base": objects.map_or(nowhere, |o| o.run),
             "head": objects.map_or(nowhere, |o| o.other_run),
         })),
+        ("POST", "/v1/reports") => Body::Json(json!({
+            "skill": objects.map_or("no-such-skill", |o| o.skill.as_str()),
+            "format": "markdown",
+        })),
         ("PUT", "/v1/skills/{name}/monitor") => Body::Json(crate::sampling::says_ok(1.0)),
         ("POST", "/v1/skills/{name}/samples") => {
             Body::Json(json!([crate::sampling::sample("s-2", "ok", None)]))
@@ -259,13 +281,15 @@ fn body_for(method: &Method, template: &str, objects: Option<&Objects>) -> Body 
 
 /// What another publisher's token must get: admin routes need a scope it lacks (403, the
 /// same for every caller without it); an upload under a taken name is 409 (skill names are
-/// one namespace, documented); every other route answers 404, as for an object that does
-/// not exist.
+/// one namespace, documented); the lists answer 200 without the other publisher's objects;
+/// every other route answers 404, as for an object that does not exist.
 fn expected(template: &str, method: &Method) -> u16 {
     if template.starts_with("/v1/admin/") {
         403
     } else if method == Method::POST && template == "/v1/skills" {
         409
+    } else if method == Method::GET && LISTS.contains(&template) {
+        200
     } else {
         404
     }
@@ -302,6 +326,13 @@ async fn another_publishers_objects_answer_as_missing_through_every_route() {
             untouched,
             "{method} {path} changed something"
         );
+        if want == 200 {
+            let shown = got.body.to_string();
+            assert!(
+                !shown.contains(&objects.skill) && !shown.contains(&objects.run.to_string()),
+                "{method} {path} lists another publisher's objects: {shown}"
+            );
+        }
         if want == 404 {
             // Indistinguishable from an object that exists nowhere: same status, same code.
             let missing = send(&app, method.clone(), &missing_path, &bob, missing_body).await;
@@ -339,6 +370,7 @@ async fn another_publishers_objects_answer_as_missing_through_every_route() {
         format!("/v1/skills/{}/versions", objects.skill),
         format!("/v1/comparisons/{}", objects.comparison),
         format!("/v1/skills/{}/monitor", objects.skill),
+        format!("/v1/reports/{}", objects.report),
     ] {
         let a = send(&app, Method::GET, &path, &alice, Body::None).await;
         assert_eq!(a.status, 200, "{path}: {}", a.body);

@@ -7,8 +7,10 @@
 //! - [`stats`]: the statistics (paired tests, intervals, power), checked against known values;
 //! - [`compare`]: two runs compared case by case, with the regression gate; [`forecast`]: what
 //!   a run will cost and what it can detect;
-//! - [`quality`]: production quality over time and its alerts.
+//! - [`quality`]: production quality over time and its alerts;
+//! - [`across`]: several runs of a skill summed up (the report spec's `ReportSummary` over runs).
 
+pub mod across;
 pub mod benchmark;
 pub mod budget;
 pub mod compare;

@@ -7,6 +7,9 @@
 //! Reports of a finished run, in Markdown for people and JSON for machines, and the run page
 //! in HTML ([`html`]: the web interface's and the self-contained `report.html`).
 //!
+//! A report over several runs of a skill ([`across`]) has the seed's `ReportSummary` across
+//! those runs.
+//!
 //! The JSON shape is the report spec seed's `EvaluationReport` with its `ReportSummary`, plus
 //! the full [`RunSummary`], the verdict and the per-case results. The Markdown report has the
 //! seed's sections: header, executive summary, a text histogram of scores, breakdowns, failing
@@ -15,10 +18,12 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use skilleval_analysis::compare::GateRecord;
 use skilleval_analysis::summary::RunSummary;
 use skilleval_execution::result::JobResult;
 use skilleval_model::package::RiskReport;
 
+pub mod across;
 pub mod artifacts;
 pub mod html;
 mod json;
@@ -80,9 +85,10 @@ pub fn render(ctx: &ReportContext<'_>, format: ReportFormat) -> String {
     }
 }
 
-/// What a baseline, repeats and trigger evals add to a run's report: Markdown sections
-/// appended to the report (and to the JSON report's `content`), and the JSON report's
-/// `benchmark` and `triggers` keys. `skilleval run` and the service report through this.
+/// What a baseline, repeats, trigger evals and the regression gate add to a run's report:
+/// Markdown sections appended to the report (and to the JSON report's `content`), and the JSON
+/// report's `benchmark` and `triggers` keys and `runSummary.regression_gate`. `skilleval run`
+/// and the service report through this.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReportExtras {
     pub markdown: String,
@@ -90,25 +96,45 @@ pub struct ReportExtras {
     pub benchmark: Option<serde_json::Value>,
     /// The trigger evals' report.
     pub triggers: Option<serde_json::Value>,
+    /// What the run's regression gate decided (the summary's `regression_gate`), when the run
+    /// asked for one.
+    pub regression_gate: Option<GateRecord>,
 }
 
-/// The report with the extra sections (Markdown) or keys (JSON: `benchmark`, `triggers`).
+/// The report with the extra sections (Markdown) or keys (JSON: `benchmark`, `triggers`,
+/// `runSummary.regression_gate`).
 pub fn render_with(ctx: &ReportContext<'_>, format: ReportFormat, extras: &ReportExtras) -> String {
     let base = render(ctx, format);
+    let markdown = match &extras.regression_gate {
+        Some(gate) => format!("{}{}", markdown::gate_section(gate), extras.markdown),
+        None => extras.markdown.clone(),
+    };
     match format {
-        ReportFormat::Markdown => format!("{base}{}", extras.markdown),
-        ReportFormat::Json if extras.benchmark.is_some() || extras.triggers.is_some() => {
+        ReportFormat::Markdown => format!("{base}{markdown}"),
+        ReportFormat::Json
+            if extras.benchmark.is_some()
+                || extras.triggers.is_some()
+                || extras.regression_gate.is_some() =>
+        {
             let Ok(mut doc) = serde_json::from_str::<serde_json::Value>(&base) else {
                 return base;
             };
             if let Some(content) = doc.get("content").and_then(|c| c.as_str()) {
-                doc["content"] = serde_json::Value::String(format!("{content}{}", extras.markdown));
+                doc["content"] = serde_json::Value::String(format!("{content}{markdown}"));
             }
             if let Some(b) = &extras.benchmark {
                 doc["benchmark"] = b.clone();
             }
             if let Some(t) = &extras.triggers {
                 doc["triggers"] = t.clone();
+            }
+            if let (Some(gate), Some(summary)) = (
+                &extras.regression_gate,
+                doc.get_mut("runSummary").and_then(|s| s.as_object_mut()),
+            ) {
+                if let Ok(record) = serde_json::to_value(gate) {
+                    summary.insert("regression_gate".into(), record);
+                }
             }
             serde_json::to_string_pretty(&doc).unwrap_or(base)
         }

@@ -4,8 +4,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::ReportContext;
+use skilleval_analysis::compare::GateRecord;
 use skilleval_analysis::summary::{GroupStats, RunSummary};
 use skilleval_execution::result::{CaseStatus, JobResult};
+use skilleval_model::gate::GateRule;
 use skilleval_model::package::RiskReport;
 
 /// Longest excerpt of an output or expected value shown per failing case.
@@ -74,6 +76,58 @@ fn package_risk(out: &mut String, risk: &RiskReport) {
         );
     }
     out.push('\n');
+}
+
+/// The regression gate's record: its verdict, the run it compared with, why it failed and the
+/// cases that regressed (all of them: the verdict reason names only the first few).
+pub(crate) fn gate_section(gate: &GateRecord) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "## Regression gate\n");
+    let _ = writeln!(out, "| | |\n|---|---|");
+    let rule = match gate.rule {
+        GateRule::NoRegression => "no_regression",
+        GateRule::None => "none",
+    };
+    let _ = writeln!(out, "| Rule | `{rule}` |");
+    let _ = writeln!(out, "| Verdict | **{}** |", gate.verdict.as_str());
+    let _ = writeln!(
+        out,
+        "| Thresholds | alpha {}, score margin {} |",
+        gate.config.alpha, gate.config.score_margin
+    );
+    if let Some(run) = gate.base_run {
+        let _ = writeln!(out, "| Compared with run | `{run}` |");
+    }
+    if let Some(version) = gate.base_version {
+        let _ = writeln!(out, "| Of version | `{version}` |");
+    }
+    if let Some(id) = &gate.comparison_id {
+        let _ = writeln!(out, "| Comparison | `{id}` |");
+    }
+    out.push('\n');
+    if let Some(note) = &gate.note {
+        let _ = writeln!(out, "{note}\n");
+    }
+    for reason in &gate.reasons {
+        let _ = writeln!(out, "- {reason}");
+    }
+    if !gate.reasons.is_empty() {
+        out.push('\n');
+    }
+    if !gate.regressed_cases.is_empty() {
+        let cases: Vec<String> = gate
+            .regressed_cases
+            .iter()
+            .map(|c| format!("`{c}`"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "Regressed cases ({}), worst first: {}\n",
+            gate.regressed_cases.len(),
+            cases.join(", ")
+        );
+    }
+    out
 }
 
 fn short_hash(h: &str) -> &str {

@@ -10,7 +10,8 @@
 //! (the model response cache and fleet-wide provider rate limits), [`outbox`] (webhook
 //! deliveries), [`parked`] (jobs drained from the parking queue), [`tenancy`] (publishers,
 //! tokens, visibility, quotas, deletion, retention, the audit log), [`reviews`] (human reviews
-//! of grades), [`pages`] (what the web interface's pages read).
+//! of grades), [`pages`] (what the web interface's pages read), [`listing`] (the API's skills
+//! and runs lists), [`reports`] (reports over chosen runs).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
@@ -29,11 +30,13 @@ use crate::config::{redact_url, DatabaseSettings};
 
 pub mod comparisons;
 pub mod lifecycle;
+pub mod listing;
 pub mod llm;
 pub mod outbox;
 pub mod pages;
 pub mod parked;
 pub mod publishing;
+pub mod reports;
 pub mod results;
 pub mod reviews;
 pub mod runs;

@@ -36,6 +36,8 @@ pub struct NewVersion<'a> {
     pub any_owner: bool,
     /// The package's risk report (`skilleval_model::package::RiskReport` as JSON).
     pub risk_report: Value,
+    /// The models the definition names (what the skills list filters on).
+    pub models: Vec<String>,
 }
 
 /// A stored version.
@@ -125,8 +127,8 @@ async fn upsert_version(
     let inserted = sqlx::query(
         "INSERT INTO skill_versions
             (id, skill_id, version, description, description_hash, package_hash, package_bytes, manifest,
-             risk_report)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             risk_report, models)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
          ON CONFLICT (skill_id, version) DO NOTHING",
     )
     .bind(version_id)
@@ -138,6 +140,7 @@ async fn upsert_version(
     .bind(v.package_bytes)
     .bind(&v.manifest)
     .bind(&v.risk_report)
+    .bind(&v.models)
     .execute(&mut *conn)
     .await
     .map_err(StoreError::query("storing a version"))?;

@@ -19,6 +19,7 @@
 
 mod input;
 mod markdown;
+mod record;
 #[cfg(test)]
 mod tests;
 
@@ -34,6 +35,7 @@ pub use input::{
     NotComparableReason, RunSide,
 };
 pub use markdown::markdown;
+pub use record::GateRecord;
 
 use crate::stats::{
     holm_adjust, mcnemar_exact, paired_bootstrap, paired_difference, BootstrapInterval, McNemar,
