@@ -21,6 +21,7 @@ mod lifecycle;
 mod migrate;
 mod monitoring;
 mod openapi;
+mod otlp;
 mod packages;
 mod parked;
 mod publish;
