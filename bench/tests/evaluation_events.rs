@@ -53,7 +53,7 @@ struct SpanGot {
 #[derive(Debug, Clone)]
 struct EventGot {
     service: String,
-    schema_url: String,
+    scope: String,
     event_name: String,
     trace_id: String,
     span_id: String,
@@ -146,7 +146,11 @@ async fn logs(State(got): State<Shared>, body: Bytes) -> axum::response::Respons
             for l in sl.log_records {
                 events.push(EventGot {
                     service: service.clone(),
-                    schema_url: sl.schema_url.clone(),
+                    scope: sl
+                        .scope
+                        .as_ref()
+                        .map(|s| s.name.clone())
+                        .unwrap_or_default(),
                     event_name: l.event_name,
                     trace_id: hex(&l.trace_id),
                     span_id: hex(&l.span_id),
@@ -339,7 +343,7 @@ async fn each_graded_case_emits_evaluation_events_parented_to_its_span() {
     );
     for e in &events {
         assert_eq!(e.service, "skilleval-worker");
-        assert_eq!(e.schema_url, "https://opentelemetry.io/schemas/1.38.0");
+        assert_eq!(e.scope, "skilleval");
         assert_eq!(e.str("skilleval.skill"), Some("evaluated-skill"));
         assert_eq!(e.str("skilleval.version"), Some("1"), "{e:#?}");
         assert_eq!(e.str("skilleval.run_id"), Some(run_id.as_str()));

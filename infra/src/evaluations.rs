@@ -25,7 +25,8 @@ use opentelemetry_sdk::logs::{SdkLogger, SdkLoggerProvider};
 pub const EVENT_NAME: &str = "gen_ai.evaluation.result";
 
 /// The semantic conventions release whose `gen_ai.evaluation.result` these events follow
-/// (also the instrumentation scope's schema URL).
+/// (also the instrumentation scope's schema URL, which the OTLP exporter of opentelemetry 0.31
+/// replaces with the resource's in batched exports).
 pub const SEMCONV_VERSION: &str = "1.38.0";
 
 /// The pass/fail label of an evaluation (`gen_ai.evaluation.score.label`).
