@@ -945,6 +945,29 @@ mod tests {
             s.telemetry.traces_url().as_deref(),
             Some("http://traces:4318/in")
         );
+        assert_eq!(
+            s.telemetry.logs_url().as_deref(),
+            Some("http://collector:4318/v1/logs"),
+            "the base turns the evaluation events on"
+        );
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "http://logs:4318/in"),
+            (
+                "SKILLEVAL__COORDINATOR__SAMPLING__OTLP_SKILL_ATTRIBUTES",
+                "team.skill,gen_ai.agent.name",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(s.telemetry.traces_url(), None);
+        assert_eq!(
+            s.telemetry.logs_url().as_deref(),
+            Some("http://logs:4318/in")
+        );
+        assert_eq!(
+            s.coordinator.sampling.otlp_skill_attributes,
+            ["team.skill", "gen_ai.agent.name"]
+        );
     }
 
     #[test]
