@@ -78,7 +78,10 @@ fn child_worker() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         let store = Store::connect(&settings.database).await?;
-        let worker = Arc::new(skilleval_worker::Worker::new(settings, store)?);
+        let worker = Arc::new(
+            skilleval_worker::Worker::new(settings, store)?
+                .with_evaluation_events(telemetry.evaluations()),
+        );
         let shutdown = CancellationToken::new();
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let on_term = shutdown.clone();

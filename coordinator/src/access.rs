@@ -41,7 +41,7 @@ fn required_scope(method: &Method, route: &str) -> Option<Scope> {
         Scope::Admin
     } else if matches!(*method, Method::GET | Method::HEAD) {
         Scope::Read
-    } else if route == "/v1/skills/{name}/samples" {
+    } else if route == "/v1/skills/{name}/samples" || route == "/v1/otlp/v1/traces" {
         Scope::SamplesWrite
     } else if route.starts_with("/v1/skills") || route == "/v1/schemas/check" {
         // Checking a schema stores nothing, but it is the test-case editor's, whose other
@@ -468,6 +468,10 @@ mod tests {
         );
         assert_eq!(
             required_scope(&Method::POST, "/v1/skills/{name}/samples"),
+            Some(Scope::SamplesWrite)
+        );
+        assert_eq!(
+            required_scope(&Method::POST, "/v1/otlp/v1/traces"),
             Some(Scope::SamplesWrite)
         );
         assert_eq!(

@@ -30,7 +30,9 @@
 //! - Production monitoring: [`routes::monitoring`] serves monitors, sample ingest (each batch's
 //!   sampled items become one `samples` run, published on the samples lane by the same
 //!   pipeline), quality reports and alerts; [`alerts::AlertScheduler`] evaluates the alert
-//!   rules on a schedule, one coordinator of the fleet at a time.
+//!   rules on a schedule, one coordinator of the fleet at a time. [`routes::otlp`] takes
+//!   production GenAI traces over OTLP/HTTP, [`genai_spans`] maps their spans to samples, and
+//!   they go through the same ingest.
 //! - [`ui`] is the web interface under `/ui/`: server-rendered pages sharing the run page's
 //!   rendering with the CLI's `report.html`, behind the same authentication.
 //! - [`results`] reads a run's stored results and summary back (below aggregation, comparisons
@@ -50,6 +52,7 @@ pub mod broker;
 pub mod comparing;
 pub mod error;
 pub mod extract;
+pub mod genai_spans;
 pub mod jobs;
 pub mod metrics;
 pub mod openapi;

@@ -549,6 +549,9 @@ pub struct SamplingSettings {
     pub retention_days: u32,
     /// How often the alert rules are evaluated (by one coordinator of the fleet at a time).
     pub alert_interval_secs: u64,
+    /// Trace ingest (`POST /v1/otlp/v1/traces`): the attributes that name a GenAI span's
+    /// skill, tried in order on the span, then on its resource.
+    pub otlp_skill_attributes: Vec<String>,
 }
 
 impl Default for SamplingSettings {
@@ -558,6 +561,7 @@ impl Default for SamplingSettings {
             max_batch_bytes: 5 * 1024 * 1024,
             retention_days: 90,
             alert_interval_secs: 3_600,
+            otlp_skill_attributes: vec!["skilleval.skill".into(), "gen_ai.agent.name".into()],
         }
     }
 }
@@ -619,7 +623,7 @@ impl Default for LogSettings {
 /// other standard variables itself (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 /// `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`, `OTEL_EXPORTER_OTLP_HEADERS`,
 /// `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_BSP_*`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TelemetrySettings {
     /// The collector's base URL (`OTEL_EXPORTER_OTLP_ENDPOINT`): traces go to
@@ -628,10 +632,28 @@ pub struct TelemetrySettings {
     /// The full traces URL (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), used as it is; it wins over
     /// `otlp_endpoint`.
     pub otlp_traces_endpoint: Option<String>,
+    /// The full logs URL (`OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`), used as it is; it wins over
+    /// `otlp_endpoint`. The worker's `gen_ai.evaluation.result` events go there.
+    pub otlp_logs_endpoint: Option<String>,
     /// Whether the runner's spans carry the prompt and the model's output text
     /// (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`). Off by default: test inputs and
     /// outputs may be confidential, and a trace backend is seldom the place for them.
     pub capture_model_content: bool,
+    /// Longest `gen_ai.evaluation.explanation` of an evaluation event, in characters (a
+    /// judge's reasoning or a failure summary is cut there, marked with `…`).
+    pub evaluation_explanation_max_chars: usize,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        TelemetrySettings {
+            otlp_endpoint: None,
+            otlp_traces_endpoint: None,
+            otlp_logs_endpoint: None,
+            capture_model_content: false,
+            evaluation_explanation_max_chars: 1_000,
+        }
+    }
 }
 
 impl TelemetrySettings {
@@ -644,6 +666,18 @@ impl TelemetrySettings {
             return Some(url.to_string());
         }
         set(&self.otlp_endpoint).map(|base| format!("{}/v1/traces", base.trim_end_matches('/')))
+    }
+
+    /// The URL log records (the evaluation events) are posted to, when exporting them is on:
+    /// the logs endpoint, else `<endpoint>/v1/logs`. A traces endpoint alone turns no logs on.
+    pub fn logs_url(&self) -> Option<String> {
+        fn set(v: &Option<String>) -> Option<&str> {
+            v.as_deref().map(str::trim).filter(|v| !v.is_empty())
+        }
+        if let Some(url) = set(&self.otlp_logs_endpoint) {
+            return Some(url.to_string());
+        }
+        set(&self.otlp_endpoint).map(|base| format!("{}/v1/logs", base.trim_end_matches('/')))
     }
 }
 
@@ -660,13 +694,21 @@ const STANDARD_VARIABLES: &[(&str, &str)] = &[
         "telemetry.otlp_traces_endpoint",
     ),
     (
+        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+        "telemetry.otlp_logs_endpoint",
+    ),
+    (
         "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
         "telemetry.capture_model_content",
     ),
 ];
 
 /// Settings keys whose environment value is a comma-separated list.
-const LIST_KEYS: &[&str] = &["worker.retry_tiers_ms", "coordinator.auth_tokens"];
+const LIST_KEYS: &[&str] = &[
+    "worker.retry_tiers_ms",
+    "coordinator.auth_tokens",
+    "coordinator.sampling.otlp_skill_attributes",
+];
 
 impl Settings {
     /// Loads the settings from the files and the process environment.
@@ -1069,6 +1111,29 @@ mod tests {
         assert_eq!(
             s.telemetry.traces_url().as_deref(),
             Some("http://traces:4318/in")
+        );
+        assert_eq!(
+            s.telemetry.logs_url().as_deref(),
+            Some("http://collector:4318/v1/logs"),
+            "the base turns the evaluation events on"
+        );
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL_CONFIG_DIR", dir.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "http://logs:4318/in"),
+            (
+                "SKILLEVAL__COORDINATOR__SAMPLING__OTLP_SKILL_ATTRIBUTES",
+                "team.skill,gen_ai.agent.name",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(s.telemetry.traces_url(), None);
+        assert_eq!(
+            s.telemetry.logs_url().as_deref(),
+            Some("http://logs:4318/in")
+        );
+        assert_eq!(
+            s.coordinator.sampling.otlp_skill_attributes,
+            ["team.skill", "gen_ai.agent.name"]
         );
     }
 

@@ -8,6 +8,8 @@
 //! - [`telemetry`] sets up `tracing` once (JSON lines in production, readable text on a
 //!   terminal) and OpenTelemetry traces (exported over OTLP when an endpoint is set), with the
 //!   W3C trace-context helpers the broker messages and the stored runs use.
+//! - [`evaluations`] emits graded cases and samples as `gen_ai.evaluation.result` OTLP log
+//!   events when a logs endpoint is set.
 //! - [`store`] is where every SQL statement lives: the pool, the migrations, the workers' result
 //!   writes ([`store::results`]) and the coordinator's runs ([`store::runs`]).
 //! - [`topology`] names and declares every exchange and queue, and publishes with confirms.
@@ -15,6 +17,7 @@
 //! - [`messages`] is the wire format of what travels over the broker: jobs and case events.
 
 pub mod config;
+pub mod evaluations;
 pub mod messages;
 pub mod store;
 pub mod telemetry;

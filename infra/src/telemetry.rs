@@ -20,11 +20,17 @@
 //! own, and [`Telemetry::shutdown`] flushes what is left when the process stops. Without an
 //! endpoint no exporter or processor is installed: span and trace ids are still made (they go
 //! into the message headers and the logs), nothing is queued or sent.
+//!
+//! **Evaluation events.** With a logs endpoint ([`TelemetrySettings::logs_url`]) a logger
+//! provider exports OTLP log records the same way, and [`Telemetry::evaluations`] hands out the
+//! emitter of `gen_ai.evaluation.result` events ([`crate::evaluations`]); without one there is
+//! no emitter. The process's own log lines stay on stderr either way.
 
 use std::io::IsTerminal;
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::logs::SdkLoggerProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
@@ -37,6 +43,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::{LogFormat, LogSettings, TelemetrySettings};
+use crate::evaluations::EvaluationEvents;
 
 /// A span is traced when it declares one of these fields: the ids of the job it is about, or
 /// its OpenTelemetry kind (the request and broker spans).
@@ -58,12 +65,15 @@ pub enum TelemetryError {
     },
 }
 
-/// The installed tracer provider. [`Telemetry::shutdown`] (or dropping it) exports the spans
-/// still queued; call it once the process's work is done.
+/// The installed tracer provider (and logger provider, when evaluation events are exported).
+/// [`Telemetry::shutdown`] (or dropping it) exports the spans and events still queued; call it
+/// once the process's work is done.
 #[derive(Debug)]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
     exporting: bool,
+    logs: Option<SdkLoggerProvider>,
+    evaluations: Option<EvaluationEvents>,
 }
 
 impl Telemetry {
@@ -72,9 +82,20 @@ impl Telemetry {
         self.exporting
     }
 
-    /// Flushes and stops the exporter. Blocks until the queued spans are sent (or the export
-    /// timeout passes). Idempotent.
+    /// The emitter of `gen_ai.evaluation.result` events, when a logs endpoint is configured.
+    pub fn evaluations(&self) -> Option<EvaluationEvents> {
+        self.evaluations.clone()
+    }
+
+    /// Flushes and stops the exporters. Blocks until the queued spans and events are sent (or
+    /// the export timeout passes). Idempotent.
     pub fn shutdown(&mut self) {
+        self.evaluations = None;
+        if let Some(logs) = self.logs.take() {
+            if let Err(e) = logs.shutdown() {
+                eprintln!("warning: flushing evaluation events on shutdown: {e}");
+            }
+        }
         if let Some(provider) = self.provider.take() {
             if self.exporting {
                 if let Err(e) = provider.shutdown() {
@@ -112,7 +133,12 @@ pub fn init(
         filter: log.filter.clone(),
         source,
     })?;
-    let (provider, exporting) = tracer_provider(telemetry, service)?;
+    let resource = resource(service);
+    let (provider, exporting) = tracer_provider(telemetry, resource.clone())?;
+    let logs = logger_provider(telemetry, resource)?;
+    let evaluations = logs
+        .as_ref()
+        .map(|p| EvaluationEvents::new(p, telemetry.evaluation_explanation_max_chars));
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let registry = tracing_subscriber::registry()
         .with(LogOrTraced(filter))
@@ -132,6 +158,8 @@ pub fn init(
     Ok(Telemetry {
         provider: Some(provider),
         exporting,
+        logs,
+        evaluations,
     })
 }
 
@@ -252,23 +280,51 @@ where
     layer
 }
 
-fn tracer_provider(
-    telemetry: &TelemetrySettings,
-    service: &str,
-) -> Result<(SdkTracerProvider, bool), TelemetryError> {
-    // The SDK's detectors read OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the binary's
-    // name stands in only for the SDK's `unknown_service` placeholder.
+/// The process's resource. The SDK's detectors read OTEL_SERVICE_NAME and
+/// OTEL_RESOURCE_ATTRIBUTES; the binary's name stands in only for the SDK's `unknown_service`
+/// placeholder.
+fn resource(service: &str) -> Resource {
     let detected = Resource::builder().build();
     let named = detected
         .get(&opentelemetry::Key::from_static_str("service.name"))
         .is_some_and(|v| !v.as_str().starts_with("unknown_service"));
-    let resource = if named {
+    if named {
         detected
     } else {
         Resource::builder()
             .with_service_name(service.to_string())
             .build()
+    }
+}
+
+/// The logger provider of the evaluation events: OTLP over HTTP with protobuf bodies, batched,
+/// only when a logs endpoint is configured.
+fn logger_provider(
+    telemetry: &TelemetrySettings,
+    resource: Resource,
+) -> Result<Option<SdkLoggerProvider>, TelemetryError> {
+    let Some(url) = telemetry.logs_url() else {
+        return Ok(None);
     };
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::LogExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(url.clone())
+        .build()
+        .map_err(|source| TelemetryError::Exporter { url, source })?;
+    Ok(Some(
+        SdkLoggerProvider::builder()
+            .with_resource(resource)
+            .with_batch_exporter(exporter)
+            .build(),
+    ))
+}
+
+fn tracer_provider(
+    telemetry: &TelemetrySettings,
+    resource: Resource,
+) -> Result<(SdkTracerProvider, bool), TelemetryError> {
     // The sampler comes from OTEL_TRACES_SAMPLER / _ARG (the SDK's default configuration).
     let builder = SdkTracerProvider::builder().with_resource(resource);
     let Some(url) = telemetry.traces_url() else {
@@ -337,6 +393,23 @@ pub fn set_current_attribute(key: &'static str, value: String) {
     opentelemetry::Context::current()
         .span()
         .set_attribute(opentelemetry::KeyValue::new(key, value));
+}
+
+/// The OpenTelemetry span context of `span`, when it is traced (and valid).
+pub fn span_context(span: &tracing::Span) -> Option<SpanContext> {
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then_some(sc)
+}
+
+/// The span context a W3C `traceparent` names (marked remote), when it is a valid one.
+pub fn span_context_of(traceparent: &str) -> Option<SpanContext> {
+    let carrier = TraceparentCarrier {
+        traceparent: Some(traceparent.to_string()),
+    };
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then_some(sc)
 }
 
 /// Makes the context of `traceparent` the parent of `span` (nothing when it is absent or not
@@ -478,5 +551,21 @@ mod tests {
         t.otlp_traces_endpoint = Some(" ".into());
         t.otlp_endpoint = Some(String::new());
         assert_eq!(t.traces_url(), None);
+    }
+
+    #[test]
+    fn the_logs_url_is_the_signal_url_or_the_base_and_a_traces_url_alone_sends_no_events() {
+        let mut t = TelemetrySettings {
+            otlp_traces_endpoint: Some("http://collector:4318/v1/traces".into()),
+            ..TelemetrySettings::default()
+        };
+        assert_eq!(t.logs_url(), None, "a traces endpoint alone");
+        t.otlp_endpoint = Some("http://collector:4318/".into());
+        assert_eq!(
+            t.logs_url().as_deref(),
+            Some("http://collector:4318/v1/logs")
+        );
+        t.otlp_logs_endpoint = Some("http://other:4318/logs".into());
+        assert_eq!(t.logs_url().as_deref(), Some("http://other:4318/logs"));
     }
 }

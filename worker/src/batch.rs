@@ -4,7 +4,8 @@
 //! or `worker.batch_max_wait_ms` after its first one, whichever comes first, in one statement
 //! ([`Store::record_results`]). Only then are the deliveries acked (an ack is never sent for a
 //! result that is not committed; a batch is usually one `multiple` ack, see [`crate::acks`]),
-//! and only then are the case events published. A commit that
+//! and only then are the case events published (and, when configured, the results first
+//! recorded by this batch emitted as evaluation events, [`crate::evaluations`]). A commit that
 //! keeps failing (the database is away for longer than the retries) requeues the batch's
 //! deliveries, so nothing is lost and nothing waits unacked forever.
 //!
@@ -12,12 +13,14 @@
 //! fills, so a worker's throughput is not one batch per database round trip. Order between
 //! batches does not matter (a case's row is inserted once, whichever batch holds it).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use skilleval_execution::result::JobResult;
+use skilleval_infra::evaluations::EvaluationEvents;
 use skilleval_infra::messages::CaseFinished;
+use skilleval_infra::store::results::Changed;
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::Lane;
 use tokio::sync::mpsc;
@@ -26,6 +29,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::acks::{self, Pending};
+use crate::evaluations::EventContext;
 use crate::metrics::WorkerMetrics;
 use crate::PublisherSlot;
 
@@ -45,6 +49,8 @@ pub struct Finished {
     /// The result's `commit result` span (a child of the job's `process` span), ended once
     /// the batch holding it is committed.
     pub span: tracing::Span,
+    /// What the result's evaluation events need; `None` when they are not emitted.
+    pub events: Option<EventContext>,
 }
 
 /// What the batcher needs.
@@ -55,6 +61,7 @@ pub(crate) struct Batcher {
     pub publisher: PublisherSlot,
     pub batch_size: usize,
     pub max_wait: Duration,
+    pub evaluations: Option<EvaluationEvents>,
 }
 
 impl Batcher {
@@ -90,9 +97,11 @@ impl Batcher {
         let mut lanes: HashMap<(Uuid, String), Lane> = HashMap::with_capacity(batch.len());
         let size = batch.len();
         let mut spans = Vec::with_capacity(size);
+        let mut contexts = Vec::with_capacity(size);
         for f in batch {
             lanes.insert((f.result.run_id, f.result.test_case_id.clone()), f.lane);
             results.push(f.result);
+            contexts.push(f.events);
             settles.push(f.acker);
             f.span.record(
                 "skilleval.batch_size",
@@ -149,14 +158,59 @@ impl Batcher {
             );
         }
         let events: Vec<CaseFinished> = changed
-            .into_iter()
+            .iter()
             .map(|c| CaseFinished {
                 run_id: c.run_id,
-                test_case_id: c.test_case_id,
+                test_case_id: c.test_case_id.clone(),
                 status: c.status,
             })
             .collect();
         publish_events(&self.publisher, &events).await;
+        if let Some(emitter) = &self.evaluations {
+            self.emit_evaluations(emitter, &results, &contexts, &changed)
+                .await;
+        }
+    }
+}
+
+impl Batcher {
+    /// Emits the evaluation events of the results this batch recorded first (`changed`): a
+    /// case found already recorded was emitted by whoever recorded it.
+    async fn emit_evaluations(
+        &self,
+        emitter: &EvaluationEvents,
+        results: &[JobResult],
+        contexts: &[Option<EventContext>],
+        changed: &[Changed],
+    ) {
+        let new: HashSet<(Uuid, &str)> = changed
+            .iter()
+            .map(|c| (c.run_id, c.test_case_id.as_str()))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        let mut run_ids: Vec<Uuid> = new.iter().map(|(id, _)| *id).collect();
+        run_ids.sort_unstable();
+        run_ids.dedup();
+        // The skill and version name the events; without them the events still go out.
+        let skills = match self.store.skill_versions_of_runs(&run_ids).await {
+            Ok(skills) => skills,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the skills of evaluation events");
+                HashMap::new()
+            }
+        };
+        for (result, ctx) in results.iter().zip(contexts) {
+            let Some(ctx) = ctx else { continue };
+            if !new.contains(&(result.run_id, result.test_case_id.as_str())) {
+                continue;
+            }
+            let skill = skills.get(&result.run_id);
+            for evaluation in crate::evaluations::evaluations(result, ctx, skill) {
+                emitter.emit(ctx.parent(), &evaluation);
+            }
+        }
     }
 }
 

@@ -9,6 +9,8 @@
 //!   retry it) and is what tests drive directly.
 //! - [`batch`] commits finished results in batches through the store, then acks, then
 //!   announces the cases on the events exchange.
+//! - [`evaluations`] turns a first-recorded result into `gen_ai.evaluation.result` events
+//!   (when a logs endpoint is configured), parented to the case's span.
 //! - [`packages`] fetches a package once per content hash and caches it on disk.
 //! - [`retry`] computes backoff and picks the delay queue tier.
 //! - [`cancel`] caches whether a run was cancelled.
@@ -30,6 +32,7 @@ use skilleval_infra::topology::Publisher;
 pub mod acks;
 pub mod batch;
 pub mod cancel;
+pub mod evaluations;
 pub mod http;
 pub mod llm;
 pub mod metrics;

@@ -17,7 +17,11 @@ async fn main() -> anyhow::Result<()> {
     let store = Store::connect(&settings.database)
         .await
         .context("connecting to the database")?;
-    let worker = Arc::new(Worker::new(settings, store).context("building the worker")?);
+    let worker = Arc::new(
+        Worker::new(settings, store)
+            .context("building the worker")?
+            .with_evaluation_events(telemetry.evaluations()),
+    );
 
     let shutdown = CancellationToken::new();
     tokio::spawn(signal_shutdown(shutdown.clone()));

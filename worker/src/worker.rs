@@ -28,6 +28,7 @@ use skilleval_execution::executor::Executor;
 use skilleval_execution::plan::Job;
 use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_infra::config::{Settings, WorkerSettings};
+use skilleval_infra::evaluations::EvaluationEvents;
 use skilleval_infra::messages::{self, CaseFinished};
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::{self, BrokerError, Lane, Publisher, Topology, TRACEPARENT_HEADER};
@@ -41,6 +42,7 @@ use tracing::Instrument;
 
 use crate::batch::{self, Batcher, Finished};
 use crate::cancel::CancelCache;
+use crate::evaluations::EventContext;
 use crate::http::{self, HttpState};
 use crate::metrics::WorkerMetrics;
 use crate::packages::PackageCache;
@@ -152,6 +154,9 @@ pub struct Worker {
     slots: (Semaphore, Semaphore),
     /// Closed while the sandbox does not work: then no jobs are taken.
     gate: Arc<SandboxGate>,
+    /// Where recorded results go as `gen_ai.evaluation.result` events (a logs endpoint is
+    /// configured), or `None`.
+    evaluations: Option<EvaluationEvents>,
 }
 
 impl Worker {
@@ -202,7 +207,16 @@ impl Worker {
                 Semaphore::new(usize::from(settings.worker.samples_slots())),
             ),
             settings,
+            evaluations: None,
         }
+    }
+
+    /// Emits every result this worker records first as evaluation events through `events`
+    /// (the process's [`skilleval_infra::telemetry::Telemetry::evaluations`]).
+    #[must_use]
+    pub fn with_evaluation_events(mut self, events: Option<EvaluationEvents>) -> Worker {
+        self.evaluations = events;
+        self
     }
 
     pub fn metrics(&self) -> &Arc<WorkerMetrics> {
@@ -255,7 +269,8 @@ impl Worker {
     }
 
     /// [`Worker::handle`], also returning the job's CONSUMER `process` span (disabled for a
-    /// message that is not a job), the parent of its result's commit.
+    /// message that is not a job), the parent of its result's commit, and what its evaluation
+    /// events need (when they are emitted).
     async fn handle_traced(
         &self,
         body: &[u8],
@@ -263,7 +278,11 @@ impl Worker {
         info: &DeliveryInfo,
         lane: Lane,
         publisher: Option<&Publisher>,
-    ) -> (Result<Disposition, HandleError>, tracing::Span) {
+    ) -> (
+        Result<Disposition, HandleError>,
+        tracing::Span,
+        Option<EventContext>,
+    ) {
         let job = match messages::decode_job(body) {
             Ok(job) => job,
             Err(e) => {
@@ -278,10 +297,14 @@ impl Worker {
                     Ok(Disposition::Parked(reason.clone()))
                 }
                 .await;
-                return (parked, tracing::Span::none());
+                return (parked, tracing::Span::none(), None);
             }
         };
         let span = process_span(&job, info, &self.topology.queue(lane), lane);
+        let events = self
+            .evaluations
+            .is_some()
+            .then(|| EventContext::of(&job, &span));
         let outcome = self
             .handle_job(job, info, lane, publisher)
             .instrument(span.clone())
@@ -294,7 +317,7 @@ impl Worker {
             Err(_) => "requeued",
         };
         span.record("skilleval.disposition", disposition);
-        (outcome, span)
+        (outcome, span, events)
     }
 
     async fn handle_job(
@@ -433,6 +456,7 @@ impl Worker {
                 publisher: self.publisher.clone(),
                 batch_size: self.settings.worker.batch_size,
                 max_wait: self.settings.worker.batch_max_wait(),
+                evaluations: self.evaluations.clone(),
             }
             .run(rx),
         );
@@ -718,7 +742,7 @@ impl Worker {
             self.metrics.redeliveries.inc();
         }
         let publisher = crate::current_publisher(&self.publisher);
-        let (outcome, span) = self
+        let (outcome, span, events) = self
             .handle_traced(
                 &delivery.data,
                 delivery.properties.headers().as_ref(),
@@ -746,6 +770,7 @@ impl Worker {
                     acker: Some(pending),
                     lane,
                     span,
+                    events,
                 };
                 if tx.send(finished).await.is_err() {
                     tracing::error!("the batcher is gone; the delivery is left for redelivery");

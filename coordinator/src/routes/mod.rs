@@ -28,6 +28,7 @@ pub mod health;
 pub mod history;
 pub mod lists;
 pub mod monitoring;
+pub mod otlp;
 pub(crate) mod package_files;
 pub mod preview;
 pub mod reports;
@@ -65,6 +66,7 @@ routes! {
     post "/v1/skills/{name}/samples" => monitoring::ingest;
     get "/v1/skills/{name}/quality" => monitoring::quality;
     get "/v1/skills/{name}/alerts" => monitoring::alerts;
+    post "/v1/otlp/v1/traces" => otlp::traces;
     post "/v1/runs" => runs::create;
     get "/v1/runs/{id}" => runs::get_run;
     get "/v1/runs/{id}/results" => runs::results;

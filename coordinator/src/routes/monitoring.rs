@@ -30,7 +30,7 @@ use skilleval_analysis::quality::CriterionGrade;
 use skilleval_analysis::quality::{render, BucketSize, GradedSample, QualityQuery, SampleStatus};
 use skilleval_execution::monitor::{
     is_sampled, parse, parse_batch, BatchError, BatchLimits, CriteriaSelection, Monitor,
-    MonitorSource, SampleError,
+    MonitorSource, Sample, SampleError,
 };
 use skilleval_infra::store::samples::{
     AlertRow, Disposition, NewRevision, NewSamples, RevisionSource, SampleResultRow, StoredMonitor,
@@ -95,7 +95,7 @@ pub struct MonitorQuery {
     pub callback_url: Option<String>,
 }
 
-async fn skill_id(state: &AppState, name: &str) -> Result<Uuid, ApiError> {
+pub(crate) async fn skill_id(state: &AppState, name: &str) -> Result<Uuid, ApiError> {
     state
         .store
         .skill_id(name)
@@ -282,6 +282,22 @@ pub async fn ingest(
         .map_err(|e| batch_error(&e))?;
     let parsed = parse_batch(&items);
     drop(items);
+    let samples = parsed.samples.into_iter().map(|(_, s)| s).collect();
+    Ok(Json(
+        ingest_samples(&state, skill_id, &stored, samples, parsed.errors).await?,
+    ))
+}
+
+/// One batch of checked samples of a skill through its monitor: duplicates, dispositions, the
+/// batch's samples run (what `POST /v1/skills/{name}/samples` and trace ingest share, so a
+/// sample is sampled, capped, graded and alerted on the same way whichever way it came).
+pub(crate) async fn ingest_samples(
+    state: &AppState,
+    skill_id: Uuid,
+    stored: &StoredMonitor,
+    samples: Vec<Sample>,
+    errors: Vec<SampleError>,
+) -> Result<IngestResponse, ApiError> {
     let monitor: Monitor = serde_json::from_value(stored.monitor.clone())
         .map_err(|e| ApiError::internal(anyhow::anyhow!("stored monitor does not parse: {e}")))?;
     let monitor = Arc::new(monitor);
@@ -297,14 +313,14 @@ pub async fn ingest(
         dropped_over_hourly_cap: 0,
         dropped_over_daily_cost: 0,
         skipped_criteria: Vec::new(),
-        errors: parsed.errors,
+        errors,
         run_id: None,
         monitor_revision: stored.revision,
     };
     // Repeated within the batch: the first occurrence counts.
     let mut seen = HashSet::new();
-    let mut fresh = Vec::with_capacity(parsed.samples.len());
-    for (_, sample) in parsed.samples {
+    let mut fresh = Vec::with_capacity(samples.len());
+    for sample in samples {
         if seen.insert(sample.sample_id.clone()) {
             fresh.push(sample);
         } else {
@@ -435,7 +451,7 @@ pub async fn ingest(
         // Published in the background on the samples lane: the batch is answered now.
         drop(state.publisher.start(prepared, inserted));
     }
-    Ok(Json(out))
+    Ok(out)
 }
 
 /// The batch's items: a JSON array, or `{"samples": [...]}`.
@@ -461,7 +477,7 @@ fn batch_items(bytes: &[u8]) -> Result<Vec<Value>, ApiError> {
     }
 }
 
-fn batch_error(e: &BatchError) -> ApiError {
+pub(crate) fn batch_error(e: &BatchError) -> ApiError {
     let (key, limit) = match *e {
         BatchError::TooLarge { limit, .. } => (BATCH_BYTES_KEY, limit),
         BatchError::TooMany { limit, .. } => (BATCH_SAMPLES_KEY, limit),
@@ -475,7 +491,11 @@ fn batch_error(e: &BatchError) -> ApiError {
 }
 
 /// Reads the body, refusing (413, naming the limit) as soon as it is over `limit` bytes.
-async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_limited(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     let too_large = || {
         batch_error(&BatchError::TooLarge {
             bytes: limit + 1,

@@ -267,3 +267,53 @@ fn images_ship_the_config_files_their_environment_names() {
         }
     }
 }
+
+/// The example collector configuration (`deploy/otel-collector.yaml`): every component a
+/// pipeline names is defined, and its `otlphttp` exporter sends to the trace ingest route the
+/// router serves (the exporter appends `/v1/traces` to its endpoint), gzip-compressed, with a
+/// bearer token. No collector runs here: its own validation is `otelcol-contrib validate`.
+#[test]
+fn the_collector_example_sends_genai_traces_to_the_served_ingest_route_with_a_token() {
+    let docs = yaml_docs(&deploy_dir().join("otel-collector.yaml"));
+    let config = &docs[0];
+    let pipelines = config["service"]["pipelines"]
+        .as_mapping()
+        .expect("service.pipelines");
+    assert!(!pipelines.is_empty());
+    for (name, pipeline) in pipelines {
+        for (kind, section) in [
+            ("receivers", "receivers"),
+            ("processors", "processors"),
+            ("exporters", "exporters"),
+        ] {
+            for component in pipeline[kind].as_sequence().into_iter().flatten() {
+                let component = component.as_str().expect("a component name");
+                assert!(
+                    config[section].get(component).is_some(),
+                    "pipeline {name:?} names {kind} `{component}`, which is not defined"
+                );
+            }
+        }
+    }
+    let exporter = &config["exporters"]["otlphttp/skilleval"];
+    let endpoint = exporter["endpoint"].as_str().expect("an endpoint");
+    let path = endpoint
+        .split_once('}')
+        .map(|(_, rest)| rest)
+        .expect("the endpoint is the service's URL variable and a path");
+    let route = format!("{path}/v1/traces");
+    assert!(
+        skilleval_coordinator::routes::ROUTES.contains(&("post", route.as_str())),
+        "{route} is not served"
+    );
+    assert_eq!(exporter["compression"].as_str(), Some("gzip"));
+    assert!(exporter["headers"]["Authorization"]
+        .as_str()
+        .is_some_and(|h| h.starts_with("Bearer ")));
+    let filters = config["processors"]["filter/genai"]["traces"]["span"]
+        .as_sequence()
+        .expect("span conditions");
+    assert!(filters
+        .iter()
+        .any(|c| c.as_str() == Some("attributes[\"gen_ai.operation.name\"] == nil")));
+}

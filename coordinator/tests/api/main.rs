@@ -23,6 +23,7 @@ mod lists;
 mod migrate;
 mod monitoring;
 mod openapi;
+mod otlp;
 mod packages;
 mod parked;
 mod publish;

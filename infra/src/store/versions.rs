@@ -290,7 +290,40 @@ async fn versions_of(
     Ok(Some((skill_id, versions)))
 }
 
+/// The skill and version names of runs, by run id.
+async fn skill_versions_of_runs(
+    pool: &PgPool,
+    run_ids: &[Uuid],
+) -> Result<Vec<(Uuid, String, String)>, sqlx::Error> {
+    sqlx::query(
+        "SELECT r.id, s.name, v.version FROM runs r
+           JOIN skill_versions v ON v.id = r.version_id
+           JOIN skills s ON s.id = v.skill_id
+          WHERE r.id = ANY($1)",
+    )
+    .bind(run_ids)
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+    .collect()
+}
+
 impl Store {
+    /// The skill name and version of each of `run_ids` that exists (what a worker's
+    /// evaluation events name).
+    pub async fn skill_versions_of_runs(
+        &self,
+        run_ids: &[Uuid],
+    ) -> Result<std::collections::HashMap<Uuid, (String, String)>, StoreError> {
+        Ok(skill_versions_of_runs(self.pool(), run_ids)
+            .await
+            .map_err(StoreError::query("reading the skills of runs"))?
+            .into_iter()
+            .map(|(id, skill, version)| (id, (skill, version)))
+            .collect())
+    }
+
     /// Creates the skill if new and stores the version with its eval config, in the caller's
     /// transaction; a package whose content the skill already has is that version.
     #[tracing::instrument(skip_all, fields(skill = v.skill_name))]

@@ -55,6 +55,10 @@ pub struct SampleJobInfo {
     pub skipped_criteria: Vec<String>,
     /// Criterion name per strategy, to read the hybrid's components back.
     pub criteria: BTreeMap<String, String>,
+    /// The sample's production span (W3C trace context), which its evaluation events are
+    /// parented to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 const INFO_KEY: &str = "monitor";
@@ -134,6 +138,7 @@ pub fn sample_job(
             .iter()
             .map(|c| (c.strategy.clone(), c.name.clone()))
             .collect(),
+        traceparent: sample.traceparent.clone(),
     };
     case.metadata.extra.insert(
         INFO_KEY.into(),
