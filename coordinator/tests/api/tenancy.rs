@@ -175,6 +175,33 @@ async fn publish_objects(app: &TestApp, token: &str, skill: &str) -> Objects {
 /// The lists: they name no object, and show only the caller's.
 const LISTS: &[&str] = &["/v1/skills", "/v1/runs"];
 
+/// Trace ingest names its skills inside the body: another publisher's skill is a rejected span
+/// in a 200, with the reason a skill that exists nowhere gets.
+const OTLP_TRACES: &str = "/v1/otlp/v1/traces";
+
+/// An OTLP/JSON export of one GenAI agent span of `skill`, with its messages: a span the
+/// mapping takes, so what refuses it is the skill's visibility.
+fn genai_export(skill: &str) -> Value {
+    let attr = |key: &str, value: &str| json!({ "key": key, "value": { "stringValue": value } });
+    json!({ "resourceSpans": [{
+        "resource": { "attributes": [attr("service.name", "shop-agent")] },
+        "scopeSpans": [{ "spans": [{
+            "traceId": "5b8efff798038103d269b633813fc60c",
+            "spanId": "eee19b7ec3c1b174",
+            "name": "invoke_agent shop",
+            "kind": 1,
+            "startTimeUnixNano": "1764000000000000000",
+            "endTimeUnixNano": "1764000001000000000",
+            "attributes": [
+                attr("gen_ai.operation.name", "invoke_agent"),
+                attr("skilleval.skill", skill),
+                attr("gen_ai.input.messages", r#"[{"role":"user","parts":[{"type":"text","content":"Where is my order?"}]}]"#),
+                attr("gen_ai.output.messages", r#"[{"role":"assistant","parts":[{"type":"text","content":"It ships today."}],"finish_reason":"stop"}]"#),
+            ],
+        }]}],
+    }]})
+}
+
 /// Routes that read or change no stored object.
 const NAMES_NO_OBJECT: &[&str] = &["/v1/skills/validate", "/v1/schemas/check"];
 
@@ -272,6 +299,9 @@ fn body_for(method: &Method, template: &str, objects: Option<&Objects>) -> Body 
             Body::Json(json!([crate::sampling::sample("s-2", "ok", None)]))
         }
         ("POST", "/v1/runs/{id}/rescore") => Body::Json(json!({})),
+        ("POST", OTLP_TRACES) => Body::Json(genai_export(
+            objects.map_or("no-such-skill", |o| o.skill.as_str()),
+        )),
         ("POST", "/v1/admin/tokens") => {
             Body::Json(json!({ "publisher": "intruder", "scopes": ["admin"] }))
         }
@@ -288,7 +318,7 @@ fn expected(template: &str, method: &Method) -> u16 {
         403
     } else if method == Method::POST && template == "/v1/skills" {
         409
-    } else if method == Method::GET && LISTS.contains(&template) {
+    } else if (method == Method::GET && LISTS.contains(&template)) || template == OTLP_TRACES {
         200
     } else {
         404
@@ -326,14 +356,26 @@ async fn another_publishers_objects_answer_as_missing_through_every_route() {
             untouched,
             "{method} {path} changed something"
         );
-        if want == 200 {
+        if template == OTLP_TRACES {
+            // The span is rejected as for a skill that exists nowhere; only the name it sent
+            // differs in the answer.
+            let missing = send(&app, method.clone(), &missing_path, &bob, missing_body).await;
+            let partial = &got.body["partialSuccess"];
+            assert_eq!(partial["rejectedSpans"], 1, "{}", got.body);
+            assert_eq!(
+                got.body
+                    .to_string()
+                    .replace(&objects.skill, "no-such-skill"),
+                missing.body.to_string(),
+                "trace ingest answers another publisher's skill unlike a missing one"
+            );
+        } else if want == 200 {
             let shown = got.body.to_string();
             assert!(
                 !shown.contains(&objects.skill) && !shown.contains(&objects.run.to_string()),
                 "{method} {path} lists another publisher's objects: {shown}"
             );
-        }
-        if want == 404 {
+        } else if want == 404 {
             // Indistinguishable from an object that exists nowhere: same status, same code.
             let missing = send(&app, method.clone(), &missing_path, &bob, missing_body).await;
             assert_eq!(
