@@ -153,6 +153,21 @@ pub(crate) fn package_error(e: PackageError) -> ApiError {
             )
             .with_details(json!({ "limit": limit, "problems": [problem] }))
         }
+        // A check the service could not make is its own configuration's problem: 503, never a
+        // verdict on the package.
+        PackageError::Invalid(problems) if problems.iter().any(Problem::is_host) => {
+            let host: Vec<&Problem> = problems.iter().filter(|p| p.is_host()).collect();
+            let said: Vec<String> = host.iter().map(|p| p.message.clone()).collect();
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!(
+                    "the service cannot check this package (a problem of its configuration, not of the package): {}",
+                    said.join("; ")
+                ),
+            )
+            .with_details(json!({ "problems": host }))
+        }
         PackageError::Invalid(problems) => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "package_invalid",

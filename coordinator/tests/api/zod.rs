@@ -1,13 +1,14 @@
 //! `expected.zodSchema` at upload: converted once by the coordinator (the pinned Zod of
 //! `tools/zod` under bubblewrap), stored and published as a plain JSON Schema that a worker's
 //! executor (which has no Zod converter) grades exactly like the equivalent hand-written
-//! schema; a source that is not a schema is a 422 naming its pointer with Node's message.
+//! schema; a source that is not a schema is a 422 naming its pointer with Node's message, and a
+//! service without its converter answers 503 (its configuration, never the package's fault).
 
 #![allow(clippy::needless_pass_by_value)]
 
 use serde_json::{json, Value};
 
-use crate::helpers::spawn_app;
+use crate::helpers::{spawn_app, spawn_app_configured, AppOptions};
 use crate::packages::{skill_md, zip_of};
 use skilleval_execution::executor::ExecutorBuilder;
 use skilleval_execution::result::CaseStatus;
@@ -133,6 +134,34 @@ async fn a_source_that_is_not_a_schema_is_a_422_at_its_pointer_with_nodes_messag
             .contains("z.strng is not a function"),
         "{body}"
     );
+    assert_eq!(app.count("skill_versions").await, 0);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_service_without_its_zod_converter_answers_503_naming_it_and_stores_nothing() {
+    // A converter folder where `npm ci` never ran: the service's configuration, not the package.
+    let empty = tempfile::tempdir().unwrap();
+    let dir = empty.path().to_path_buf();
+    let app = spawn_app_configured(AppOptions::default(), move |settings| {
+        settings.coordinator.zod_dir = dir;
+    })
+    .await;
+    let cases = vec![schema_case("fine", json!({"zodSchema": ZOD}), "{}")];
+    let response = app.upload_zip(package("no-converter", cases), "").await;
+    assert_eq!(response.status().as_u16(), 503);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("configuration"), "{body}");
+    assert!(
+        message.contains("the Zod converter is not installed"),
+        "{body}"
+    );
+    let problems = body["error"]["details"]["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "{body}");
+    assert_eq!(problems[0]["severity"], "host");
+    assert_eq!(problems[0]["pointer"], "/testCases/0/expected/zodSchema");
     assert_eq!(app.count("skill_versions").await, 0);
     app.cleanup().await;
 }

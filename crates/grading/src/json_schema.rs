@@ -91,7 +91,7 @@ impl Strategy for JsonSchema {
 /// The JSON Schema a Zod source converts to, or the problem at `/expected/zodSchema`.
 fn convert_zod(source: &str, ctx: &CompileContext<'_>) -> Result<Value, Problem> {
     let Some(converter) = ctx.registry.zod() else {
-        return Err(ctx.problem(
+        return Err(ctx.host_problem(
             "/expected/zodSchema",
             "json_schema: expected.zodSchema needs the Zod converter, and this validator runs without one (docs/strategies.md, json_schema)",
         ));
@@ -101,7 +101,7 @@ fn convert_zod(source: &str, ctx: &CompileContext<'_>) -> Result<Value, Problem>
             "/expected/zodSchema",
             format!("json_schema: expected.zodSchema is not a Zod schema that converts to JSON Schema: {message}"),
         ),
-        ZodError::Host(message) => ctx.problem(
+        ZodError::Host(message) => ctx.host_problem(
             "/expected/zodSchema",
             format!("json_schema: expected.zodSchema could not be converted on this host, a problem of the host's configuration, not of the package: {message}"),
         ),

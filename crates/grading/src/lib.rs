@@ -75,6 +75,12 @@ impl CompileContext<'_> {
     pub fn problem(&self, suffix: &str, message: impl Into<String>) -> Problem {
         Problem::error(self.file, format!("{}{}", self.pointer, suffix), message)
     }
+
+    /// A check at `suffix` the host could not make (a tool it needs is missing or failed): a
+    /// configuration problem, never the package's.
+    pub fn host_problem(&self, suffix: &str, message: impl Into<String>) -> Problem {
+        Problem::host(self.file, format!("{}{}", self.pointer, suffix), message)
+    }
 }
 
 /// One output to grade, with what the grader may compare it to.

@@ -25,6 +25,10 @@ pub enum Severity {
     #[default]
     Error,
     Warning,
+    /// The host could not check this (a tool it needs is missing or failed): a problem of the
+    /// host's configuration, not of the package. It refuses the package like an error, and a
+    /// service answers it as unavailable, never as an invalid package.
+    Host,
 }
 
 impl Problem {
@@ -52,8 +56,26 @@ impl Problem {
         }
     }
 
+    /// A problem of the host's configuration (see [`Severity::Host`]).
+    pub fn host(
+        file: impl Into<String>,
+        pointer: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Problem {
+            severity: Severity::Host,
+            ..Problem::error(file, pointer, message)
+        }
+    }
+
+    /// Whether it refuses the package: an error, or a check the host could not make.
     pub fn is_error(&self) -> bool {
-        self.severity == Severity::Error
+        matches!(self.severity, Severity::Error | Severity::Host)
+    }
+
+    /// Whether it is the host's problem rather than the package's.
+    pub fn is_host(&self) -> bool {
+        self.severity == Severity::Host
     }
 }
 
@@ -62,6 +84,7 @@ impl fmt::Display for Problem {
         let sev = match self.severity {
             Severity::Error => "error",
             Severity::Warning => "warning",
+            Severity::Host => "configuration",
         };
         write!(f, "{sev}: {}#{}: {}", self.file, self.pointer, self.message)
     }
