@@ -12,6 +12,14 @@
 //! worker SIGTERMed (it drains) and a new one started. Faults stop once every run is
 //! completed. Then each run's rows are read: one per case, each with the status the suite
 //! gives it (passed, or failed for the expected-wrong ones), none errored.
+//!
+//! With `brokers: 3` the soak runs on a private three-node RabbitMQ cluster of its own
+//! (`skilleval_test_support::cluster`; default vhost, every queue a quorum queue, every child
+//! given the three addresses) instead of a vhost of the machine's node, and the rotation gains
+//! two broker-node faults: a random node killed with SIGKILL and started again, and a random
+//! node's broker stopped (`stop_app`) and started again. One node is down at a time at most
+//! (a node fault is skipped while the last one is being undone), so the queues keep their
+//! majority.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,6 +34,10 @@ use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipWriter};
+
+use std::sync::Arc;
+
+use skilleval_test_support::cluster::RabbitCluster;
 
 use crate::cluster::{terminate_backends, Proc, Vhost};
 
@@ -44,6 +56,9 @@ pub struct SoakOptions {
     pub fault_every: Duration,
     /// Give up (an error) when the runs have not all completed by then.
     pub timeout: Duration,
+    /// 1: a vhost of the machine's RabbitMQ; 3: a private three-node cluster, with node
+    /// faults in the rotation.
+    pub brokers: usize,
 }
 
 /// A kind of fault the soak injects.
@@ -57,6 +72,10 @@ pub enum FaultKind {
     WorkerKill,
     /// A worker SIGTERMed (it finishes its jobs), a new one started.
     WorkerTerm,
+    /// A broker node killed with SIGKILL, then started again (a cluster only).
+    NodeKill,
+    /// A broker node's application stopped (`stop_app`), then started again (a cluster only).
+    NodeStop,
 }
 
 impl FaultKind {
@@ -67,12 +86,24 @@ impl FaultKind {
         FaultKind::WorkerTerm,
     ];
 
+    /// On a cluster: the node faults between the others.
+    const CLUSTER_ROTATION: [FaultKind; 6] = [
+        FaultKind::BrokerClose,
+        FaultKind::NodeKill,
+        FaultKind::DbTerminate,
+        FaultKind::WorkerKill,
+        FaultKind::NodeStop,
+        FaultKind::WorkerTerm,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             FaultKind::BrokerClose => "broker-close",
             FaultKind::DbTerminate => "db-terminate",
             FaultKind::WorkerKill => "worker-sigkill",
             FaultKind::WorkerTerm => "worker-sigterm",
+            FaultKind::NodeKill => "node-sigkill",
+            FaultKind::NodeStop => "node-stop-app",
         }
     }
 }
@@ -201,43 +232,79 @@ impl SoakReport {
     }
 }
 
-/// The database and vhost of one soak; [`Scene::cleanup`] removes both.
+/// Where the soak's broker is.
+enum Broker {
+    /// A vhost of the machine's node.
+    Vhost(Vhost),
+    /// A private cluster (its default vhost).
+    Cluster(Arc<RabbitCluster>),
+}
+
+/// The database and broker of one soak; [`Scene::cleanup`] removes both.
 struct Scene {
     db_name: String,
     db_url: String,
-    vhost: Vhost,
+    broker: Broker,
 }
 
 impl Scene {
-    async fn create() -> anyhow::Result<Scene> {
+    async fn create(brokers: usize) -> anyhow::Result<Scene> {
         let id = Uuid::new_v4().simple().to_string();
         let (db_name, db_url) = crate::cluster::create_database("skilleval_soak").await?;
-        let vhost = match Vhost::create(&format!("skilleval-soak-{}", &id[..12])) {
-            Ok(v) => v,
-            Err(e) => {
-                crate::cluster::drop_database(&db_name).await;
-                return Err(e.context("creating the soak's vhost"));
+        let broker = if brokers > 1 {
+            // Panics (a node that does not start) are the harness's way to fail.
+            match tokio::task::spawn_blocking(move || RabbitCluster::start(brokers)).await {
+                Ok(cluster) => Broker::Cluster(Arc::new(cluster)),
+                Err(e) => {
+                    crate::cluster::drop_database(&db_name).await;
+                    bail!("starting the soak's RabbitMQ cluster: {e}");
+                }
+            }
+        } else {
+            match Vhost::create(&format!("skilleval-soak-{}", &id[..12])) {
+                Ok(v) => Broker::Vhost(v),
+                Err(e) => {
+                    crate::cluster::drop_database(&db_name).await;
+                    return Err(e.context("creating the soak's vhost"));
+                }
             }
         };
         Ok(Scene {
             db_url,
             db_name,
-            vhost,
+            broker,
         })
     }
 
     /// Errors are printed, not returned: cleanup must run to its end.
-    async fn cleanup(&self) {
+    async fn cleanup(self) {
         crate::cluster::drop_database(&self.db_name).await;
-        if let Err(e) = self.vhost.delete() {
-            eprintln!("cleanup: deleting vhost {}: {e}", self.vhost.name);
+        match self.broker {
+            Broker::Vhost(vhost) => {
+                if let Err(e) = vhost.delete() {
+                    eprintln!("cleanup: deleting vhost {}: {e}", vhost.name);
+                }
+            }
+            // The last handle stops the nodes and removes their folder.
+            Broker::Cluster(cluster) => {
+                let _ = tokio::task::spawn_blocking(move || drop(cluster)).await;
+            }
+        }
+    }
+
+    fn amqp_url(&self) -> String {
+        match &self.broker {
+            Broker::Vhost(vhost) => vhost.url(),
+            Broker::Cluster(cluster) => cluster.urls(),
         }
     }
 
     fn env(&self, opts: &SoakOptions, cache: &std::path::Path) -> Vec<(String, String)> {
+        let replicated = matches!(self.broker, Broker::Cluster(_));
         [
             ("DATABASE_URL", self.db_url.clone()),
-            ("AMQP_URL", self.vhost.url()),
+            ("AMQP_URL", self.amqp_url()),
+            ("SKILLEVAL__AMQP__REPLICATED_QUEUES", replicated.to_string()),
             ("SKILLEVAL__AMQP__PREFIX", "soak".to_string()),
             ("SKILLEVAL__COORDINATOR__BIND", "127.0.0.1:0".to_string()),
             ("SKILLEVAL__WORKER__HTTP_PORT", "0".to_string()),
@@ -255,7 +322,7 @@ impl Scene {
 
 /// Runs one soak; the database and the vhost are removed however it ends (ctrl-c included).
 pub async fn soak(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
-    let scene = Scene::create().await?;
+    let scene = Scene::create(opts.brokers).await?;
     let outcome = tokio::select! {
         r = soak_in(&scene, opts) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
@@ -400,8 +467,14 @@ async fn soak_in(scene: &Scene, opts: &SoakOptions) -> anyhow::Result<SoakReport
     let mut census = UidCensus::default();
     let mut injected: Vec<(Instant, FaultKind)> = Vec::new();
     let mut next_fault = Instant::now() + opts.fault_every;
-    let mut rotation = FaultKind::ROTATION.iter().copied().cycle();
+    let rotation: &[FaultKind] = match scene.broker {
+        Broker::Vhost(_) => &FaultKind::ROTATION,
+        Broker::Cluster(_) => &FaultKind::CLUSTER_ROTATION,
+    };
+    let mut rotation = rotation.iter().copied().cycle();
     let mut closing: Vec<tokio::task::JoinHandle<anyhow::Result<()>>> = Vec::new();
+    // The node fault being undone (the node started again), if any.
+    let mut node_fault: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
     while runs.iter().any(|(_, _, done)| done.is_none()) {
         if start.elapsed() > opts.timeout {
             let pending: Vec<&str> = runs
@@ -418,9 +491,21 @@ async fn soak_in(scene: &Scene, opts: &SoakOptions) -> anyhow::Result<SoakReport
         if Instant::now() >= next_fault {
             next_fault += opts.fault_every;
             if let Some(kind) = rotation.next() {
-                injected.push((Instant::now(), kind));
-                if let Some(slow) = inject(kind, scene, &mut workers).await? {
-                    closing.push(slow);
+                let node_busy = node_fault.as_ref().is_some_and(|f| !f.is_finished());
+                let is_node = matches!(kind, FaultKind::NodeKill | FaultKind::NodeStop);
+                if is_node && node_busy {
+                    // A node is still down: a second would cost the queues their majority.
+                } else {
+                    injected.push((Instant::now(), kind));
+                    if let Some(slow) = inject(kind, scene, &mut workers).await? {
+                        if is_node {
+                            if let Some(done) = node_fault.replace(slow) {
+                                closing.push(done);
+                            }
+                        } else {
+                            closing.push(slow);
+                        }
+                    }
                 }
             }
         }
@@ -440,8 +525,9 @@ async fn soak_in(scene: &Scene, opts: &SoakOptions) -> anyhow::Result<SoakReport
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    closing.extend(node_fault);
     for slow in closing {
-        slow.await.context("a broker close task panicked")??;
+        slow.await.context("a broker fault task panicked")??;
     }
     let mut report = SoakReport {
         duration: start.elapsed(),
@@ -476,9 +562,38 @@ async fn inject(
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<anyhow::Result<()>>>> {
     match kind {
         FaultKind::BrokerClose => {
-            let vhost = scene.vhost.clone();
+            return Ok(Some(match &scene.broker {
+                Broker::Vhost(vhost) => {
+                    let vhost = vhost.clone();
+                    tokio::task::spawn_blocking(move || vhost.close_connections())
+                }
+                Broker::Cluster(cluster) => {
+                    let cluster = cluster.clone();
+                    tokio::task::spawn_blocking(move || {
+                        cluster.close_connections("soak: forced close");
+                        Ok(())
+                    })
+                }
+            }));
+        }
+        FaultKind::NodeKill | FaultKind::NodeStop => {
+            let Broker::Cluster(cluster) = &scene.broker else {
+                return Ok(None);
+            };
+            let cluster = cluster.clone();
+            let node = rand::random::<usize>() % cluster.nodes.len();
+            // Down for a couple of seconds, so clients notice and fail over, then back.
             return Ok(Some(tokio::task::spawn_blocking(move || {
-                vhost.close_connections()
+                if kind == FaultKind::NodeKill {
+                    cluster.kill(node);
+                    std::thread::sleep(Duration::from_secs(2));
+                    cluster.restart(node);
+                } else {
+                    cluster.stop_app(node);
+                    std::thread::sleep(Duration::from_secs(2));
+                    cluster.start_app(node);
+                }
+                Ok(())
             })));
         }
         FaultKind::DbTerminate => {

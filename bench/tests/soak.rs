@@ -20,6 +20,7 @@ async fn every_case_ends_as_the_suite_gives_it_through_broker_database_and_worke
         fail_every: 10,
         fault_every: Duration::from_millis(600),
         timeout: Duration::from_secs(100),
+        brokers: 1,
     };
     let report = soak(&opts).await.expect("the soak ran");
     for run in &report.runs {

@@ -5,9 +5,14 @@
 //! one reconnects (the rows stay unpublished until then, and the sweeper retries them); the
 //! events loop reconnects with backoff when its consumer stream ends. A lost broker therefore
 //! degrades readiness, never correctness.
+//!
+//! With several broker addresses (a cluster), every connection of the process goes through
+//! one shared [`BrokerNodes`]: a reconnect after a lost node tries the other nodes first, and
+//! readiness names the node the process is on. A chunk whose confirms were cut off by the loss
+//! is not confirmed, so its watermark does not move and it is published again through the new
+//! node; the copies that did arrive are recorded once (results are keyed by run and case).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -16,6 +21,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, Bas
 use lapin::types::{FieldTable, ShortString};
 use lapin::Connection;
 use skilleval_infra::config::Settings;
+use skilleval_infra::failover::{Backoff, BrokerNodes};
 use skilleval_infra::messages::{CasesFinished, EncodedJob};
 use skilleval_infra::topology::{self, Lane, Publisher, QueueDepth, Topology};
 use tokio::sync::Mutex;
@@ -32,6 +38,8 @@ const EVENTS_PREFETCH: u16 = 32;
 struct Link {
     connection: Connection,
     publisher: Publisher,
+    /// The node it is connected to, in [`BrokerNodes`].
+    node: usize,
 }
 
 /// Publishes jobs through the topology's publisher, reconnecting when needed.
@@ -39,15 +47,20 @@ struct Link {
 pub struct BrokerJobSink {
     settings: Settings,
     topology: Topology,
+    nodes: Arc<BrokerNodes>,
     link: Mutex<Option<Link>>,
 }
 
 impl BrokerJobSink {
-    /// Connects, declares the topology (idempotent) and opens the publisher.
-    pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<BrokerJobSink>> {
+    /// Connects to one of `nodes`, declares the topology (idempotent) and opens the publisher.
+    pub async fn connect(
+        settings: &Settings,
+        nodes: Arc<BrokerNodes>,
+    ) -> anyhow::Result<Arc<BrokerJobSink>> {
         let sink = BrokerJobSink {
             settings: settings.clone(),
             topology: Topology::from_settings(settings),
+            nodes,
             link: Mutex::new(None),
         };
         let link = sink.open().await?;
@@ -60,9 +73,10 @@ impl BrokerJobSink {
     }
 
     async fn open(&self) -> anyhow::Result<Link> {
-        let connection = topology::connect(&self.settings, "skilleval-coordinator")
-            .await
-            .context("connecting to RabbitMQ")?;
+        let topology::Connected { connection, node } =
+            topology::connect_any(&self.settings, &self.nodes, "skilleval-coordinator")
+                .await
+                .context("connecting to RabbitMQ")?;
         let channel = connection
             .create_channel()
             .await
@@ -78,6 +92,7 @@ impl BrokerJobSink {
         Ok(Link {
             connection,
             publisher,
+            node,
         })
     }
 
@@ -88,7 +103,13 @@ impl BrokerJobSink {
             l.connection.status().connected() && l.publisher.channel().status().connected()
         });
         if !healthy {
-            *link = None;
+            if let Some(lost) = link.take() {
+                self.nodes.lost(lost.node);
+                tracing::warn!(
+                    node = self.nodes.label(lost.node),
+                    "the publishing connection is gone; reconnecting"
+                );
+            }
             *link = Some(self.open().await?);
         }
         link.as_ref()
@@ -127,6 +148,13 @@ impl JobSink for BrokerJobSink {
 
     async fn queue_depths(&self) -> Option<Result<Vec<QueueDepth>, String>> {
         Some(self.read_depths().await.map_err(|e| format!("{e:#}")))
+    }
+
+    async fn node(&self) -> Option<String> {
+        let link = self.link.lock().await;
+        link.as_ref()
+            .filter(|l| l.connection.status().connected())
+            .map(|l| self.nodes.label(l.node).to_string())
     }
 
     async fn republish(&self, from_queue: &str, body: &[u8]) -> Result<(), PublishError> {
@@ -222,12 +250,14 @@ impl QueueHandler for EventsHandler {
 /// backoff whenever the consumer stream ends or the connection fails.
 pub async fn consume_events(
     settings: Settings,
+    nodes: Arc<BrokerNodes>,
     aggregator: RunAggregator,
     shutdown: CancellationToken,
 ) {
     let queue = Topology::from_settings(&settings).coordinator_events_queue();
     consume(
         settings,
+        nodes,
         queue,
         "skilleval-coordinator-events",
         EVENTS_PREFETCH,
@@ -238,9 +268,11 @@ pub async fn consume_events(
 }
 
 /// Consumes `queue` until `shutdown`, settling each delivery as `handler` says; reconnects
-/// with backoff whenever the consumer stream ends or the connection fails.
+/// (to another node first, when the one it was on is lost) with backoff whenever the consumer
+/// stream ends or the connection fails.
 pub async fn consume(
     settings: Settings,
+    nodes: Arc<BrokerNodes>,
     queue: String,
     connection_name: &'static str,
     prefetch: u16,
@@ -248,24 +280,31 @@ pub async fn consume(
     shutdown: CancellationToken,
 ) {
     let topology = Topology::from_settings(&settings);
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = Backoff::reconnect();
     while !shutdown.is_cancelled() {
-        let consumer = Consuming {
+        let mut consumer = Consuming {
             settings: &settings,
+            nodes: &nodes,
             topology: &topology,
             queue: &queue,
             connection_name,
             prefetch,
+            consumed: false,
         };
-        match consumer.once(&handler, &shutdown).await {
+        let outcome = consumer.once(&handler, &shutdown).await;
+        if consumer.consumed {
+            // It worked for a while: this is a new fault, not the same one again.
+            backoff.reset();
+        }
+        match outcome {
             Ok(()) => return,
             Err(e) => {
-                tracing::warn!(%queue, error = ?e, retry_in_ms = backoff.as_millis() as u64, "consumer stopped; reconnecting");
+                let wait = backoff.next_wait();
+                tracing::warn!(%queue, error = ?e, retry_in_ms = wait.as_millis() as u64, "consumer stopped; reconnecting");
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(wait) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(15));
             }
         }
     }
@@ -273,23 +312,42 @@ pub async fn consume(
 
 struct Consuming<'a> {
     settings: &'a Settings,
+    nodes: &'a BrokerNodes,
     topology: &'a Topology,
     queue: &'a str,
     connection_name: &'static str,
     prefetch: u16,
+    /// Set once the consumer was registered.
+    consumed: bool,
 }
 
 impl Consuming<'_> {
-    /// One connection's worth of consuming: `Ok` on shutdown, `Err` when the stream ends.
+    /// One connection's worth of consuming: `Ok` on shutdown, `Err` when the stream ends (the
+    /// node it was on is reported lost).
     async fn once(
-        &self,
+        &mut self,
         handler: &impl QueueHandler,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<()> {
         let queue = self.queue;
-        let connection = topology::connect(self.settings, self.connection_name)
-            .await
-            .with_context(|| format!("connecting to RabbitMQ to consume `{queue}`"))?;
+        let topology::Connected { connection, node } =
+            topology::connect_any(self.settings, self.nodes, self.connection_name)
+                .await
+                .with_context(|| format!("connecting to RabbitMQ to consume `{queue}`"))?;
+        let outcome = self.on(&connection, handler, shutdown).await;
+        if outcome.is_err() {
+            self.nodes.lost(node);
+        }
+        outcome
+    }
+
+    async fn on(
+        &mut self,
+        connection: &Connection,
+        handler: &impl QueueHandler,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let queue = self.queue;
         let channel = connection
             .create_channel()
             .await
@@ -311,7 +369,8 @@ impl Consuming<'_> {
             )
             .await
             .with_context(|| format!("consuming `{queue}`"))?;
-        tracing::info!(%queue, "consuming");
+        self.consumed = true;
+        tracing::info!(%queue, node = self.nodes.current().unwrap_or("?"), "consuming");
         loop {
             let delivery = tokio::select! {
                 () = shutdown.cancelled() => {

@@ -42,6 +42,12 @@ pub trait JobSink: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// `host:port` of the broker node the publisher is connected to, for readiness; `None`
+    /// while it has no connection, or when the sink has no broker.
+    async fn node(&self) -> Option<String> {
+        None
+    }
+
     /// Publishes a parked message again (an operator's requeue): a job to its lane on the
     /// jobs exchange, anything else straight to `from_queue`; confirmed.
     async fn republish(&self, from_queue: &str, body: &[u8]) -> Result<(), PublishError> {

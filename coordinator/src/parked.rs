@@ -246,7 +246,10 @@ pub async fn admin_requeue(
     id: Uuid,
 ) -> anyhow::Result<serde_json::Value> {
     let store = Store::connect(&settings.database).await?;
-    let sink = crate::broker::BrokerJobSink::connect(settings).await?;
+    let nodes = std::sync::Arc::new(skilleval_infra::failover::BrokerNodes::from_settings(
+        &settings.amqp,
+    ));
+    let sink = crate::broker::BrokerJobSink::connect(settings, nodes).await?;
     let requeued = requeue(&store, sink.as_ref(), id).await?;
     Ok(serde_json::json!({
         "id": id,

@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use skilleval_grading::zod::ZodConverter;
 use skilleval_grading::StrategyRegistry;
 use skilleval_infra::config::{RetentionSettings, Settings};
+use skilleval_infra::failover::BrokerNodes;
 use skilleval_infra::store::tenancy::Swept;
 use skilleval_infra::store::Store;
 use tokio::net::TcpListener;
@@ -73,7 +74,8 @@ impl Application {
     pub async fn build_with(settings: Settings, background: bool) -> anyhow::Result<Application> {
         let store = Store::connect(&settings.database).await?;
         store.migrate().await?;
-        let sink: Arc<dyn JobSink> = BrokerJobSink::connect(&settings).await?;
+        let nodes = Arc::new(BrokerNodes::from_settings(&settings.amqp));
+        let sink: Arc<dyn JobSink> = BrokerJobSink::connect(&settings, nodes.clone()).await?;
         let metrics = Metrics::new();
         let planner = RunPlanner::new(store.clone());
         let publisher = RunPublisher::new(
@@ -121,6 +123,7 @@ impl Application {
         let state = AppState {
             store,
             sink,
+            nodes,
             planner,
             publisher,
             sweeper,
@@ -229,6 +232,7 @@ fn spawn_background(
 ) {
     tasks.spawn(consume_events(
         settings.clone(),
+        state.nodes.clone(),
         state.aggregator.clone(),
         shutdown.clone(),
     ));
@@ -245,6 +249,7 @@ fn spawn_background(
     );
     tasks.spawn(consume(
         settings.clone(),
+        state.nodes.clone(),
         topology.parking_queue(),
         "skilleval-coordinator-parking",
         PARKING_PREFETCH,

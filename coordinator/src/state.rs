@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use skilleval_grading::StrategyRegistry;
 use skilleval_infra::config::SamplingSettings;
+use skilleval_infra::failover::BrokerNodes;
 use skilleval_infra::store::Store;
 use skilleval_model::package::risk::RiskPolicy;
 use skilleval_model::package::PackageLimits;
@@ -23,6 +24,9 @@ use crate::webhook::WebhookOutbox;
 pub struct AppState {
     pub store: Store,
     pub sink: Arc<dyn JobSink>,
+    /// The broker nodes every connection of this process goes through (the sink's, the
+    /// consumers'), so a lost node moves them all to another.
+    pub nodes: Arc<BrokerNodes>,
     /// Plans runs and keeps their plans.
     pub planner: RunPlanner,
     /// Publishes runs' jobs with confirms (creation, releases).

@@ -5,8 +5,12 @@
 # every worker answered /readyz; otherwise it names what did not, shows its log and stops.
 # Ctrl-C stops them all (workers get SIGTERM and finish their in-flight jobs first).
 #
-#   deploy/local/run-cluster.sh [-n WORKERS] [-p PORT] [-l LOG_DIR] [--debug]
+#   deploy/local/run-cluster.sh [-n WORKERS] [-p PORT] [-l LOG_DIR] [--brokers 1|3] [--debug]
 #
+# --brokers 3 runs the service on a three-node RabbitMQ cluster of its own
+# (deploy/local/rabbitmq-cluster.sh, AMQP on 127.0.0.1:5681-5683) instead of the machine's
+# node: every process gets the three addresses and every queue is a quorum queue on all three
+# nodes; the cluster is stopped and removed with the rest.
 # Ports: the coordinator's is PORT (default 8080; when the default is taken the next free one
 # is used, an explicit -p that is taken is an error); workers get the free ports after it.
 # Needs PostgreSQL and RabbitMQ (deploy/local/ensure-services.sh starts them, and this script
@@ -18,6 +22,7 @@ cd "$(dirname "$0")/../.."
 . deploy/local/lib.sh
 
 workers=2
+brokers=1
 port=
 log_dir=${TMPDIR:-/tmp}/skilleval-cluster
 profile=release
@@ -26,8 +31,9 @@ while [ $# -gt 0 ]; do
         -n|--workers) workers=$2; shift 2 ;;
         -p|--port) port=$2; shift 2 ;;
         -l|--logs) log_dir=$2; shift 2 ;;
+        --brokers) brokers=$2; shift 2 ;;
         --debug) profile=debug; shift ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -52,6 +58,11 @@ fi
 # The coordinator converts expected.zodSchema with the pinned Zod of tools/zod.
 log "the Zod converter: npm ci in tools/zod"
 (cd tools/zod && npm ci --no-audit --no-fund --loglevel=error)
+
+case $brokers in
+    1|3) ;;
+    *) echo "error: --brokers takes 1 (the machine's RabbitMQ) or 3 (a cluster of its own)" >&2; exit 2 ;;
+esac
 
 deploy/local/ensure-services.sh
 
@@ -94,6 +105,7 @@ http_ok() {
 }
 
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/skilleval}
+broker_dir=${TMPDIR:-/tmp}/skilleval-rabbitmq-cluster
 export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 export RUST_LOG=${RUST_LOG:-info}
 export SKILLEVAL__COORDINATOR__BIND=127.0.0.1:$port
@@ -118,10 +130,23 @@ stop_all() {
     echo "stopping ${#pids[@]} processes (workers finish their in-flight jobs)"
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ "${own_cluster:-0}" = 1 ]; then deploy/local/rabbitmq-cluster.sh stop -d "$broker_dir"; fi
     echo "stopped; logs are in $log_dir"
 }
 trap 'stop_all; exit 130' INT TERM
 trap stop_all EXIT
+
+own_cluster=0
+if [ "$brokers" = 3 ]; then
+    if [ -e "$broker_dir" ]; then
+        echo "error: $broker_dir exists: another cluster may run (deploy/local/rabbitmq-cluster.sh stop -d $broker_dir)" >&2
+        exit 2
+    fi
+    own_cluster=1
+    deploy/local/rabbitmq-cluster.sh start -d "$broker_dir"
+    AMQP_URL=$(cat "$broker_dir/amqp_url")
+    export AMQP_URL SKILLEVAL__AMQP__REPLICATED_QUEUES=true
+fi
 
 "$bin/skilleval-coordinator" serve >"$log_dir/coordinator.log" 2>&1 &
 pids+=($!)
@@ -164,7 +189,7 @@ skilleval is ready: 1 coordinator and $workers worker(s) answered /readyz
   API        http://127.0.0.1:$port/v1   (OpenAPI: http://127.0.0.1:$port/v1/openapi.json)
   health     http://127.0.0.1:$port/readyz   metrics: http://127.0.0.1:$port/metrics
   workers   $worker_urls
-  RabbitMQ   http://127.0.0.1:15672 (guest/guest)
+  RabbitMQ   $(if [ "$brokers" = 3 ]; then echo "$AMQP_URL (deploy/local/rabbitmq-cluster.sh check|kill N|restart N -d $broker_dir)"; else echo "http://127.0.0.1:15672 (guest/guest)"; fi)
   logs       $log_dir
 try, in another terminal:
   $bin/skilleval submit examples/skills/calculator --server http://127.0.0.1:$port --wait

@@ -81,9 +81,13 @@ impl SecretUrl {
         &self.0
     }
 
-    /// The URL with the password masked.
+    /// The URL with the password masked (each one's, in a comma-separated list).
     pub fn redacted(&self) -> String {
-        redact_url(&self.0)
+        self.0
+            .split(',')
+            .map(|one| redact_url(one.trim()))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 
@@ -305,8 +309,16 @@ impl DatabaseSettings {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AmqpSettings {
-    /// `amqp://user:password@host:port/vhost`; `AMQP_URL` overrides it.
+    /// `amqp://user:password@host:port/vhost`, or several such addresses separated by commas
+    /// (the nodes of a cluster, tried in turn: [`crate::failover`]); `AMQP_URL` overrides it.
     pub url: SecretUrl,
+    /// Every queue is a quorum queue, replicated over the cluster's nodes: the samples lane,
+    /// the delay queues, the parking and events queues, not only the jobs queue (which always
+    /// is). For a cluster, where a classic queue lives on one node and is gone with it. A
+    /// queue's type cannot change once declared: switching this deploys under a new
+    /// `prefix` (docs/operations.md, "Running on a RabbitMQ cluster").
+    #[serde(default)]
+    pub replicated_queues: bool,
     /// Prefix of every exchange and queue name, so several deployments (or tests) can share a
     /// broker: `<prefix>.jobs`, `<prefix>.retry.1000`, ...
     pub prefix: String,
@@ -332,6 +344,7 @@ impl Default for AmqpSettings {
     fn default() -> Self {
         AmqpSettings {
             url: SecretUrl::new("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            replicated_queues: false,
             prefix: "skilleval".into(),
             heartbeat_secs: 10,
             connection_name: None,
@@ -343,14 +356,29 @@ impl Default for AmqpSettings {
 }
 
 impl AmqpSettings {
-    /// The URL to connect with: the configured one plus `heartbeat` unless it sets its own.
-    pub fn connect_url(&self) -> SecretUrl {
-        let url = self.url.expose();
-        if url.contains("heartbeat=") {
-            return self.url.clone();
-        }
-        let sep = if url.contains('?') { '&' } else { '?' };
-        SecretUrl::new(format!("{url}{sep}heartbeat={}", self.heartbeat_secs))
+    /// The addresses to connect to, in the configured order: each configured URL plus
+    /// `heartbeat` unless it sets its own. Never empty once the settings validated.
+    pub fn connect_urls(&self) -> Vec<SecretUrl> {
+        self.addresses()
+            .map(|url| {
+                if url.contains("heartbeat=") {
+                    return SecretUrl::new(url);
+                }
+                let sep = if url.contains('?') { '&' } else { '?' };
+                SecretUrl::new(format!("{url}{sep}heartbeat={}", self.heartbeat_secs))
+            })
+            .collect()
+    }
+
+    /// The configured URLs, split on commas and trimmed (empty ones included, for
+    /// [`Settings::validate`] to refuse).
+    fn addresses(&self) -> impl Iterator<Item = &str> {
+        self.url.expose().split(',').map(str::trim)
+    }
+
+    /// Whether the URLs are `amqps://` (validation makes them all one scheme).
+    pub fn is_tls(&self) -> bool {
+        self.addresses().any(|url| url.starts_with("amqps://"))
     }
 }
 
@@ -780,6 +808,7 @@ impl Settings {
                 "must be non-empty ASCII letters, digits, `.`, `-` or `_`",
             );
         }
+        self.validate_amqp_addresses()?;
         if self.worker.concurrency == 0 {
             return invalid("worker.concurrency", "must be at least 1");
         }
@@ -809,6 +838,48 @@ impl Settings {
             return invalid("database.max_connections", "must be at least 1");
         }
         self.validate_tls()
+    }
+
+    /// `amqp.url`: one address or several, comma-separated, each an `amqp://` or `amqps://`
+    /// URL, all of one scheme (one set of TLS settings serves them all), none twice.
+    fn validate_amqp_addresses(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| {
+            Err(ConfigError::Invalid {
+                key: "amqp.url",
+                message,
+            })
+        };
+        let addresses: Vec<&str> = self.amqp.addresses().collect();
+        let mut seen = std::collections::HashSet::new();
+        for (i, url) in addresses.iter().enumerate() {
+            let n = i + 1;
+            if url.is_empty() {
+                return invalid(format!(
+                    "address {n} of {} is empty (addresses are separated by single commas)",
+                    addresses.len()
+                ));
+            }
+            if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+                return invalid(format!(
+                    "address {n} ({}) must start with amqp:// or amqps://",
+                    redact_url(url)
+                ));
+            }
+            if !seen.insert(*url) {
+                return invalid(format!("address {n} ({}) is listed twice", redact_url(url)));
+            }
+        }
+        let tls = addresses
+            .iter()
+            .filter(|u| u.starts_with("amqps://"))
+            .count();
+        if tls != 0 && tls != addresses.len() {
+            return invalid(
+                "mixes amqp:// and amqps:// addresses: every node must be reached the same way"
+                    .to_string(),
+            );
+        }
+        Ok(())
     }
 
     /// TLS files: named ones exist, a certificate comes with its key, and the broker's are set
@@ -864,7 +935,7 @@ impl Settings {
             ("amqp.tls_cert_file", &amqp.tls_cert_file),
         ];
         if let Some((key, _)) = amqp_tls.iter().find(|(_, path)| path.is_some()) {
-            if !amqp.url.expose().starts_with("amqps://") {
+            if !amqp.is_tls() {
                 return Err(ConfigError::Invalid {
                     key,
                     message: format!(
@@ -1272,8 +1343,8 @@ mod tests {
         assert!(err.to_string().contains("amqp.heartbeat_secs"), "{err}");
         let s = Settings::load_from(&env(&[("AMQP_URL", "amqp://g:g@h:5672/%2f")])).unwrap();
         assert_eq!(
-            s.amqp.connect_url().expose(),
-            "amqp://g:g@h:5672/%2f?heartbeat=10"
+            s.amqp.connect_urls(),
+            vec![SecretUrl::new("amqp://g:g@h:5672/%2f?heartbeat=10")]
         );
     }
 
@@ -1364,6 +1435,54 @@ mod tests {
         let err = Settings::load_from(&env(&[("SKILLEVAL__WORKER__RETRY_TIERS_MS", "500,100")]))
             .unwrap_err();
         assert!(err.to_string().contains("retry_tiers_ms"), "{err}");
+    }
+
+    #[test]
+    fn amqp_url_takes_a_comma_separated_list_of_nodes() {
+        let s = Settings::load_from(&env(&[(
+            "AMQP_URL",
+            "amqp://g:pw@a:5672/%2f, amqp://g:pw@b:5673/%2f?heartbeat=5,amqp://g:pw@c/%2f",
+        )]))
+        .unwrap();
+        assert_eq!(
+            s.amqp.connect_urls(),
+            vec![
+                SecretUrl::new("amqp://g:pw@a:5672/%2f?heartbeat=10"),
+                SecretUrl::new("amqp://g:pw@b:5673/%2f?heartbeat=5"),
+                SecretUrl::new("amqp://g:pw@c/%2f?heartbeat=10"),
+            ]
+        );
+        // Every password is masked, not only the first address's.
+        let shown = format!("{:?}", s.amqp.url);
+        assert!(!shown.contains("pw"), "{shown}");
+        assert_eq!(shown.matches("g:***@").count(), 3, "{shown}");
+
+        for (value, says) in [
+            (
+                "amqp://g:g@a/%2f,,amqp://g:g@b/%2f",
+                "address 2 of 3 is empty",
+            ),
+            ("amqp://g:g@a/%2f,", "address 2 of 2 is empty"),
+            (
+                "amqp://g:g@a/%2f,http://b/",
+                "address 2 (http://b/) must start with amqp://",
+            ),
+            (
+                "amqp://g:g@a/%2f,amqp://g:g@a/%2f",
+                "address 2 (amqp://g:***@a/%2f) is listed twice",
+            ),
+            (
+                "amqp://g:g@a/%2f,amqps://g:g@b/%2f",
+                "mixes amqp:// and amqps://",
+            ),
+        ] {
+            let err = Settings::load_from(&env(&[("AMQP_URL", value)])).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains("amqp.url") && text.contains(says),
+                "{value}: {text}"
+            );
+        }
     }
 
     #[test]

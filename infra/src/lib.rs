@@ -12,12 +12,15 @@
 //!   events when a logs endpoint is set.
 //! - [`store`] is where every SQL statement lives: the pool, the migrations, the workers' result
 //!   writes ([`store::results`]) and the coordinator's runs ([`store::runs`]).
-//! - [`topology`] names and declares every exchange and queue, and publishes with confirms.
+//! - [`topology`] names and declares every exchange and queue, connects, and publishes with
+//!   confirms; [`failover`] says which node of the configured ones a process connects to and
+//!   how long it waits between rounds of attempts.
 //! - [`tls`] tells a certificate that does not verify from a network fault, for both.
 //! - [`messages`] is the wire format of what travels over the broker: jobs and case events.
 
 pub mod config;
 pub mod evaluations;
+pub mod failover;
 pub mod messages;
 pub mod store;
 pub mod telemetry;

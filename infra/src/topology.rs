@@ -30,6 +30,15 @@
 //! coordinator drains the parking queue and records a parked job's case `errored` with the
 //! reason (`skilleval_coordinator::parked`).
 //!
+//! **Clusters.** On a RabbitMQ cluster the jobs queue is replicated on every node (a quorum
+//! queue's members are the nodes of the cluster when it is declared) and survives the loss of
+//! a minority of them. With `amqp.replicated_queues` every other queue is a quorum queue too:
+//! the samples lane, the parking and events queues, and the delay queues, which then
+//! dead-letter `at-least-once` (RabbitMQ 3.10's strategy: a message leaves the delay queue only
+//! once the jobs exchange's queue confirmed it; it needs `x-overflow` `reject-publish`).
+//! Without it those queues are classic, each living on one node: fine for one node, not for a
+//! cluster.
+//!
 //! Queue arguments that depend on configuration are the retry tiers (the delay queues'
 //! names and TTLs): the coordinator and the workers must share `worker.retry_tiers_ms`, as they
 //! do when they load the same configuration.
@@ -56,7 +65,8 @@ use lapin::{
 use skilleval_execution::plan::Job;
 use tracing::Instrument;
 
-use crate::config::{AmqpSettings, Settings};
+use crate::config::{AmqpSettings, SecretUrl, Settings};
+use crate::failover::BrokerNodes;
 use crate::messages::{CaseFinished, CasesFinished, EncodedJob, MessageError};
 
 /// Routing key of CI jobs on the jobs exchange.
@@ -155,6 +165,11 @@ pub enum BrokerError {
         path: String,
         problem: String,
     },
+    #[error("connecting to RabbitMQ at {url}: no answer within {secs} s")]
+    ConnectTimeout { url: String, secs: u64 },
+    /// Every configured node refused or did not answer.
+    #[error("none of the {nodes} broker nodes answered: {errors}")]
+    NoNode { nodes: usize, errors: String },
     #[error("{context}: {source}")]
     Amqp {
         context: String,
@@ -192,12 +207,95 @@ impl BrokerError {
     }
 }
 
-/// Opens a connection named `name` (shown by `rabbitmqctl list_connections`) with the
+/// How long one node may take to accept a connection and finish the AMQP handshake before
+/// the next node is tried: a node cut off or half-stopped can hold a TCP connection open
+/// without ever answering.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection to one of the configured nodes, and which ([`BrokerNodes::label`]).
+#[derive(Debug)]
+pub struct Connected {
+    pub connection: Connection,
+    /// The address's index in [`BrokerNodes`].
+    pub node: usize,
+}
+
+/// Connects to the first of the configured nodes that answers, in the order [`BrokerNodes`]
+/// gives, each tried once; records the node in `nodes`. Fails with the first configuration
+/// problem (TLS files, a certificate that does not verify: no other node would do better), or
+/// when no node answered.
+pub async fn connect_any(
+    settings: &Settings,
+    nodes: &BrokerNodes,
+    name: &str,
+) -> Result<Connected, BrokerError> {
+    let mut refused = Vec::new();
+    for i in nodes.order() {
+        let url = nodes.address(i);
+        let attempt = tokio::time::timeout(CONNECT_TIMEOUT, connect_url(settings, url, name)).await;
+        match attempt {
+            Ok(Ok(connection)) => {
+                nodes.connected(i);
+                if !refused.is_empty() || nodes.len() > 1 {
+                    tracing::info!(
+                        node = nodes.label(i),
+                        connection = name,
+                        "connected to broker node"
+                    );
+                }
+                return Ok(Connected {
+                    connection,
+                    node: i,
+                });
+            }
+            Ok(Err(e)) if e.is_configuration() => return Err(e),
+            Ok(Err(e)) => {
+                tracing::debug!(node = nodes.label(i), error = %e, "broker node refused");
+                refused.push(e);
+            }
+            Err(_) => {
+                tracing::debug!(node = nodes.label(i), "broker node did not answer in time");
+                refused.push(BrokerError::ConnectTimeout {
+                    url: url.redacted(),
+                    secs: CONNECT_TIMEOUT.as_secs(),
+                });
+            }
+        }
+    }
+    if refused.len() == 1 {
+        if let Some(only) = refused.pop() {
+            return Err(only);
+        }
+    }
+    Err(BrokerError::NoNode {
+        nodes: refused.len(),
+        errors: refused
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; "),
+    })
+}
+
+/// Connects to the first configured node that answers, trying them in the configured order
+/// (tests and tools; the service's processes use [`connect_any`] with their shared
+/// [`BrokerNodes`]).
+pub async fn connect(settings: &Settings, name: &str) -> Result<Connection, BrokerError> {
+    let nodes = BrokerNodes::new(settings.amqp.connect_urls(), 0);
+    connect_any(settings, &nodes, name)
+        .await
+        .map(|c| c.connection)
+}
+
+/// Opens a connection to `url` named `name` (shown by `rabbitmqctl list_connections`) with the
 /// configured heartbeat, over TLS with the configured CA and client certificate when the URL
 /// is `amqps://`. The certificate files are read at each connect, so renewed ones are used
 /// from the next reconnect on.
-pub async fn connect(settings: &Settings, name: &str) -> Result<Connection, BrokerError> {
-    let url = settings.amqp.connect_url();
+async fn connect_url(
+    settings: &Settings,
+    url: &SecretUrl,
+    name: &str,
+) -> Result<Connection, BrokerError> {
     let properties = ConnectionProperties::default().with_connection_name(LongString::from(name));
     let tls = tls_config(&settings.amqp)?;
     let runtime = lapin::runtime::default_runtime().map_err(|source| BrokerError::Connect {
@@ -314,6 +412,8 @@ pub struct Topology {
     prefix: String,
     retry_tiers_ms: Vec<u64>,
     delivery_limit: u32,
+    /// Every queue a quorum queue (`amqp.replicated_queues`).
+    replicated: bool,
 }
 
 impl Topology {
@@ -333,7 +433,14 @@ impl Topology {
             prefix: prefix.into(),
             retry_tiers_ms: tiers,
             delivery_limit: delivery_limit.max(1),
+            replicated: false,
         }
+    }
+
+    /// The same names, with every queue a quorum queue (`true`) or only the jobs queue.
+    pub fn replicated(mut self, replicated: bool) -> Topology {
+        self.replicated = replicated;
+        self
     }
 
     pub fn from_settings(settings: &Settings) -> Topology {
@@ -342,6 +449,17 @@ impl Topology {
             settings.worker.retry_tiers_ms.clone(),
             DELIVERY_LIMIT,
         )
+        .replicated(settings.amqp.replicated_queues)
+    }
+
+    /// The arguments every queue but the jobs queue starts from: a quorum queue's type when
+    /// the topology is replicated, none otherwise.
+    fn base_args(&self) -> FieldTable {
+        let mut args = FieldTable::default();
+        if self.replicated {
+            args.insert("x-queue-type".into(), long_string("quorum"));
+        }
+        args
     }
 
     pub fn prefix(&self) -> &str {
@@ -497,7 +615,7 @@ impl Topology {
         self.declare_queue(ch, &self.jobs_queue(), jobs_args)
             .await?;
 
-        let mut samples_args = FieldTable::default();
+        let mut samples_args = self.base_args();
         samples_args.insert(
             "x-dead-letter-exchange".into(),
             long_string(&self.parking_exchange()),
@@ -522,7 +640,14 @@ impl Topology {
 
         for lane in [Lane::Ci, Lane::Samples] {
             for tier in &self.retry_tiers_ms {
-                let mut args = FieldTable::default();
+                let mut args = self.base_args();
+                if self.replicated {
+                    args.insert(
+                        "x-dead-letter-strategy".into(),
+                        long_string("at-least-once"),
+                    );
+                    args.insert("x-overflow".into(), long_string("reject-publish"));
+                }
                 args.insert(
                     "x-message-ttl".into(),
                     AMQPValue::LongLongInt(i64::try_from(*tier).unwrap_or(i64::MAX)),
@@ -540,12 +665,12 @@ impl Topology {
             }
         }
 
-        self.declare_queue(ch, &self.parking_queue(), FieldTable::default())
+        self.declare_queue(ch, &self.parking_queue(), self.base_args())
             .await?;
         self.bind(ch, &self.parking_queue(), &self.parking_exchange(), "")
             .await?;
 
-        let mut events_args = FieldTable::default();
+        let mut events_args = self.base_args();
         events_args.insert(
             "x-max-length".into(),
             AMQPValue::LongLongInt(EVENTS_QUEUE_MAX_LENGTH),

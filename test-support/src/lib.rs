@@ -6,8 +6,10 @@
 //! The services default to PostgreSQL on 127.0.0.1:5432 (trust auth) and RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest); `SKILLEVAL_TEST_PG` (an admin URL without the database) and
 //! `SKILLEVAL_TEST_AMQP` point elsewhere. [`tls`] starts private PostgreSQL and RabbitMQ
-//! servers with generated certificates, for the TLS tests.
+//! servers with generated certificates, for the TLS tests; [`cluster`] starts a private
+//! RabbitMQ cluster of three nodes, for the node-loss tests.
 
+pub mod cluster;
 pub mod tls;
 
 use lapin::types::ShortString;

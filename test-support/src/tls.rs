@@ -153,7 +153,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A temporary folder other users can read (the servers run as their own users).
-fn world_readable_tempdir() -> TempDir {
+pub(crate) fn world_readable_tempdir() -> TempDir {
     let dir = tempfile::Builder::new()
         .prefix("skilleval-tls-")
         .tempdir()
@@ -164,10 +164,10 @@ fn world_readable_tempdir() -> TempDir {
 
 /// The user a server runs as: `name` when we are root, ourselves otherwise.
 #[derive(Debug, Clone)]
-struct RunAs(Option<User>);
+pub(crate) struct RunAs(Option<User>);
 
 impl RunAs {
-    fn service(name: &str) -> RunAs {
+    pub(crate) fn service(name: &str) -> RunAs {
         if !nix::unistd::geteuid().is_root() {
             return RunAs(None);
         }
@@ -178,7 +178,7 @@ impl RunAs {
     }
 
     /// `program` run as this user.
-    fn command(&self, program: &Path) -> Command {
+    pub(crate) fn command(&self, program: &Path) -> Command {
         match &self.0 {
             Some(user) => {
                 let mut cmd = Command::new("setpriv");
@@ -193,7 +193,7 @@ impl RunAs {
     }
 
     /// Gives `path` to this user (a no-op when we run as ourselves).
-    fn own(&self, path: &Path) {
+    pub(crate) fn own(&self, path: &Path) {
         if let Some(user) = &self.0 {
             nix::unistd::chown(path, Some(user.uid), Some(user.gid)).expect("chown");
         }
@@ -208,7 +208,7 @@ impl RunAs {
 }
 
 /// Runs `cmd` to completion, panicking with its output when it fails.
-fn run(mut cmd: Command, what: &str) {
+pub(crate) fn run(mut cmd: Command, what: &str) {
     let out = cmd
         .stdin(Stdio::null())
         .output()
@@ -223,7 +223,7 @@ fn run(mut cmd: Command, what: &str) {
 }
 
 /// Stops `child` with `signal`, then SIGKILL after `grace`.
-fn stop_child(child: &mut Child, signal: Signal, grace: Duration) {
+pub(crate) fn stop_child(child: &mut Child, signal: Signal, grace: Duration) {
     if let Ok(Some(_)) = child.try_wait() {
         return;
     }
@@ -243,7 +243,7 @@ fn stop_child(child: &mut Child, signal: Signal, grace: Duration) {
 
 /// Waits until `addr` accepts TCP connections, `child` exits (a panic with `log`), or
 /// `timeout` passes (a panic too).
-fn wait_listening(child: &mut Child, addr: &str, timeout: Duration, log: &Path) {
+pub(crate) fn wait_listening(child: &mut Child, addr: &str, timeout: Duration, log: &Path) {
     let deadline = Instant::now() + timeout;
     loop {
         if TcpStream::connect(addr).is_ok() {
@@ -264,7 +264,7 @@ fn wait_listening(child: &mut Child, addr: &str, timeout: Duration, log: &Path) 
     }
 }
 
-fn log_file(path: &Path) -> (fs::File, fs::File) {
+pub(crate) fn log_file(path: &Path) -> (fs::File, fs::File) {
     let file = fs::File::create(path).expect("log file");
     let copy = file.try_clone().expect("log file");
     (file, copy)

@@ -3,7 +3,8 @@
 //! `/healthz` answers while the process runs. `/readyz` answers 200 only while the sandbox works
 //! ([`crate::sandbox_gate`]), a broker session is consuming and the database answers a query:
 //! a worker that lost any of them is alive (it is reconnecting, or probing its sandbox) but
-//! not doing work, and the 503's body says why.
+//! not doing work, and the 503's body says why. The 200's body names the broker node the
+//! worker consumes from (`ready: broker node 10.0.0.2:5672`), which changes when it fails over.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +15,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use skilleval_infra::failover::BrokerNodes;
 use skilleval_infra::store::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +27,8 @@ pub struct HttpState {
     pub metrics: Arc<WorkerMetrics>,
     /// Set while a broker session is consuming.
     pub consuming: Arc<AtomicBool>,
+    /// The node the broker session is on.
+    pub nodes: Arc<BrokerNodes>,
     pub store: Store,
     pub gate: Arc<SandboxGate>,
 }
@@ -51,7 +55,10 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
         );
     }
     match state.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ready".to_string()),
+        Ok(()) => match state.nodes.current() {
+            Some(node) => (StatusCode::OK, format!("ready: broker node {node}")),
+            None => (StatusCode::OK, "ready".to_string()),
+        },
         Err(e) => {
             tracing::warn!(error = %e, "readiness: database unreachable");
             (

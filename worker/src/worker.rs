@@ -7,9 +7,11 @@
 //! message or a redelivery of a case already decided is acked at once (a retry only after its publish
 //! was confirmed).
 //!
-//! A consumer stream that ends or errors ends the session: the worker reconnects with backoff,
-//! and exits with an error after `worker.max_reconnect_attempts` failures in a row so its
-//! supervisor restarts it. Jobs still running from the lost session finish and are committed;
+//! A consumer stream that ends or errors ends the session: the worker reconnects with backoff
+//! (to another broker node first, when several are configured: [`BrokerNodes`]) and consumes
+//! again, and exits with an error after `worker.max_reconnect_attempts` failures in a row so
+//! its supervisor restarts it. A round that tries every node and finds none counts as one
+//! failure. Jobs still running from the lost session finish and are committed;
 //! their acks fail and the broker redelivers them, which the next delivery recognises as
 //! decided. On shutdown the worker cancels its consumers, lets in-flight jobs finish within the
 //! grace period, flushes the last batch and closes the connection; anything unfinished is
@@ -29,6 +31,7 @@ use skilleval_execution::plan::Job;
 use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_infra::config::{Settings, WorkerSettings};
 use skilleval_infra::evaluations::EvaluationEvents;
+use skilleval_infra::failover::{Backoff, BrokerNodes};
 use skilleval_infra::messages::{self, CaseFinished};
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::{self, BrokerError, Lane, Publisher, Topology, TRACEPARENT_HEADER};
@@ -147,6 +150,8 @@ pub struct Worker {
     metrics: Arc<WorkerMetrics>,
     cancelled: CancelCache,
     topology: Topology,
+    /// The broker nodes the sessions connect to, and the one the worker is on.
+    nodes: Arc<BrokerNodes>,
     publisher: PublisherSlot,
     consuming: Arc<AtomicBool>,
     name: String,
@@ -199,6 +204,7 @@ impl Worker {
             metrics: Arc::new(WorkerMetrics::new()),
             cancelled,
             topology,
+            nodes: Arc::new(BrokerNodes::from_settings(&settings.amqp)),
             publisher: PublisherSlot::default(),
             consuming: Arc::new(AtomicBool::new(false)),
             name,
@@ -231,6 +237,11 @@ impl Worker {
         &self.store
     }
 
+    /// `host:port` of the broker node the worker is connected to, while it is.
+    pub fn broker_node(&self) -> Option<String> {
+        self.nodes.current().map(str::to_string)
+    }
+
     /// Why the worker takes no jobs for want of a working sandbox, while it does not.
     pub fn sandbox_problem(&self) -> Option<String> {
         self.gate.reason()
@@ -244,6 +255,7 @@ impl Worker {
         let state = HttpState {
             metrics: self.metrics.clone(),
             consuming: self.consuming.clone(),
+            nodes: self.nodes.clone(),
             store: self.store.clone(),
             gate: self.gate.clone(),
         };
@@ -463,7 +475,7 @@ impl Worker {
         let tracker = TaskTracker::new();
         // Cancelled after the grace period: jobs still running are abandoned (left unacked).
         let abandon = CancellationToken::new();
-        let mut failures = 0u32;
+        let mut backoff = Backoff::reconnect();
         let mut sessions = 0u32;
         let outcome = loop {
             if shutdown.is_cancelled() {
@@ -474,7 +486,7 @@ impl Worker {
             }
             sessions += 1;
             let end = self
-                .session(&shutdown, &tracker, &abandon, &tx, &mut failures)
+                .session(&shutdown, &tracker, &abandon, &tx, &mut backoff)
                 .await;
             self.consuming.store(false, Ordering::SeqCst);
             if !matches!(end, Ok(SessionEnd::Shutdown(..))) {
@@ -483,7 +495,7 @@ impl Worker {
             match end {
                 Ok(SessionEnd::Shutdown(held)) => break Ok(Some(*held)),
                 Ok(SessionEnd::Lost(reason)) => {
-                    failures += 1;
+                    let failures = backoff.failures() + 1;
                     tracing::warn!(%reason, failures, "broker session lost");
                     if failures > self.settings.worker.max_reconnect_attempts {
                         break Err(WorkerError::BrokerUnavailable {
@@ -496,7 +508,7 @@ impl Worker {
                     break Err(WorkerError::BrokerConfiguration(e));
                 }
                 Err(e) => {
-                    failures += 1;
+                    let failures = backoff.failures() + 1;
                     tracing::warn!(error = %e, failures, "broker session could not start");
                     if failures > self.settings.worker.max_reconnect_attempts {
                         break Err(WorkerError::BrokerUnavailable {
@@ -506,8 +518,7 @@ impl Worker {
                     }
                 }
             }
-            let wait = Duration::from_millis(200u64 << failures.min(6))
-                .mul_f64(0.5 + rand::random::<f64>() * 0.5);
+            let wait = backoff.next_wait();
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 () = tokio::time::sleep(wait) => {}
@@ -552,16 +563,36 @@ impl Worker {
         }
     }
 
-    /// One broker session: connect, declare, consume until shutdown or a fault.
+    /// One broker session: connect to a node, declare, consume until shutdown or a fault; a
+    /// session that ends otherwise than by shutdown reports its node lost.
     async fn session(
         self: &Arc<Self>,
         shutdown: &CancellationToken,
         tracker: &TaskTracker,
         abandon: &CancellationToken,
         tx: &mpsc::Sender<Finished>,
-        failures: &mut u32,
+        backoff: &mut Backoff,
     ) -> Result<SessionEnd, BrokerError> {
-        let conn = topology::connect(&self.settings, &self.name).await?;
+        let topology::Connected { connection, node } =
+            topology::connect_any(&self.settings, &self.nodes, &self.name).await?;
+        let end = self
+            .session_on(connection, shutdown, tracker, abandon, tx, backoff)
+            .await;
+        if !matches!(end, Ok(SessionEnd::Shutdown(..))) {
+            self.nodes.lost(node);
+        }
+        end
+    }
+
+    async fn session_on(
+        self: &Arc<Self>,
+        conn: Connection,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+        abandon: &CancellationToken,
+        tx: &mpsc::Sender<Finished>,
+        backoff: &mut Backoff,
+    ) -> Result<SessionEnd, BrokerError> {
         let setup = conn
             .create_channel()
             .await
@@ -591,9 +622,10 @@ impl Worker {
             )
             .await?;
         self.consuming.store(true, Ordering::SeqCst);
-        *failures = 0;
+        backoff.reset();
         tracing::info!(
             connection = %self.name,
+            node = self.nodes.current().unwrap_or("?"),
             concurrency = self.settings.worker.concurrency,
             samples = self.settings.worker.samples_slots(),
             "consuming"

@@ -3,7 +3,7 @@
 //! Run with
 //! `cargo run --release -p skilleval-bench --bin soak -- [--soaks 1] [--runs 10] [--cases 1000]
 //! [--workers 3] [--slots 16] [--sleep-ms 50] [--fail-every 10] [--fault-every-ms 3000]
-//! [--timeout-secs 1800]`.
+//! [--timeout-secs 1800] [--brokers 1|3]`.
 //!
 //! Needs the local PostgreSQL (`SKILLEVAL_BENCH_PG`, an admin URL without the database) and
 //! RabbitMQ (`SKILLEVAL_BENCH_AMQP`; `rabbitmqctl` on this machine, to create the soak's vhost
@@ -11,7 +11,8 @@
 //! and removes them at the end, also when it fails. Prints per run: cases and rows, statuses
 //! against the suite, faults injected while it was in flight by kind, duration; exits
 //! non-zero unless every soak was exact (every case as the suite gives it, one row each,
-//! none errored).
+//! none errored). `--brokers 3` runs each soak on a private three-node RabbitMQ cluster of its
+//! own (started and removed by the soak) with broker-node faults in the rotation.
 
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ fn args() -> anyhow::Result<Args> {
             fail_every: 10,
             fault_every: Duration::from_secs(3),
             timeout: Duration::from_secs(1_800),
+            brokers: 1,
         },
     };
     let mut it = std::env::args().skip(1);
@@ -57,6 +59,13 @@ fn args() -> anyhow::Result<Args> {
             "--fail-every" => a.opts.fail_every = usize::try_from(number()?)?,
             "--fault-every-ms" => a.opts.fault_every = Duration::from_millis(number()?.max(100)),
             "--timeout-secs" => a.opts.timeout = Duration::from_secs(number()?),
+            "--brokers" => {
+                a.opts.brokers = match number()? {
+                    1 => 1,
+                    3 => 3,
+                    n => bail!("--brokers: {n}: 1 (a vhost of the local node) or 3 (a cluster)"),
+                }
+            }
             other => bail!("unknown flag {other} (see the comment at the top of soak.rs)"),
         }
     }
@@ -70,7 +79,7 @@ fn main() -> anyhow::Result<()> {
     let args = args()?;
     let o = &args.opts;
     println!(
-        "soak: {} soak(s) of {} runs x {} cases (command runner sleeping {} ms, every {}th case expects a wrong answer), {} workers x {} slots, a fault every {} ms",
+        "soak: {} soak(s) of {} runs x {} cases (command runner sleeping {} ms, every {}th case expects a wrong answer), {} workers x {} slots, a fault every {} ms, {}",
         args.soaks,
         o.runs,
         o.cases,
@@ -78,7 +87,12 @@ fn main() -> anyhow::Result<()> {
         o.fail_every,
         o.workers,
         o.slots,
-        o.fault_every.as_millis()
+        o.fault_every.as_millis(),
+        if o.brokers > 1 {
+            "on a private three-node RabbitMQ cluster, node faults included"
+        } else {
+            "on a vhost of the local RabbitMQ"
+        }
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -17,7 +17,8 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Readiness: PostgreSQL answers a query and the broker connection is up.
+/// Readiness: PostgreSQL answers a query and the broker connection is up; `broker_node` names
+/// the node (`host:port`) the publisher is connected to, which changes when it fails over.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     let database = match state.store.ping().await {
         Ok(_) => "ok".to_string(),
@@ -33,20 +34,21 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             "unavailable".to_string()
         }
     };
+    let node = state.sink.node().await;
     let ok = database == "ok" && broker == "ok";
     let status = if ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        Json(json!({
-            "status": if ok { "ok" } else { "unavailable" },
-            "checks": { "database": database, "broker": broker },
-        })),
-    )
-        .into_response()
+    let mut body = json!({
+        "status": if ok { "ok" } else { "unavailable" },
+        "checks": { "database": database, "broker": broker },
+    });
+    if let Some(node) = node {
+        body["broker_node"] = json!(node);
+    }
+    (status, Json(body)).into_response()
 }
 
 /// Prometheus text exposition; the run gauges are refreshed from the database first.

@@ -33,24 +33,29 @@ fn run(program: &str, args: &[&str]) -> Option<std::process::Output> {
     }
 }
 
-#[test]
-fn compose_file_resolves() {
-    let file = deploy_dir().join("docker/compose.yaml");
-    let file_str = file.to_str().unwrap();
+/// `docker compose ... config --quiet` (or the standalone v1 tool) on `files`, merged in
+/// order: `true` when one validated them, `false` when neither is installed; panics when one
+/// rejects them.
+fn compose_config(files: &[&Path]) -> bool {
+    let mut file_args = Vec::new();
+    for file in files {
+        file_args.push("-f");
+        file_args.push(file.to_str().unwrap());
+    }
+    let plugin: Vec<&str> = ["compose"]
+        .into_iter()
+        .chain(file_args.iter().copied())
+        .chain(["config", "--quiet"])
+        .collect();
+    let standalone: Vec<&str> = file_args
+        .iter()
+        .copied()
+        .chain(["config", "--quiet"])
+        .collect();
     // The compose plugin, then the standalone v1 tool; both validate without an engine.
-    let mut validated = false;
-    for (program, args) in [
-        (
-            "docker",
-            vec!["compose", "-f", file_str, "config", "--quiet"],
-        ),
-        ("docker-compose", vec!["-f", file_str, "config", "--quiet"]),
-    ] {
+    for (program, args) in [("docker", plugin), ("docker-compose", standalone)] {
         match run(program, &args) {
-            Some(out) if out.status.success() => {
-                validated = true;
-                break;
-            }
+            Some(out) if out.status.success() => return true,
             Some(out) => {
                 let stderr = String::from_utf8_lossy(&out.stderr);
                 if stderr.contains("unknown command")
@@ -63,12 +68,18 @@ fn compose_file_resolves() {
                     );
                     continue;
                 }
-                panic!("{program} rejects {file_str}: {stderr}");
+                panic!("{program} rejects {files:?}: {stderr}");
             }
             None => eprintln!("{program} is not installed"),
         }
     }
-    if !validated {
+    false
+}
+
+#[test]
+fn compose_file_resolves() {
+    let file = deploy_dir().join("docker/compose.yaml");
+    if !compose_config(&[&file]) {
         eprintln!("compose_file_resolves: no `docker compose` or `docker-compose` here: falling back to a YAML check");
     }
     // Either way, check the structure this deployment relies on.
@@ -103,6 +114,59 @@ fn compose_file_resolves() {
     let worker = std::fs::read_to_string(deploy_dir().join("docker/worker.Dockerfile")).unwrap();
     for package in ["bubblewrap", "python3", "nodejs"] {
         assert!(worker.contains(package), "the worker image lacks {package}");
+    }
+}
+
+/// The three-node option: compose.cluster.yaml over compose.yaml resolves, adds two RabbitMQ
+/// nodes clustered with the first, and gives every service of ours the three addresses, which
+/// the configuration accepts, with every queue replicated.
+#[test]
+fn compose_cluster_option_resolves() {
+    let base = deploy_dir().join("docker/compose.yaml");
+    let cluster = deploy_dir().join("docker/compose.cluster.yaml");
+    if !compose_config(&[&base, &cluster]) {
+        eprintln!("compose_cluster_option_resolves: no `docker compose` or `docker-compose` here: falling back to a YAML check");
+    }
+    let mut doc = yaml_docs(&cluster).remove(0);
+    doc.apply_merge().expect("the merge keys resolve");
+    let services = doc["services"].as_mapping().expect("services");
+    for name in ["rabbitmq", "rabbitmq-2", "rabbitmq-3"] {
+        assert!(services.contains_key(name), "node {name} missing");
+        assert!(
+            doc["services"][name]["healthcheck"]["test"].is_sequence(),
+            "{name} has no healthcheck"
+        );
+        assert_eq!(doc["services"][name]["hostname"].as_str(), Some(name));
+    }
+    let conf = doc["configs"]["rabbitmq-cluster-conf"]["content"]
+        .as_str()
+        .expect("the cluster's rabbitmq.conf");
+    for name in ["rabbitmq", "rabbitmq-2", "rabbitmq-3"] {
+        assert!(
+            conf.contains(&format!("= rabbit@{name}\n")),
+            "{name} is not a peer: {conf}"
+        );
+    }
+    for name in ["migrate", "coordinator", "worker"] {
+        let env = &doc["services"][name]["environment"];
+        let url = env["AMQP_URL"].as_str().expect("AMQP_URL");
+        let settings = Settings::load_from(&std::collections::HashMap::from([
+            (
+                "SKILLEVAL_CONFIG_DIR".to_string(),
+                "/nonexistent".to_string(),
+            ),
+            ("AMQP_URL".to_string(), url.to_string()),
+            (
+                "SKILLEVAL__AMQP__REPLICATED_QUEUES".to_string(),
+                env["SKILLEVAL__AMQP__REPLICATED_QUEUES"]
+                    .as_str()
+                    .expect("replicated queues")
+                    .to_string(),
+            ),
+        ]))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(settings.amqp.connect_urls().len(), 3, "{name}: {url}");
+        assert!(settings.amqp.replicated_queues, "{name}");
     }
 }
 

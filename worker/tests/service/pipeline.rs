@@ -179,9 +179,17 @@ async fn health_readiness_and_metrics_are_served() {
         Some("ok")
     );
     crate::helpers::eventually(Duration::from_secs(30), "ready once consuming", || async {
-        crate::helpers::http_get(port, "/readyz").await.as_deref() == Some("ready")
+        crate::helpers::http_get(port, "/readyz")
+            .await
+            .is_some_and(|body| body.starts_with("ready"))
     })
     .await;
+    // It names the node it consumes from.
+    let node = w.worker.broker_node().expect("a node while consuming");
+    assert_eq!(
+        crate::helpers::http_get(port, "/readyz").await,
+        Some(format!("ready: broker node {node}"))
+    );
     let metrics = crate::helpers::http_get(port, "/metrics").await.unwrap();
     for name in [
         "skilleval_worker_jobs_processed",
