@@ -73,7 +73,9 @@ pub fn package_zip(n: usize, produce: &Produce) -> Vec<u8> {
         cases.push(case);
     }
     let (runner, timeout_ms, script) = match produce {
-        Produce::Given { .. } => (json!("given"), 10_000, None),
+        // A recorded output takes no time to produce: its timeout only guards against a hang,
+        // and a machine busy with other builds must not reach it.
+        Produce::Given { .. } => (json!("given"), 120_000, None),
         Produce::Sleep { secs } => (
             json!({"type": "command", "script": "scripts/run.sh"}),
             30_000,
@@ -372,6 +374,21 @@ impl TestEnv {
             "counters equal the rows: {c:?} vs {rows:?}"
         );
         c
+    }
+
+    /// The errored rows of a run as `case: error`, for a failure message that says why.
+    pub async fn errors_of(&self, run_id: Uuid) -> Vec<String> {
+        let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT test_case_id, error::text FROM eval_results \
+             WHERE run_id = $1 AND status = 'errored' ORDER BY test_case_id",
+        )
+        .bind(run_id)
+        .fetch_all(self.store.pool())
+        .await
+        .expect("errored rows");
+        rows.into_iter()
+            .map(|(case, error)| format!("{case}: {}", error.unwrap_or_default()))
+            .collect()
     }
 
     /// Starts a worker in this process.

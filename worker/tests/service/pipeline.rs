@@ -22,7 +22,12 @@ async fn two_workers_share_a_thousand_case_run() {
         .await;
     let c2 = env.assert_run_consistent(&seeded).await;
     assert_eq!(c, c2);
-    assert_eq!((c.passed, c.failed, c.errored), (900, 100, 0), "{c:?}");
+    assert_eq!(
+        (c.passed, c.failed, c.errored),
+        (900, 100, 0),
+        "{c:?}; errored: {:?}",
+        env.errors_of(seeded.run_id).await
+    );
     let (pa, pb) = (a.processed(), b.processed());
     assert_eq!(
         pa + pb,
