@@ -188,6 +188,22 @@ enum CursorKey {
     Number(f64),
 }
 
+/// Cuts `rows` (fetched one past the page) to the page and returns the cursor of the next page,
+/// when there is one: the keyset of the page's last row, bound to `query_id`.
+fn next_page<T>(
+    rows: &mut Vec<T>,
+    limit: i64,
+    query_id: &str,
+    keyset: impl Fn(&T) -> Keyset,
+) -> Option<String> {
+    let page = usize::try_from(limit).unwrap_or(usize::MAX);
+    if rows.len() <= page {
+        return None;
+    }
+    rows.truncate(page);
+    rows.last().map(|r| encode_cursor(query_id, &keyset(r)))
+}
+
 fn encode_cursor(query: &str, keyset: &Keyset) -> String {
     let k = match &keyset.key {
         KeyValue::Text(s) => CursorKey::Text(s.clone()),
@@ -307,21 +323,10 @@ pub async fn skills(
         limit: limit + 1,
     };
     let mut rows = state.store.list_skills(principal.viewer(), &query).await?;
-    let page = usize::try_from(limit).unwrap_or(usize::MAX);
-    let next_cursor = if rows.len() > page {
-        rows.truncate(page);
-        rows.last().map(|r| {
-            encode_cursor(
-                &query_id,
-                &Keyset {
-                    key: r.key.clone(),
-                    id: r.skill_id,
-                },
-            )
-        })
-    } else {
-        None
-    };
+    let next_cursor = next_page(&mut rows, limit, &query_id, |r| Keyset {
+        key: r.key.clone(),
+        id: r.skill_id,
+    });
     Ok(Json(SkillList {
         skills: rows.into_iter().map(SkillListItem::from_item).collect(),
         next_cursor,
@@ -399,21 +404,10 @@ pub async fn runs(
         limit: limit + 1,
     };
     let mut rows = state.store.list_runs(principal.viewer(), &query).await?;
-    let page = usize::try_from(limit).unwrap_or(usize::MAX);
-    let next_cursor = if rows.len() > page {
-        rows.truncate(page);
-        rows.last().map(|r| {
-            encode_cursor(
-                &query_id,
-                &Keyset {
-                    key: r.key.clone(),
-                    id: r.run_id,
-                },
-            )
-        })
-    } else {
-        None
-    };
+    let next_cursor = next_page(&mut rows, limit, &query_id, |r| Keyset {
+        key: r.key.clone(),
+        id: r.run_id,
+    });
     Ok(Json(RunList {
         runs: rows.into_iter().map(RunListItem::from_item).collect(),
         next_cursor,
