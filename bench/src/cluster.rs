@@ -298,6 +298,43 @@ impl Vhost {
     }
 }
 
+/// Runs `bench(database_url, queue_prefix)` against a database and a queue prefix of its own
+/// (`skilleval_<name>…`, `<name><12 hex>`), then removes both, whether the benchmark finished,
+/// failed or was interrupted with ctrl-c.
+pub async fn in_scratch<F, Fut>(name: &str, bench: F) -> anyhow::Result<()>
+where
+    F: FnOnce(String, String) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let prefix = format!("{name}{}", &id[..12]);
+    let (db_name, db_url) = create_database(&format!("skilleval_{name}")).await?;
+    let outcome = tokio::select! {
+        r = bench(db_url, prefix.clone()) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    drop_database(&db_name).await;
+    let deleted = async {
+        let conn =
+            lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await?;
+        let mut settings = Settings::default();
+        settings.amqp.prefix.clone_from(&prefix);
+        delete_topology(
+            &conn,
+            &skilleval_infra::topology::Topology::from_settings(&settings),
+        )
+        .await?;
+        let _ = conn
+            .close(200, lapin::types::ShortString::from("bench done"))
+            .await;
+        anyhow::Ok(())
+    };
+    if let Err(e) = deleted.await {
+        eprintln!("cleanup: deleting the queues of {prefix}: {e}");
+    }
+    outcome
+}
+
 /// Deletes every queue and exchange of `topology` (what a benchmark's children declared under
 /// its prefix). Each object gets a fresh channel: deleting one never declared (a run that
 /// failed early) fails and closes its channel.

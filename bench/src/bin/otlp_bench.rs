@@ -26,8 +26,6 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use lapin::types::ShortString;
-use lapin::{Connection, ConnectionProperties};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
@@ -36,10 +34,7 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message as _;
 use serde_json::{json, Value};
 use skilleval_bench::cluster::{self, amqp_url, Proc};
-use skilleval_infra::config::Settings;
 use skilleval_infra::store::Store;
-use skilleval_infra::topology::Topology;
-use uuid::Uuid;
 use zip::write::SimpleFileOptions;
 use zip::ZipWriter;
 
@@ -78,27 +73,9 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        let (db_name, db_url) = cluster::create_database("skilleval_obench").await?;
-        let prefix = format!("obench{}", &Uuid::new_v4().simple().to_string()[..12]);
-        let outcome = tokio::select! {
-            r = bench(&db_url, &prefix, &opts) => r,
-            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-        };
-        cluster::drop_database(&db_name).await;
-        let deleted = async {
-            let conn = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
-            let mut settings = Settings::default();
-            settings.amqp.prefix.clone_from(&prefix);
-            cluster::delete_topology(&conn, &Topology::from_settings(&settings)).await?;
-            let _ = conn.close(200, ShortString::from("bench done")).await;
-            anyhow::Ok(())
-        };
-        if let Err(e) = deleted.await {
-            eprintln!("cleanup: deleting the queues of {prefix}: {e}");
-        }
-        outcome
-    })
+    runtime.block_on(cluster::in_scratch("obench", |db_url, prefix| async move {
+        Box::pin(bench(&db_url, &prefix, &opts)).await
+    }))
 }
 
 fn package(name: &str) -> anyhow::Result<Vec<u8>> {

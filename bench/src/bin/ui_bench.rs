@@ -19,13 +19,8 @@ use std::io::{Cursor, Write as _};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use lapin::types::ShortString;
-use lapin::{Connection, ConnectionProperties};
 use serde_json::{json, Value};
 use skilleval_bench::cluster::{self, amqp_url, Proc};
-use skilleval_infra::config::Settings;
-use skilleval_infra::topology::Topology;
-use uuid::Uuid;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipWriter};
 
@@ -64,29 +59,13 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        let id = Uuid::new_v4().simple().to_string();
-        let prefix = format!("uibench{}", &id[..12]);
-        let (db_name, db_url) = cluster::create_database("skilleval_uibench").await?;
-        let cache = tempfile::tempdir()?;
-        let outcome = tokio::select! {
-            r = bench(&opts, &db_url, &prefix, cache.path()) => r,
-            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-        };
-        cluster::drop_database(&db_name).await;
-        let deleted = async {
-            let conn = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
-            let mut settings = Settings::default();
-            settings.amqp.prefix.clone_from(&prefix);
-            cluster::delete_topology(&conn, &Topology::from_settings(&settings)).await?;
-            let _ = conn.close(200, ShortString::from("bench done")).await;
-            anyhow::Ok(())
-        };
-        if let Err(e) = deleted.await {
-            eprintln!("cleanup: deleting the queues of {prefix}: {e}");
-        }
-        outcome
-    })
+    runtime.block_on(cluster::in_scratch(
+        "uibench",
+        |db_url, prefix| async move {
+            let cache = tempfile::tempdir()?;
+            bench(&opts, &db_url, &prefix, cache.path()).await
+        },
+    ))
 }
 
 fn package(name: &str, cases: usize) -> anyhow::Result<Vec<u8>> {
