@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use skilleval_grading::json_schema;
+use skilleval_schema as json_schema;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(schema) = serde_json::from_slice::<serde_json::Value>(data) else {

@@ -108,7 +108,7 @@ pub struct SchemaBody {
 /// draft's meta-schema and compiled as the `json_schema` strategy compiles it (offline, no
 /// remote `$ref`). A schema that does not compile is a successful check listing why.
 pub async fn check_schema(ApiJson(body): ApiJson<SchemaBody>) -> Json<Value> {
-    use skilleval_grading::json_schema::{compile_schema, declared_draft};
+    use skilleval_schema::{compile_schema, declared_draft};
     let draft = declared_draft(&body.schema).ok().flatten();
     match compile_schema(&body.schema) {
         Ok(_) => Json(json!({

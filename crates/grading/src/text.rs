@@ -6,11 +6,8 @@ use std::borrow::Cow;
 use regex::{Regex, RegexBuilder, RegexSet, RegexSetBuilder};
 use serde_json::Value;
 
-/// Compiled-size limit for author-supplied regexes: generous for real patterns, small enough
-/// that a pathological pattern (`(a{1000}){1000}`) fails at validation instead of eating memory.
-pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
-/// Lazy-DFA cache limit per regex.
-pub(crate) const REGEX_DFA_SIZE_LIMIT: usize = 2 << 20;
+use skilleval_model::text::truncate;
+use skilleval_schema::{REGEX_DFA_SIZE_LIMIT, REGEX_SIZE_LIMIT};
 
 /// Longest text copied into a grade's details; the output itself is stored with the result.
 pub(crate) const DETAILS_TEXT_LIMIT: usize = 4096;
@@ -128,18 +125,6 @@ pub(crate) fn has_uppercase(s: &str) -> bool {
     }
 }
 
-/// At most `max` bytes of `s`, cut at a character boundary, and whether it was cut.
-pub(crate) fn truncate(s: &str, max: usize) -> (&str, bool) {
-    if s.len() <= max {
-        return (s, false);
-    }
-    let mut end = max;
-    while end > 0 && !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    (&s[..end], true)
-}
-
 /// `s` as a details string, cut at [`DETAILS_TEXT_LIMIT`] with a marker.
 pub(crate) fn details_text(s: &str) -> Value {
     let (head, cut) = truncate(s, DETAILS_TEXT_LIMIT);
@@ -150,63 +135,9 @@ pub(crate) fn details_text(s: &str) -> Value {
     }
 }
 
-/// A JSON value shortened for details: long strings cut, at most 20 array items or object
-/// members, at most 4 levels deep. Keeps a 1 MB instance out of every error message.
-pub(crate) fn abbreviate(value: &Value) -> Value {
-    abbreviate_at(value, 0)
-}
-
-fn abbreviate_at(value: &Value, depth: usize) -> Value {
-    const ITEMS: usize = 20;
-    const STRING: usize = 256;
-    match value {
-        Value::String(s) => {
-            let (head, cut) = truncate(s, STRING);
-            if cut {
-                Value::String(format!("{head}…"))
-            } else {
-                value.clone()
-            }
-        }
-        Value::Array(items) => {
-            if depth >= 4 {
-                return Value::String(format!("[… {} items]", items.len()));
-            }
-            let mut out: Vec<Value> = items
-                .iter()
-                .take(ITEMS)
-                .map(|v| abbreviate_at(v, depth + 1))
-                .collect();
-            if items.len() > ITEMS {
-                out.push(Value::String(format!("… {} more", items.len() - ITEMS)));
-            }
-            Value::Array(out)
-        }
-        Value::Object(map) => {
-            if depth >= 4 {
-                return Value::String(format!("{{… {} members}}", map.len()));
-            }
-            let mut out = serde_json::Map::new();
-            for (k, v) in map.iter().take(ITEMS) {
-                out.insert(k.clone(), abbreviate_at(v, depth + 1));
-            }
-            if map.len() > ITEMS {
-                out.insert(
-                    "…".to_string(),
-                    Value::String(format!("{} more", map.len() - ITEMS)),
-                );
-            }
-            Value::Object(out)
-        }
-        _ => value.clone(),
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::needless_pass_by_value)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     #[test]
@@ -222,14 +153,6 @@ mod tests {
     }
 
     #[test]
-    fn truncate_respects_char_boundaries() {
-        let s = "日本語";
-        assert_eq!(truncate(s, 4), ("日", true));
-        assert_eq!(truncate(s, 9), ("日本語", false));
-        assert_eq!(truncate("", 0), ("", false));
-    }
-
-    #[test]
     fn term_pattern_bounds_only_word_ends() {
         let re = user_regex(&term_pattern("C++", true), false).unwrap();
         assert!(re.is_match("I like C++ code"));
@@ -238,13 +161,5 @@ mod tests {
         assert!(re.is_match("the cat sat"));
         let re = user_regex(&term_pattern("machine learning", true), false).unwrap();
         assert!(re.is_match("machine\n  learning"));
-    }
-
-    #[test]
-    fn abbreviate_caps_size() {
-        let big: Vec<Value> = (0..100).map(|i| json!(i)).collect();
-        let v = abbreviate(&json!({"a": big, "s": "x".repeat(1000)}));
-        assert_eq!(v["a"].as_array().unwrap().len(), 21);
-        assert!(v["s"].as_str().unwrap().len() < 300);
     }
 }

@@ -24,13 +24,13 @@ use async_trait::async_trait;
 use jsonschema::Validator;
 use serde_json::{json, Value};
 
-use super::json_schema::{compile_schema, schema_errors};
 use super::options::{describe, option_pointer, OptionReader};
-use super::text::abbreviate;
 use super::{CompileContext, GradeEnv, GradeInput, Grader, Strategy};
 use skilleval_model::definition::TestCase;
 use skilleval_model::grade::{Fault, Grade, ToolCall};
 use skilleval_model::problem::Problem;
+use skilleval_model::text::abbreviate;
+use skilleval_schema::{compile_schema, schema_errors};
 
 /// Most calls listed in details.
 const MAX_LISTED_CALLS: usize = 100;

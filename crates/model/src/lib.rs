@@ -16,3 +16,4 @@ pub mod json_stream;
 pub mod output;
 pub mod package;
 pub mod problem;
+pub mod text;
