@@ -31,6 +31,7 @@ mod reports;
 mod rescore;
 mod risk;
 mod runs;
+mod sequence;
 mod sampling;
 mod skill_creator;
 mod submit;
