@@ -2,7 +2,8 @@
 //! of the run at its creation, each next one only once the one before it is recorded; the
 //! run's other cases are not held back. A lost event (a coordinator that died between a result
 //! and the next publish) and a cursor that never moved after a confirm are repaired by the
-//! sweeper, which publishes nothing twice and skips nothing. With a real worker, each case of
+//! sweeper, which never publishes a case before the one ahead of it is recorded and skips
+//! nothing. With a real worker, each case of
 //! the chain starts after the one before it finished.
 
 use std::collections::BTreeMap;
@@ -115,7 +116,7 @@ async fn a_sequence_publishes_its_next_case_once_the_one_before_is_recorded_and_
 }
 
 #[tokio::test]
-async fn a_next_case_lost_to_a_crash_is_published_by_the_sweeper_once_and_in_order() {
+async fn a_next_case_lost_to_a_crash_is_published_by_the_sweeper_in_order_and_each_case_recorded_once() {
     let app = spawn_app_with(AppOptions {
         publish_grace_secs: 1,
         ..AppOptions::default()
@@ -141,16 +142,22 @@ async fn a_next_case_lost_to_a_crash_is_published_by_the_sweeper_once_and_in_ord
     assert_eq!(sweeper.sweep_unpublished().await.unwrap(), 0);
     assert_eq!(cursors(&app, run_id).await, vec![(2, 3)]);
 
-    // A pass that died after case-003's confirm but before its cursor moved: the cursor is
-    // back at it. Once case-003 is recorded, the sweeper moves the cursor past it without
-    // publishing it again and publishes case-004.
-    sqlx::query("UPDATE run_sequences SET published = 1 WHERE run_id = $1")
-        .bind(run_id)
-        .execute(&app.pool)
-        .await
-        .unwrap();
-    assert_eq!(sweeper.sweep_unpublished().await.unwrap(), 0, "003 not recorded yet");
-    assert_eq!(app.queue_depth(&app.topology.jobs_queue()).await, 0);
+    // A pass that died after case-003's confirm, before its cursor moved: the cursor is
+    // still at it. Publishing is at least once: the sweeper publishes case-003 again (the
+    // same case: never the one after it, whose turn has not come).
+    let rewind = || async {
+        sqlx::query("UPDATE run_sequences SET published = 1 WHERE run_id = $1")
+            .bind(run_id)
+            .execute(&app.pool)
+            .await
+            .unwrap();
+    };
+    rewind().await;
+    assert_eq!(sweeper.sweep_unpublished().await.unwrap(), 1);
+    assert_eq!(queued(&app, 1).await, ids(&["case-003"]));
+    // The same, when case-003 was recorded before the sweeper came: it moves the cursor past
+    // the recorded case without publishing it, and publishes case-004.
+    rewind().await;
     record_as_worker(&app, run_id, &[("case-003", CaseStatus::Passed, 1.0)]).await;
     assert_eq!(sweeper.sweep_unpublished().await.unwrap(), 1);
     assert_eq!(queued(&app, 1).await, ids(&["case-004"]));
