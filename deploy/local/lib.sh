@@ -12,6 +12,7 @@ log() {
 # The brokers' consumer acknowledgement timeout (ms) for the clusters these scripts start, and
 # what their workers are told (worker.broker_consumer_timeout_ms): 2 h, twice the longest case
 # they expect, 1 h (docs/operations.md, "Consumer acknowledgement timeout").
+# shellcheck disable=SC2034  # used by the scripts that source this file
 CONSUMER_TIMEOUT_MS=7200000
 
 as_root() {
