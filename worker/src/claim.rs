@@ -16,8 +16,13 @@
 //!   live copy holds it, it is put off into a delay queue, marked to look again
 //!   (`topology::DEFERRED_HEADER`), and acked: when it comes back the case is recorded (it is
 //!   acked without running) or its claim lapsed (its holder died: it runs);
-//! - a copy whose claim another copy took (its lease ran out while it could not renew it)
-//!   stops running and is acked: the holder has a delivery of its own.
+//! - a copy that finds the claim taken by another copy while it runs (it claimed late, or its
+//!   lease ran out while it could not renew it) stops, and is put off like a copy delivered
+//!   again: the case is run by the holder, or, should the holder die, by this copy when it
+//!   comes back; never by both at once, and never by nobody.
+//!
+//! A claim is per attempt: a retry is a job of its own, published once the attempt before it
+//! ended, and does not wait for that attempt's claim to lapse.
 //!
 //! Nothing releases a claim: it lapses a lease after the holder's last renewal, by which time
 //! the result is committed (a batch commits within milliseconds); recording stays
@@ -39,6 +44,8 @@ pub struct CaseClaim<'a> {
     pub run_id: Uuid,
     pub test_case_id: &'a str,
     pub variant: Variant,
+    /// The job's attempt (a retry claims apart from the attempt before it).
+    pub attempt: u32,
     /// This copy (random per delivery run).
     pub holder: Uuid,
     pub after: Duration,
@@ -53,6 +60,7 @@ impl CaseClaim<'_> {
                 self.run_id,
                 self.test_case_id,
                 self.variant,
+                self.attempt,
                 self.holder,
                 self.lease,
             )

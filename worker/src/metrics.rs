@@ -74,7 +74,8 @@ pub struct WorkerMetrics {
     pub settled_redeliveries: Counter,
     /// Copies delivered again while another copy held the case's claim, put off.
     pub deferred: Counter,
-    /// Copies that lost the case's claim to another copy while they ran, stopped.
+    /// Copies that found the case's claim taken by another copy while they ran, stopped and
+    /// put off.
     pub superseded: Counter,
     /// Results per committed batch.
     pub batch_size: Histogram,
@@ -176,7 +177,7 @@ impl WorkerMetrics {
         );
         registry.register(
             "superseded_copies",
-            "Jobs that lost their case's claim to another copy while they ran, stopped",
+            "Jobs that found their case's claim taken by another copy while they ran, stopped and put off",
             superseded.clone(),
         );
         registry.register(

@@ -103,7 +103,8 @@ pub enum Disposition {
     /// A copy delivered again while another copy of the case holds its claim (runs it): put
     /// off into the delay queue of `tier_ms` to look again (confirmed), ack.
     Deferred { tier_ms: u64 },
-    /// This copy lost its case's claim to another copy while it ran and stopped: ack.
+    /// This copy found its case's claim taken by another copy while it ran, stopped, and was
+    /// put off like [`Disposition::Deferred`] (confirmed): ack.
     Superseded,
 }
 
@@ -432,6 +433,7 @@ impl Worker {
             run_id: job.run_id,
             test_case_id: &job.case.id,
             variant: skilleval_execution::variant::Variant::of(&job.runner),
+            attempt: job.attempt,
             holder: uuid::Uuid::new_v4(),
             after: worker.claim_after(),
             lease: worker.claim_lease(),
@@ -441,7 +443,7 @@ impl Worker {
             match claim.take().await {
                 Ok(Claim::Held) => held = true,
                 Ok(Claim::Elsewhere) => {
-                    let tier_ms = self.topology.retry_tiers_ms().last().copied().unwrap_or(1_000);
+                    let tier_ms = deferral_tier(&self.topology);
                     let publisher = publisher.ok_or(HandleError::NoPublisher)?;
                     publisher.publish_deferred(&job, lane, tier_ms).await?;
                     self.metrics.deferred.inc();
@@ -473,6 +475,11 @@ impl Worker {
                         .keep_while(held, &info.session_lost, execution)
                         .await
                     else {
+                        // Put off like a copy delivered again: should the holder die, this
+                        // copy runs the case when it comes back.
+                        let tier_ms = deferral_tier(&self.topology);
+                        let publisher = publisher.ok_or(HandleError::NoPublisher)?;
+                        publisher.publish_deferred(&job, lane, tier_ms).await?;
                         self.metrics.superseded.inc();
                         return Ok(Disposition::Superseded);
                     };
@@ -927,6 +934,11 @@ impl Worker {
             }
         }
     }
+}
+
+/// The delay queue a copy put off goes to: the longest (it waits for another copy's run).
+fn deferral_tier(topology: &Topology) -> u64 {
+    topology.retry_tiers_ms().last().copied().unwrap_or(1_000)
 }
 
 /// The CONSUMER span of one job (messaging semantic conventions), a child of the `send` span

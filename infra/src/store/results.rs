@@ -461,7 +461,8 @@ pub enum Claim {
 }
 
 impl Store {
-    /// Takes (or renews) the claim on the case's `variant` for `holder`, leased for `lease`:
+    /// Takes (or renews) the claim on attempt `attempt` of the case's `variant` for `holder`,
+    /// leased for `lease`:
     /// held when nobody holds it, its lease expired, or `holder` holds it already; else
     /// [`Claim::Elsewhere`] (another copy runs the case).
     pub async fn claim_case(
@@ -469,14 +470,15 @@ impl Store {
         run_id: Uuid,
         test_case_id: &str,
         variant: Variant,
+        attempt: u32,
         holder: Uuid,
         lease: std::time::Duration,
     ) -> Result<Claim, StoreError> {
         let taken: Option<Uuid> = sqlx::query_scalar(
             "INSERT INTO case_claims
-                (run_id, test_case_id, configuration, run_number, holder, expires_at)
-             VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))
-             ON CONFLICT (run_id, test_case_id, configuration, run_number) DO UPDATE
+                (run_id, test_case_id, configuration, run_number, attempt, holder, expires_at)
+             VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+             ON CONFLICT (run_id, test_case_id, configuration, run_number, attempt) DO UPDATE
                SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
                WHERE case_claims.holder = EXCLUDED.holder OR case_claims.expires_at < now()
              RETURNING holder",
@@ -485,6 +487,7 @@ impl Store {
         .bind(test_case_id)
         .bind(variant.configuration.as_str())
         .bind(i32::try_from(variant.run_number).unwrap_or(i32::MAX))
+        .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
         .bind(holder)
         .bind(lease.as_secs_f64())
         .fetch_optional(self.pool())
