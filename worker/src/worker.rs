@@ -471,9 +471,7 @@ impl Worker {
                     let owner = skilleval_providers::CacheOwner { run_id: job.run_id };
                     // Boxed: the execution's future is large, and it is moved into the claim's.
                     let execution = Box::pin(owner.scope(self.executor.execute(&job, &root)));
-                    let Some(result) = claim
-                        .keep_while(held, &info.session_lost, execution)
-                        .await
+                    let Some(result) = claim.keep_while(held, &info.session_lost, execution).await
                     else {
                         // Put off like a copy delivered again: should the holder die, this
                         // copy runs the case when it comes back.

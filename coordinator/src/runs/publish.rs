@@ -41,8 +41,8 @@ use uuid::Uuid;
 
 use super::error::LaunchError;
 use super::plan::{variant_keys, PreparedRun, RunPlan, RunRequest};
-use super::sequence::Chains;
 use super::planner::RunPlanner;
+use super::sequence::Chains;
 use crate::jobs::{JobSink, PublishError};
 use crate::metrics::Metrics;
 
@@ -296,9 +296,7 @@ impl RunPublisher {
                 if window.cap_room(extra) == 0 {
                     break;
                 }
-                let jobs = self
-                    .encode(run_id, std::slice::from_ref(job), pass)
-                    .await?;
+                let jobs = self.encode(run_id, std::slice::from_ref(job), pass).await?;
                 let confirms = Confirms::of(&self.sink, jobs, plan.lane()).await;
                 self.metrics
                     .jobs_published

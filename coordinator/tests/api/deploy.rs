@@ -403,7 +403,8 @@ fn every_deployment_sets_the_consumer_timeout_its_workers_are_told() {
             .is_some_and(|c| c.iter().any(|c| c["source"] == "rabbitmq-consumer-timeout"))
     };
     assert!(mounted(&doc["services"]["rabbitmq"]), "compose's broker");
-    let told = doc["services"]["worker"]["environment"]["SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS"]
+    let told = doc["services"]["worker"]["environment"]
+        ["SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS"]
         .as_str()
         .expect("the workers are told the timeout");
     assert_eq!(told, timeout.to_string());

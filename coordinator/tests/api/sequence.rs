@@ -81,8 +81,7 @@ fn ids(list: &[&str]) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn a_sequence_publishes_its_next_case_once_the_one_before_is_recorded_and_the_rest_at_once()
-{
+async fn a_sequence_publishes_its_next_case_once_the_one_before_is_recorded_and_the_rest_at_once() {
     let app = spawn_app_with(AppOptions::default()).await;
     let run_id = upload_run(&app, sequenced_package("in-order", 6, &[4, 1, 3])).await;
     // At creation: every case outside the chain, and the chain's first case only.
@@ -116,7 +115,8 @@ async fn a_sequence_publishes_its_next_case_once_the_one_before_is_recorded_and_
 }
 
 #[tokio::test]
-async fn a_next_case_lost_to_a_crash_is_published_by_the_sweeper_in_order_and_each_case_recorded_once() {
+async fn a_next_case_lost_to_a_crash_is_published_by_the_sweeper_in_order_and_each_case_recorded_once(
+) {
     let app = spawn_app_with(AppOptions {
         publish_grace_secs: 1,
         ..AppOptions::default()
@@ -195,18 +195,18 @@ async fn with_a_worker_each_case_of_a_sequence_starts_after_the_one_before_it_fi
     let run = wait_for_verdict(&app, &run_id.to_string()).await;
     assert_eq!(run["status"], "completed", "{run}");
     assert_eq!(run["counters"]["passed"], 8, "{run}");
-    type Times = (
+    type Times = (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>);
+    let rows: Vec<(
+        String,
         chrono::DateTime<chrono::Utc>,
         chrono::DateTime<chrono::Utc>,
-    );
-    let rows: Vec<(String, chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> =
-        sqlx::query_as(
-            "SELECT test_case_id, started_at, finished_at FROM eval_results WHERE run_id = $1",
-        )
-        .bind(run_id)
-        .fetch_all(&app.pool)
-        .await
-        .unwrap();
+    )> = sqlx::query_as(
+        "SELECT test_case_id, started_at, finished_at FROM eval_results WHERE run_id = $1",
+    )
+    .bind(run_id)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
     assert_eq!(rows.len(), 8, "one row per case");
     let times: BTreeMap<String, Times> = rows
         .into_iter()

@@ -52,14 +52,23 @@ async fn a_job_held_past_the_consumer_timeout_is_recorded_once_and_run_once() {
     // A second worker, free to take the copies the broker delivers again.
     let b = env.start_worker(settings("b")).await;
 
-    let c = env.wait_for_run(seeded.run_id, Duration::from_secs(180)).await;
-    assert_eq!(c.passed, 3, "{c:?}: {:?}", env.errors_of(seeded.run_id).await);
+    let c = env
+        .wait_for_run(seeded.run_id, Duration::from_secs(180))
+        .await;
+    assert_eq!(
+        c.passed,
+        3,
+        "{c:?}: {:?}",
+        env.errors_of(seeded.run_id).await
+    );
     env.assert_run_consistent(&seeded).await;
     // The first copies' results are committed; the copies delivered again then find the
     // cases recorded (settled) once they come back from the delay queue. Wait for that, so
     // the counts below are final.
-    let settled = || counter(&a, "skilleval_worker_settled_redeliveries_total")
-        + counter(&b, "skilleval_worker_settled_redeliveries_total");
+    let settled = || {
+        counter(&a, "skilleval_worker_settled_redeliveries_total")
+            + counter(&b, "skilleval_worker_settled_redeliveries_total")
+    };
     crate::helpers::eventually(Duration::from_secs(60), "the put-off copies settle", || {
         let n = settled();
         async move { n >= 3 }
@@ -75,7 +84,10 @@ async fn a_job_held_past_the_consumer_timeout_is_recorded_once_and_run_once() {
         "the broker delivered every job again after its consumer timeout ({redelivered} redeliveries); node log:\n{}",
         node.log(0)
     );
-    assert!(deferred >= 3, "each copy delivered again was put off ({deferred})");
+    assert!(
+        deferred >= 3,
+        "each copy delivered again was put off ({deferred})"
+    );
     assert_eq!(
         executions(&a) + executions(&b),
         3,
