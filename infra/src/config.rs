@@ -1374,6 +1374,27 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_must_come_before_the_brokers_consumer_timeout() {
+        let err = Settings::load_from(&env(&[
+            ("SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS", "10000"),
+            ("SKILLEVAL__WORKER__CLAIM_AFTER_MS", "10000"),
+        ]))
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("worker.claim_after_ms") && text.contains("broker_consumer_timeout_ms"),
+            "{text}"
+        );
+        let s = Settings::load_from(&env(&[(
+            "SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS",
+            "7200000",
+        )]))
+        .unwrap();
+        assert_eq!(s.worker.broker_consumer_timeout_ms, Some(7_200_000));
+        assert!(s.worker.claim_after_ms < 7_200_000);
+    }
+
+    #[test]
     fn heartbeat_is_bounded_and_added_to_the_url() {
         let err =
             Settings::load_from(&env(&[("SKILLEVAL__AMQP__HEARTBEAT_SECS", "60")])).unwrap_err();
