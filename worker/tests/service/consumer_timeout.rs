@@ -37,11 +37,13 @@ async fn a_job_held_past_the_consumer_timeout_is_recorded_once_and_run_once() {
     .await
     .expect("the node starts");
     let env = TestEnv::on_broker(Some(node.nodes[0].url())).await;
-    // Each case runs 6 s: three times the consumer timeout.
-    let seeded = env.seed_run(3, &Produce::Sleep { secs: 6.0 }).await;
+    // Each case runs 8 s: four times the consumer timeout.
+    let seeded = env.seed_run(3, &Produce::Sleep { secs: 8.0 }).await;
     let settings = |name: &str| {
         let mut s = env.settings(name);
-        s.worker.concurrency = 3;
+        // Slots to spare: a copy delivered again is looked at at once, wherever it lands,
+        // not after a running case frees a slot.
+        s.worker.concurrency = 6;
         s.worker.claim_after_ms = 300;
         s.worker.claim_lease_secs = 3;
         s.worker.broker_consumer_timeout_ms = Some(2_000);
