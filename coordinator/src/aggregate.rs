@@ -4,8 +4,8 @@
 //! batch. For each event the aggregator reads the run's row once, then applies `failFast` (a
 //! failed or errored case stops its run), writes off the never-recorded cases of a stopped run
 //! (failFast, or a budget stop a worker's batch made), publishes more of the run's jobs when
-//! `maxConcurrentTests` holds some back, and finalises the run once every planned case is
-//! recorded. A periodic sweep does the same for runs whose events were missed (a coordinator
+//! `maxConcurrentTests` holds some back or a `runInSequence` chain's next case is due, and
+//! finalises the run once every planned case is recorded. A periodic sweep does the same for runs whose events were missed (a coordinator
 //! restart, a lost event), so a complete run is always finalised.
 //!
 //! Finalising is exactly-once even with several replicas racing: the summary is computed from
@@ -120,7 +120,8 @@ impl RunAggregator {
             }
             state = self.state(run_id).await?;
         }
-        if state.is_live() && progress.capped && !state.awaits_finalising() {
+        if state.is_live() && (progress.capped || progress.sequenced) && !state.awaits_finalising()
+        {
             self.publisher.release_logged(run_id).await;
         }
         if state.awaits_finalising() {

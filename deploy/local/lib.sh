@@ -9,6 +9,12 @@ log() {
     if [ -t 2 ]; then printf '\033[1m==> [%s] %s\033[0m\n' "$at" "$*" >&2; else printf '==> [%s] %s\n' "$at" "$*" >&2; fi
 }
 
+# The brokers' consumer acknowledgement timeout (ms) for the clusters these scripts start, and
+# what their workers are told (worker.broker_consumer_timeout_ms): 2 h, twice the longest case
+# they expect, 1 h (docs/operations.md, "Consumer acknowledgement timeout").
+# shellcheck disable=SC2034  # used by the scripts that source this file
+CONSUMER_TIMEOUT_MS=7200000
+
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }

@@ -163,8 +163,9 @@ case $cmd in
         for i in $(seq 1 "$nodes"); do
             base=$(node_dir "$i")
             mkdir -p "$base"
-            printf 'listeners.tcp.1 = 127.0.0.1:%s\ncluster_partition_handling = pause_minority\n' \
-                "$(amqp_port "$i")" >"$base/rabbitmq.conf"
+            # consumer_timeout: lib.sh's, what run-cluster.sh's workers are told.
+            printf 'listeners.tcp.1 = 127.0.0.1:%s\ncluster_partition_handling = pause_minority\nconsumer_timeout = %s\n' \
+                "$(amqp_port "$i")" "$CONSUMER_TIMEOUT_MS" >"$base/rabbitmq.conf"
             # No plugins: the system node's management plugin holds port 15672.
             echo '[].' >"$base/enabled_plugins"
             : >"$base/rabbitmq-env.conf"

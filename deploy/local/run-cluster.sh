@@ -146,6 +146,8 @@ if [ "$brokers" = 3 ]; then
     deploy/local/rabbitmq-cluster.sh start -d "$broker_dir"
     AMQP_URL=$(cat "$broker_dir/amqp_url")
     export AMQP_URL SKILLEVAL__AMQP__REPLICATED_QUEUES=true
+    # The cluster's consumer_timeout (lib.sh): the workers check their claims against it.
+    export SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS=$CONSUMER_TIMEOUT_MS
 fi
 
 "$bin/skilleval-coordinator" serve >"$log_dir/coordinator.log" 2>&1 &

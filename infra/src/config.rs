@@ -419,6 +419,18 @@ pub struct WorkerSettings {
     pub host_fault_window_secs: u64,
     /// While the worker takes no jobs for want of a working sandbox, how often it probes it.
     pub sandbox_probe_interval_ms: u64,
+    /// A job still running this long after it started claims its case in the store
+    /// (`case_claims`), so a copy the broker delivers again meanwhile (its consumer
+    /// acknowledgement timeout passed, or the connection was lost) does not run it too; a
+    /// copy delivered again claims at once. Must be below the brokers' `consumer_timeout`.
+    pub claim_after_ms: u64,
+    /// How long a claim lasts unless renewed; its holder renews it every third of that while
+    /// the job runs. A copy delivered again while the holder is gone waits about this long.
+    pub claim_lease_secs: u64,
+    /// The brokers' `consumer_timeout` (ms), when known: the worker refuses to start when
+    /// `claim_after_ms` is not below it, and warns for a job whose timeout is longer than
+    /// half of it (it may be delivered again while it runs or waits for a slot).
+    pub broker_consumer_timeout_ms: Option<u64>,
 }
 
 impl Default for WorkerSettings {
@@ -439,6 +451,9 @@ impl Default for WorkerSettings {
             host_fault_threshold: 5,
             host_fault_window_secs: 30,
             sandbox_probe_interval_ms: 2_000,
+            claim_after_ms: 10_000,
+            claim_lease_secs: 60,
+            broker_consumer_timeout_ms: None,
         }
     }
 }
@@ -465,6 +480,14 @@ impl WorkerSettings {
 
     pub fn batch_max_wait(&self) -> Duration {
         Duration::from_millis(self.batch_max_wait_ms)
+    }
+
+    pub fn claim_after(&self) -> Duration {
+        Duration::from_millis(self.claim_after_ms)
+    }
+
+    pub fn claim_lease(&self) -> Duration {
+        Duration::from_secs(self.claim_lease_secs)
     }
 }
 
@@ -833,6 +856,20 @@ impl Settings {
         }
         if self.worker.batch_size == 0 {
             return invalid("worker.batch_size", "must be at least 1");
+        }
+        if self.worker.claim_lease_secs == 0 {
+            return invalid("worker.claim_lease_secs", "must be at least 1");
+        }
+        if let Some(timeout) = self.worker.broker_consumer_timeout_ms {
+            if self.worker.claim_after_ms >= timeout {
+                return invalid(
+                    "worker.claim_after_ms",
+                    &format!(
+                        "must be below worker.broker_consumer_timeout_ms ({timeout}): a job must \
+                         claim its case before the broker can deliver it again"
+                    ),
+                );
+            }
         }
         if self.database.max_connections == 0 {
             return invalid("database.max_connections", "must be at least 1");
@@ -1334,6 +1371,27 @@ mod tests {
             s.coordinator.webhook_secret.as_ref().map(Secret::expose),
             Some("s3cr3t")
         );
+    }
+
+    #[test]
+    fn a_claim_must_come_before_the_brokers_consumer_timeout() {
+        let err = Settings::load_from(&env(&[
+            ("SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS", "10000"),
+            ("SKILLEVAL__WORKER__CLAIM_AFTER_MS", "10000"),
+        ]))
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("worker.claim_after_ms") && text.contains("broker_consumer_timeout_ms"),
+            "{text}"
+        );
+        let s = Settings::load_from(&env(&[(
+            "SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS",
+            "7200000",
+        )]))
+        .unwrap();
+        assert_eq!(s.worker.broker_consumer_timeout_ms, Some(7_200_000));
+        assert!(s.worker.claim_after_ms < 7_200_000);
     }
 
     #[test]

@@ -81,6 +81,9 @@ pub const PARKED_REASON_HEADER: &str = "x-skilleval-parked-reason";
 pub const PARKED_FROM_HEADER: &str = "x-skilleval-parked-from";
 /// W3C trace context header.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// Header of a job put off because another copy of its case held the case's claim: its
+/// worker looks at the case's state and claim again before running it.
+pub const DEFERRED_HEADER: &str = "x-skilleval-deferred";
 /// `x-delivery-limit` of the jobs queue, defined with the settings that must stay below it
 /// (here for the binaries and tests that declare or exercise the queue).
 pub use crate::config::DELIVERY_LIMIT;
@@ -1019,11 +1022,36 @@ impl Publisher {
         lane: Lane,
         tier_ms: u64,
     ) -> Result<(), BrokerError> {
+        self.publish_delayed(job, lane, tier_ms, false).await
+    }
+
+    /// Puts a job off into the delay queue of `tier_ms` (as [`Publisher::publish_retry`], the
+    /// attempt unchanged), marked with [`DEFERRED_HEADER`]: another copy of its case holds
+    /// the case's claim, and the worker that gets it back looks again before running it.
+    pub async fn publish_deferred(
+        &self,
+        job: &Job,
+        lane: Lane,
+        tier_ms: u64,
+    ) -> Result<(), BrokerError> {
+        self.publish_delayed(job, lane, tier_ms, true).await
+    }
+
+    async fn publish_delayed(
+        &self,
+        job: &Job,
+        lane: Lane,
+        tier_ms: u64,
+        deferred: bool,
+    ) -> Result<(), BrokerError> {
         let encoded = EncodedJob::from_job(job)?;
         let queue = self.topology.retry_queue(lane, tier_ms);
         // The default exchange routes by queue name.
         let span = send_span("", &queue, std::slice::from_ref(&encoded));
-        let headers = Self::trace_headers(&span);
+        let mut headers = Self::trace_headers(&span);
+        if deferred {
+            headers.insert(DEFERRED_HEADER.into(), AMQPValue::Boolean(true));
+        }
         async {
             let sent = self
                 .in_order(self.send_job("", &queue, &encoded, headers))

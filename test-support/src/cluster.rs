@@ -30,6 +30,16 @@ use crate::tls::{
 /// How long a node may take to start (the machine may be busy with a build).
 const START_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// Settings of a test's own for every node of a [`RabbitCluster`].
+#[derive(Debug, Clone, Default)]
+pub struct NodeConfig {
+    /// Lines appended to each node's `rabbitmq.conf` (e.g. `consumer_timeout = 2000\n`).
+    pub conf: String,
+    /// Each node's `advanced.config` (Erlang terms, for application settings `rabbitmq.conf`
+    /// does not have, e.g. `[{rabbit, [{channel_tick_interval, 500}]}].`); none by default.
+    pub advanced: Option<String>,
+}
+
 /// One node of a [`RabbitCluster`].
 #[derive(Debug)]
 pub struct ClusterNode {
@@ -75,6 +85,11 @@ impl RabbitCluster {
     /// Starts `n` nodes (in parallel), joins the others to the first, and returns once every
     /// node runs the broker and sees all `n` as running.
     pub fn start(n: usize) -> RabbitCluster {
+        RabbitCluster::start_configured(n, &NodeConfig::default())
+    }
+
+    /// [`RabbitCluster::start`] with settings of the test's own on every node.
+    pub fn start_configured(n: usize, extra: &NodeConfig) -> RabbitCluster {
         assert!(n >= 1, "a cluster has a node at least");
         let user = RunAs::service("rabbitmq");
         let dir = world_readable_tempdir();
@@ -104,7 +119,7 @@ impl RabbitCluster {
                 base,
                 child: Mutex::new(None),
             };
-            cluster.configure(&node);
+            cluster.configure(&node, extra);
             cluster.nodes.push(node);
         }
         // Spawned together, awaited one by one: the boots overlap.
@@ -227,15 +242,18 @@ impl RabbitCluster {
         fs::read_to_string(self.nodes[i].log()).unwrap_or_default()
     }
 
-    fn configure(&self, node: &ClusterNode) {
+    fn configure(&self, node: &ClusterNode, extra: &NodeConfig) {
         let base = &node.base;
         let config = format!(
             "listeners.tcp.1 = 127.0.0.1:{port}\n\
-             cluster_partition_handling = pause_minority\n",
-            port = node.amqp_port
+             cluster_partition_handling = pause_minority\n{conf}",
+            port = node.amqp_port,
+            conf = extra.conf
         );
+        let advanced = extra.advanced.as_deref().unwrap_or("[].\n");
         for (name, text) in [
             ("rabbitmq.conf", config.as_str()),
+            ("advanced.config", advanced),
             // No plugins: the system node's management plugin already holds port 15672.
             ("enabled_plugins", "[].\n"),
             // Not /etc/rabbitmq/rabbitmq-env.conf, which names the system node.

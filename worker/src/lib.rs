@@ -14,6 +14,8 @@
 //! - [`packages`] fetches a package once per content hash and caches it on disk.
 //! - [`retry`] computes backoff and picks the delay queue tier.
 //! - [`cancel`] caches whether a run was cancelled.
+//! - [`claim`] keeps a case's claim while its job runs, so a copy the broker delivers again
+//!   (a consumer timeout, a lost connection) does not run the case too.
 //! - [`llm`] connects the model providers (Postgres cache and fleet-wide rate limits) when
 //!   configured and builds the executor on them with the shared `ExecutorBuilder`.
 //! - [`sandbox_gate`] stops the consumers while the sandbox does not work (none at start, or
@@ -23,7 +25,8 @@
 //! The guarantees, in order: a job's result is committed before its delivery is acked; a
 //! case's row is inserted once, however often its job is delivered; every job ends in a
 //! stored result (retries are bounded, poison jobs are stored `errored`), so every run
-//! completes.
+//! completes; a case runs in one copy at a time, however often its job is delivered (a copy
+//! that runs long holds the case's claim).
 
 use std::sync::{Arc, RwLock};
 
@@ -32,6 +35,7 @@ use skilleval_infra::topology::Publisher;
 pub mod acks;
 pub mod batch;
 pub mod cancel;
+pub mod claim;
 pub mod evaluations;
 pub mod http;
 pub mod llm;

@@ -72,6 +72,11 @@ pub struct WorkerMetrics {
     pub redeliveries: Counter,
     /// Redelivered jobs found already settled and acked without running.
     pub settled_redeliveries: Counter,
+    /// Copies delivered again while another copy held the case's claim, put off.
+    pub deferred: Counter,
+    /// Copies that found the case's claim taken by another copy while they ran, stopped and
+    /// put off.
+    pub superseded: Counter,
     /// Results per committed batch.
     pub batch_size: Histogram,
     /// Batches that failed to commit (each is retried, then its deliveries requeued).
@@ -112,6 +117,8 @@ impl WorkerMetrics {
         let parked = Counter::default();
         let redeliveries = Counter::default();
         let settled_redeliveries = Counter::default();
+        let deferred = Counter::default();
+        let superseded = Counter::default();
         let batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 10));
         let batch_failures = Counter::default();
         let ack_failures = Counter::default();
@@ -162,6 +169,16 @@ impl WorkerMetrics {
             "settled_redeliveries",
             "Redelivered jobs already recorded, acked without running",
             settled_redeliveries.clone(),
+        );
+        registry.register(
+            "deferred_copies",
+            "Jobs delivered again while another copy held the case's claim, put off to look again",
+            deferred.clone(),
+        );
+        registry.register(
+            "superseded_copies",
+            "Jobs that found their case's claim taken by another copy while they ran, stopped and put off",
+            superseded.clone(),
         );
         registry.register(
             "batch_size",
@@ -254,6 +271,8 @@ impl WorkerMetrics {
             parked,
             redeliveries,
             settled_redeliveries,
+            deferred,
+            superseded,
             batch_size,
             batch_failures,
             ack_failures,

@@ -7,6 +7,11 @@
 //! message or a redelivery of a case already decided is acked at once (a retry only after its publish
 //! was confirmed).
 //!
+//! A delivery's session that is lost (the connection, or its channel closed by the broker's
+//! `consumer_timeout`) takes its deliveries back to the queue: one not started yet is dropped
+//! (the broker delivers it again), one running goes on under its case's claim
+//! ([`crate::claim`]), which a copy delivered again respects instead of running the case too.
+//!
 //! A consumer stream that ends or errors ends the session: the worker reconnects with backoff
 //! (to another broker node first, when several are configured: [`BrokerNodes`]) and consumes
 //! again, and exits with an error after `worker.max_reconnect_attempts` failures in a row so
@@ -33,6 +38,7 @@ use skilleval_infra::config::{Settings, WorkerSettings};
 use skilleval_infra::evaluations::EvaluationEvents;
 use skilleval_infra::failover::{Backoff, BrokerNodes};
 use skilleval_infra::messages::{self, CaseFinished};
+use skilleval_infra::store::results::Claim;
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::{self, BrokerError, Lane, Publisher, Topology, TRACEPARENT_HEADER};
 use skilleval_model::grade::Fault;
@@ -45,6 +51,7 @@ use tracing::Instrument;
 
 use crate::batch::{self, Batcher, Finished};
 use crate::cancel::CancelCache;
+use crate::claim::CaseClaim;
 use crate::evaluations::EventContext;
 use crate::http::{self, HttpState};
 use crate::metrics::WorkerMetrics;
@@ -93,6 +100,12 @@ pub enum Disposition {
     /// A redelivery of a case already decided (recorded, or its run stopped): ack without
     /// running it; re-announce the case in case the first announcement was lost.
     Decided(Option<CaseFinished>),
+    /// A copy delivered again while another copy of the case holds its claim (runs it): put
+    /// off into the delay queue of `tier_ms` to look again (confirmed), ack.
+    Deferred { tier_ms: u64 },
+    /// This copy found its case's claim taken by another copy while it ran, stopped, and was
+    /// put off like [`Disposition::Deferred`] (confirmed): ack.
+    Superseded,
 }
 
 /// Why a delivery could not be dealt with now; it is requeued.
@@ -112,6 +125,18 @@ pub struct DeliveryInfo {
     pub delivery_count: u32,
     /// The W3C trace context of the `send` span that published the message.
     pub traceparent: Option<String>,
+    /// Put off before because another copy held the case's claim: look again before running.
+    pub deferred: bool,
+    /// Cancelled when the session the delivery came on is lost: the broker has it back.
+    pub session_lost: CancellationToken,
+}
+
+impl DeliveryInfo {
+    /// Whether the job may have been delivered before (redelivered, counted, or put off):
+    /// its case's state and claim are read before it runs.
+    pub fn seen_before(&self) -> bool {
+        self.redelivered || self.delivery_count > 0 || self.deferred
+    }
 }
 
 impl DeliveryInfo {
@@ -122,10 +147,16 @@ impl DeliveryInfo {
             .and_then(topology::header_integer)
             .unwrap_or(0);
         let traceparent = get(TRACEPARENT_HEADER).and_then(topology::header_text);
+        let deferred = matches!(
+            get(topology::DEFERRED_HEADER),
+            Some(lapin::types::AMQPValue::Boolean(true))
+        );
         DeliveryInfo {
             redelivered,
             delivery_count: u32::try_from(delivery_count).unwrap_or(u32::MAX),
             traceparent,
+            deferred,
+            session_lost: CancellationToken::new(),
         }
     }
 }
@@ -326,6 +357,8 @@ impl Worker {
             Ok(Disposition::Retried { .. }) => "retried",
             Ok(Disposition::Parked(_)) => "parked",
             Ok(Disposition::Decided(_)) => "decided",
+            Ok(Disposition::Deferred { .. }) => "deferred",
+            Ok(Disposition::Superseded) => "superseded",
             Err(_) => "requeued",
         };
         span.record("skilleval.disposition", disposition);
@@ -339,7 +372,7 @@ impl Worker {
         lane: Lane,
         publisher: Option<&Publisher>,
     ) -> Result<Disposition, HandleError> {
-        if info.redelivered || info.delivery_count > 0 {
+        if info.seen_before() {
             match self
                 .store
                 .case_state(
@@ -385,6 +418,45 @@ impl Worker {
             let skipped = JobResult::skipped(&job, "the run was cancelled");
             return Ok(Disposition::Record(Box::new(skipped)));
         }
+        let worker = &self.settings.worker;
+        if let Some(timeout) = worker.broker_consumer_timeout_ms {
+            if job.timeout_ms.saturating_mul(2) > timeout {
+                tracing::warn!(
+                    job_timeout_ms = job.timeout_ms,
+                    consumer_timeout_ms = timeout,
+                    "the job may outlive the broker's consumer_timeout (it can wait for a slot as long as it runs): the broker will deliver it again, and its claim keeps it from running twice; raise consumer_timeout"
+                );
+            }
+        }
+        let claim = CaseClaim {
+            store: &self.store,
+            run_id: job.run_id,
+            test_case_id: &job.case.id,
+            variant: skilleval_execution::variant::Variant::of(&job.runner),
+            attempt: job.attempt,
+            holder: uuid::Uuid::new_v4(),
+            after: worker.claim_after(),
+            lease: worker.claim_lease(),
+        };
+        let mut held = false;
+        if info.seen_before() {
+            match claim.take().await {
+                Ok(Claim::Held) => held = true,
+                Ok(Claim::Elsewhere) => {
+                    let tier_ms = deferral_tier(&self.topology);
+                    let publisher = publisher.ok_or(HandleError::NoPublisher)?;
+                    publisher.publish_deferred(&job, lane, tier_ms).await?;
+                    self.metrics.deferred.inc();
+                    tracing::info!(
+                        tier_ms,
+                        "another copy of the job runs the case; this one looks again later"
+                    );
+                    return Ok(Disposition::Deferred { tier_ms });
+                }
+                // Run it anyway (claiming later): recording is idempotent.
+                Err(e) => tracing::warn!(error = %e, "could not claim the case"),
+            }
+        }
         let mut result = if let Some(reason) = self.gate.reason() {
             // Taken just before the consumers stopped: let a healthy worker run it.
             JobResult::errored(
@@ -397,7 +469,18 @@ impl Worker {
                     // The model answers this job stores or is served are linked to its run,
                     // and deleted with it (docs/security.md).
                     let owner = skilleval_providers::CacheOwner { run_id: job.run_id };
-                    let result = owner.scope(self.executor.execute(&job, &root)).await;
+                    // Boxed: the execution's future is large, and it is moved into the claim's.
+                    let execution = Box::pin(owner.scope(self.executor.execute(&job, &root)));
+                    let Some(result) = claim.keep_while(held, &info.session_lost, execution).await
+                    else {
+                        // Put off like a copy delivered again: should the holder die, this
+                        // copy runs the case when it comes back.
+                        let tier_ms = deferral_tier(&self.topology);
+                        let publisher = publisher.ok_or(HandleError::NoPublisher)?;
+                        publisher.publish_deferred(&job, lane, tier_ms).await?;
+                        self.metrics.superseded.inc();
+                        return Ok(Disposition::Superseded);
+                    };
                     self.metrics.executed(&result, lane.as_str());
                     result
                 }
@@ -575,15 +658,20 @@ impl Worker {
     ) -> Result<SessionEnd, BrokerError> {
         let topology::Connected { connection, node } =
             topology::connect_any(&self.settings, &self.nodes, &self.name).await?;
+        // Cancelled when the session ends otherwise than by shutdown: its deliveries are
+        // back in the queue.
+        let lost = CancellationToken::new();
         let end = self
-            .session_on(connection, shutdown, tracker, abandon, tx, backoff)
+            .session_on(connection, shutdown, tracker, abandon, tx, backoff, &lost)
             .await;
         if !matches!(end, Ok(SessionEnd::Shutdown(..))) {
+            lost.cancel();
             self.nodes.lost(node);
         }
         end
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn session_on(
         self: &Arc<Self>,
         conn: Connection,
@@ -592,6 +680,7 @@ impl Worker {
         abandon: &CancellationToken,
         tx: &mpsc::Sender<Finished>,
         backoff: &mut Backoff,
+        lost: &CancellationToken,
     ) -> Result<SessionEnd, BrokerError> {
         let setup = conn
             .create_channel()
@@ -612,6 +701,7 @@ impl Worker {
                 &conn,
                 Lane::Ci,
                 WorkerSettings::prefetch_for(self.settings.worker.concurrency),
+                lost,
             )
             .await?;
         let mut samples = self
@@ -619,6 +709,7 @@ impl Worker {
                 &conn,
                 Lane::Samples,
                 WorkerSettings::prefetch_for(self.settings.worker.samples_slots()),
+                lost,
             )
             .await?;
         self.consuming.store(true, Ordering::SeqCst);
@@ -669,7 +760,7 @@ impl Worker {
                         Lane::Ci => &ci.window,
                         Lane::Samples => &samples.window,
                     };
-                    self.spawn_delivery(tracker, abandon, tx, delivery, lane, window);
+                    self.spawn_delivery(tracker, abandon, tx, delivery, lane, window, lost);
                 }
                 Some((lane, Some(Err(e)))) => {
                     return Ok(SessionEnd::Lost(format!("{} consumer: {e}", lane.as_str())));
@@ -689,6 +780,7 @@ impl Worker {
         conn: &Connection,
         lane: Lane,
         prefetch: u16,
+        lost: &CancellationToken,
     ) -> Result<LaneConsumer, BrokerError> {
         let amqp = |context: &str| {
             let context = format!("{context} ({} lane)", lane.as_str());
@@ -718,9 +810,11 @@ impl Worker {
             tag,
             lane,
             window: AckWindow::new(),
+            lost: lost.clone(),
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn spawn_delivery(
         self: &Arc<Self>,
         tracker: &TaskTracker,
@@ -729,16 +823,18 @@ impl Worker {
         delivery: Delivery,
         lane: Lane,
         window: &Arc<AckWindow>,
+        lost: &CancellationToken,
     ) {
         // Registered here, in the channel's delivery order, before any task can settle it.
         let pending = window.received(delivery.acker.clone(), delivery.delivery_tag);
         let worker = self.clone();
         let abandon = abandon.clone();
         let tx = tx.clone();
+        let lost = lost.clone();
         tracker.spawn(async move {
             tokio::select! {
                 () = abandon.cancelled() => {}
-                () = worker.process(delivery, pending, lane, tx) => {}
+                () = worker.process(delivery, pending, lane, tx, lost) => {}
             }
         });
     }
@@ -749,6 +845,7 @@ impl Worker {
         pending: Pending,
         lane: Lane,
         tx: mpsc::Sender<Finished>,
+        lost: CancellationToken,
     ) {
         // An execution slot of the lane, held while the job runs and released before its
         // result waits for the batch commit (the prefetch leaves room for those).
@@ -761,15 +858,22 @@ impl Worker {
             // and the broker redelivers it when the channel closes.
             return;
         };
+        if lost.is_cancelled() {
+            // Its session was lost while it waited for a slot: the broker has it back and
+            // delivers it again (here or to another worker); running this copy would run the
+            // case twice.
+            return;
+        }
         let in_flight = self.metrics.in_flight(lane.as_str());
         in_flight.inc();
         if let Some(published) = delivery.properties.timestamp() {
             self.metrics.waited(lane.as_str(), *published);
         }
-        let info = DeliveryInfo::from_headers(
+        let mut info = DeliveryInfo::from_headers(
             delivery.redelivered,
             delivery.properties.headers().as_ref(),
         );
+        info.session_lost = lost;
         if info.redelivered {
             self.metrics.redeliveries.inc();
         }
@@ -814,7 +918,12 @@ impl Worker {
                     batch::publish_events(&self.publisher, &[event]).await;
                 }
             }
-            Ok(Disposition::Retried { .. } | Disposition::Parked(_)) => {
+            Ok(
+                Disposition::Retried { .. }
+                | Disposition::Parked(_)
+                | Disposition::Deferred { .. }
+                | Disposition::Superseded,
+            ) => {
                 batch::ack(&pending, &self.metrics).await;
             }
             Err(e) => {
@@ -823,6 +932,11 @@ impl Worker {
             }
         }
     }
+}
+
+/// The delay queue a copy put off goes to: the longest (it waits for another copy's run).
+fn deferral_tier(topology: &Topology) -> u64 {
+    topology.retry_tiers_ms().last().copied().unwrap_or(1_000)
 }
 
 /// The CONSUMER span of one job (messaging semantic conventions), a child of the `send` span
@@ -858,6 +972,8 @@ struct LaneConsumer {
     lane: Lane,
     /// The channel's unsettled deliveries (see [`crate::acks`]).
     window: Arc<AckWindow>,
+    /// The session's loss (see [`Worker::session`]).
+    lost: CancellationToken,
 }
 
 impl LaneConsumer {
@@ -900,7 +1016,15 @@ impl LaneConsumer {
         while let Ok(Some(Ok(delivery))) =
             tokio::time::timeout(CANCEL_DRAIN, self.consumer.next()).await
         {
-            worker.spawn_delivery(tracker, abandon, tx, delivery, self.lane, &self.window);
+            worker.spawn_delivery(
+                tracker,
+                abandon,
+                tx,
+                delivery,
+                self.lane,
+                &self.window,
+                &self.lost,
+            );
         }
     }
 }

@@ -262,6 +262,16 @@ impl DefinitionJobs {
         self.triggers.as_ref()
     }
 
+    /// The definition's header when one of its suites has `runInSequence`.
+    pub(crate) fn sequenced(&self) -> Option<&EvalConfig> {
+        let header = self.definition.header();
+        header
+            .suites
+            .iter()
+            .any(|s| s.run_in_sequence)
+            .then_some(header)
+    }
+
     /// Whether plan order is the results' order: one variant, no trigger eval queries.
     pub(crate) fn in_case_order(&self) -> bool {
         self.variants.is_primary_only() && self.triggers.is_none()

@@ -2,6 +2,8 @@
 //! sweeper. The modules build on each other one way, lowest first:
 //!
 //! - [`error`]: [`error::LaunchError`], why a run could not be planned, created or published.
+//! - [`sequence`]: a plan's `runInSequence` chains ([`sequence::Chains`]), the positions
+//!   published one at a time instead of from the watermark.
 //! - [`plan`]: a run's plan ([`plan::RunPlan`]: its jobs a chunk at a time), the one
 //!   interface every run kind plans behind ([`plan::KindPlan`]), what a run is asked to do
 //!   ([`plan::RunRequest`]) and a planned run ready to insert ([`plan::PreparedRun`]).
@@ -28,5 +30,6 @@ pub mod planner;
 pub mod publish;
 pub mod rescore;
 pub mod samples;
+pub mod sequence;
 pub mod sweep;
 pub mod upload;

@@ -28,11 +28,12 @@ use skilleval_execution::runner::trigger::TriggerPlan;
 use skilleval_execution::variant::Variant;
 use skilleval_infra::store::lifecycle::RunKind;
 use skilleval_infra::topology::Lane;
-use skilleval_model::definition::{RunnerConfig, RunnerSpec};
+use skilleval_model::definition::{EvalConfig, RunnerConfig, RunnerSpec};
 use skilleval_model::gate::{GateConfig, GateSpec};
 use uuid::Uuid;
 
 use super::error::LaunchError;
+use super::sequence::Chains;
 
 /// Jobs planned, published and confirmed at a time; the watermark moves once per chunk.
 pub const PUBLISH_CHUNK: usize = 2_000;
@@ -71,6 +72,12 @@ pub trait KindPlan: std::fmt::Debug + Send + Sync {
     fn in_case_order(&self) -> bool {
         true
     }
+
+    /// The definition (without its cases) whose `runInSequence` suites the run honours, when
+    /// it has any: their cases are published one at a time ([`RunPlan::chains`]).
+    fn sequenced(&self) -> Option<&EvalConfig> {
+        None
+    }
 }
 
 /// A run's plan: what its jobs are planned from, the same every time (so a position in the
@@ -84,6 +91,8 @@ pub struct RunPlan {
     /// The W3C trace context of the request that created the run: later passes (releases,
     /// the sweeper) publish in its trace.
     traceparent: Option<String>,
+    /// Its `runInSequence` chains, computed on first use.
+    chains: tokio::sync::OnceCell<Arc<Chains>>,
 }
 
 impl RunPlan {
@@ -98,7 +107,26 @@ impl RunPlan {
             package_hash,
             kind,
             traceparent,
+            chains: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The run's `runInSequence` chains (none for a definition without such suites),
+    /// computed once from every job of the plan (grouping them is CPU work, done in a
+    /// blocking thread) and kept with the plan.
+    pub async fn chains(&self) -> Result<Arc<Chains>, LaunchError> {
+        self.chains
+            .get_or_try_init(|| async {
+                let Some(config) = self.kind.sequenced() else {
+                    return Ok(Arc::new(Chains::default()));
+                };
+                let config = config.clone();
+                let jobs = self.all().await?;
+                let chains = tokio::task::spawn_blocking(move || Chains::of(&config, jobs)).await?;
+                Ok(Arc::new(chains))
+            })
+            .await
+            .cloned()
     }
 
     pub fn run_id(&self) -> Uuid {

@@ -11,6 +11,15 @@
 //! one; a pass cut off republishes at most the chunks in flight when it died, and a job
 //! published twice writes nothing twice (results are keyed by run and case).
 //!
+//! A run with `runInSequence` suites publishes each suite's cases (a chain,
+//! `crate::runs::sequence`) one at a time instead: a pass first publishes, for each chain, its
+//! next case when the one before it is recorded (the first at once), moving the chain's cursor
+//! in the store after the confirm, then runs the watermark pass, which skips chain positions.
+//! A case recorded is announced to the aggregator, whose release runs such a pass; a missed
+//! event or a crash between a result and the next publish leaves a chain short of its end,
+//! which the sweeper lists and resumes the same way. `maxConcurrentTests` counts a chain's
+//! published cases, not its positions below the watermark.
+//!
 //! No case has a row until its outcome is known, so creating a run is one row whatever its
 //! size, and the request that creates it answers before anything is published.
 
@@ -21,6 +30,7 @@ use skilleval_execution::plan::Job;
 use skilleval_execution::variant::Variant;
 use skilleval_infra::messages::EncodedJob;
 use skilleval_infra::store::lifecycle::TransitionError;
+use skilleval_infra::store::publishing::PublishWindow;
 use skilleval_infra::store::runs::RunInsert;
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::Lane;
@@ -32,6 +42,7 @@ use uuid::Uuid;
 use super::error::LaunchError;
 use super::plan::{variant_keys, PreparedRun, RunPlan, RunRequest};
 use super::planner::RunPlanner;
+use super::sequence::Chains;
 use crate::jobs::{JobSink, PublishError};
 use crate::metrics::Metrics;
 
@@ -157,18 +168,26 @@ impl RunPublisher {
         let Some(window) = self.store.publish_window(conn, run_id).await? else {
             return Ok(0);
         };
-        let room = window.room();
+        let chains = plan.chains().await?;
         let from = usize::try_from(window.published).unwrap_or(0);
+        let (sequenced, extra) = if chains.is_empty() {
+            (0, 0)
+        } else {
+            self.publish_sequences(conn, plan, &chains, &window, pass)
+                .await?
+        };
+        let room = window.room_after(extra);
         tracing::Span::current().record("from", from);
         tracing::Span::current().record("room", room);
         if room == 0 {
-            return Ok(0);
+            return Ok(sequenced);
         }
-        let mut planned = plan.chunks(from, room);
+        let total = usize::try_from(window.total).unwrap_or(0);
+        let mut planned = plan.chunks(from, chains.span(from, room, total));
         let mut in_flight: VecDeque<(tokio::task::JoinHandle<Confirms>, i32)> = VecDeque::new();
         let mut position = from;
         let mut whole = true;
-        let mut confirmed = 0;
+        let mut confirmed = sequenced;
         let mut first = true;
         while let Some(chunk) = planned.recv().await {
             let chunk = chunk?;
@@ -179,8 +198,16 @@ impl RunPublisher {
                 break;
             }
             first = false;
+            let start = position;
             position += chunk.len();
             let end = i32::try_from(position).unwrap_or(i32::MAX);
+            // A chain's cases go by its cursor, not the watermark.
+            let chunk: Vec<Job> = chunk
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| !chains.holds(start + i))
+                .map(|(_, job)| job)
+                .collect();
             let jobs = self.encode(run_id, &chunk, pass).await?;
             drop(chunk);
             let lane = plan.lane();
@@ -205,6 +232,89 @@ impl RunPublisher {
             confirmed += self.confirm(conn, run_id, oldest, &mut whole).await?;
         }
         Ok(confirmed)
+    }
+
+    /// The chains' part of a pass: for each chain, its next case once the one before it is
+    /// recorded (the first at once), as the cap allows, each published alone with confirms and
+    /// the chain's cursor moved after the confirm; a case found recorded already (published by
+    /// a pass that died before moving the cursor) moves the cursor without a publish. Opens the
+    /// run's chains in the store the first time. A publish not confirmed ends the chains' part
+    /// (the sweeper tries again). Returns how many jobs were confirmed, and by how much the
+    /// run's jobs in flight differ from what the watermark counts (for the cap).
+    async fn publish_sequences(
+        &self,
+        conn: &mut PgConnection,
+        plan: &RunPlan,
+        chains: &Chains,
+        window: &PublishWindow,
+        pass: Pass,
+    ) -> Result<(usize, i64), LaunchError> {
+        let run_id = plan.run_id();
+        let mut cursors = self.store.sequence_cursors(conn, run_id).await?;
+        if cursors.len() != chains.chains().len() {
+            self.store
+                .open_sequences(conn, run_id, &chains.lengths())
+                .await?;
+            cursors = self.store.sequence_cursors(conn, run_id).await?;
+        }
+        let below = chains.below(usize::try_from(window.published).unwrap_or(0));
+        let mut extra = cursors.iter().map(|&k| i64::from(k)).sum::<i64>()
+            - i64::try_from(below).unwrap_or(i64::MAX);
+        let mut confirmed = 0;
+        for (c, chain) in chains.chains().iter().enumerate() {
+            let index = i32::try_from(c).unwrap_or(i32::MAX);
+            let mut k = cursors
+                .get(c)
+                .and_then(|&k| usize::try_from(k).ok())
+                .unwrap_or(0);
+            while let Some((_, job)) = chain.get(k) {
+                let previous = k.checked_sub(1).and_then(|p| chain.get(p));
+                let mut keys = variant_keys(std::slice::from_ref(job));
+                if let Some((_, before)) = previous {
+                    keys.extend(variant_keys(std::slice::from_ref(before)));
+                }
+                let recorded: HashSet<(String, Variant)> = self
+                    .store
+                    .recorded_among(run_id, &keys)
+                    .await?
+                    .into_iter()
+                    .collect();
+                let is_recorded =
+                    |j: &Job| recorded.contains(&(j.case.id.clone(), Variant::of(&j.runner)));
+                if previous.is_some_and(|(_, before)| !is_recorded(before)) {
+                    break;
+                }
+                let through = i32::try_from(k + 1).unwrap_or(i32::MAX);
+                if is_recorded(job) {
+                    self.store
+                        .advance_sequence(conn, run_id, index, through)
+                        .await?;
+                    extra += 1;
+                    k += 1;
+                    continue;
+                }
+                if window.cap_room(extra) == 0 {
+                    break;
+                }
+                let jobs = self.encode(run_id, std::slice::from_ref(job), pass).await?;
+                let confirms = Confirms::of(&self.sink, jobs, plan.lane()).await;
+                self.metrics
+                    .jobs_published
+                    .inc_by(confirms.confirmed as u64);
+                if let Some((failed, first)) = &confirms.failed {
+                    self.metrics.publish_failures.inc_by(*failed as u64);
+                    tracing::warn!(%run_id, chain = c, error = %first, "a sequence's next case was not confirmed; the sweeper will publish it again");
+                    return Ok((confirmed, extra));
+                }
+                self.store
+                    .advance_sequence(conn, run_id, index, through)
+                    .await?;
+                extra += 1;
+                confirmed += confirms.confirmed;
+                break;
+            }
+        }
+        Ok((confirmed, extra))
     }
 
     /// A chunk's jobs as the messages to publish; a resuming pass leaves out the cases

@@ -11,7 +11,7 @@ use skilleval_execution::runner::trigger::TriggerPlan;
 use skilleval_infra::store::runs::RunPlanRequest;
 use skilleval_infra::store::Store;
 use skilleval_infra::topology::Lane;
-use skilleval_model::definition::RunnerConfig;
+use skilleval_model::definition::{EvalConfig, RunnerConfig};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -48,6 +48,10 @@ impl KindPlan for StoredDefinitionPlan {
 
     fn in_case_order(&self) -> bool {
         self.jobs.in_case_order()
+    }
+
+    fn sequenced(&self) -> Option<&EvalConfig> {
+        self.jobs.sequenced()
     }
 }
 

@@ -381,3 +381,61 @@ fn the_collector_example_sends_genai_traces_to_the_served_ingest_route_with_a_to
         .iter()
         .any(|c| c.as_str() == Some("attributes[\"gen_ai.operation.name\"] == nil")));
 }
+
+/// The brokers of every deployment set `consumer_timeout`, the same value the workers are told
+/// (`worker.broker_consumer_timeout_ms`, which the configuration accepts with its claim
+/// settings), on every node of the cluster option too.
+#[test]
+fn every_deployment_sets_the_consumer_timeout_its_workers_are_told() {
+    let base = deploy_dir().join("docker/compose.yaml");
+    let doc = yaml_docs(&base).remove(0);
+    let conf = doc["configs"]["rabbitmq-consumer-timeout"]["content"]
+        .as_str()
+        .expect("the broker's consumer_timeout file");
+    let timeout: u64 = conf
+        .lines()
+        .find_map(|l| l.strip_prefix("consumer_timeout = "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no consumer_timeout in {conf:?}"));
+    let mounted = |service: &Value| {
+        service["configs"]
+            .as_sequence()
+            .is_some_and(|c| c.iter().any(|c| c["source"] == "rabbitmq-consumer-timeout"))
+    };
+    assert!(mounted(&doc["services"]["rabbitmq"]), "compose's broker");
+    let told = doc["services"]["worker"]["environment"]
+        ["SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS"]
+        .as_str()
+        .expect("the workers are told the timeout");
+    assert_eq!(told, timeout.to_string());
+    let settings = Settings::load_from(&std::collections::HashMap::from([
+        (
+            "SKILLEVAL_CONFIG_DIR".to_string(),
+            "/nonexistent".to_string(),
+        ),
+        (
+            "SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS".to_string(),
+            told.to_string(),
+        ),
+    ]))
+    .expect("the workers' settings");
+    assert_eq!(settings.worker.broker_consumer_timeout_ms, Some(timeout));
+
+    let mut cluster = yaml_docs(&deploy_dir().join("docker/compose.cluster.yaml")).remove(0);
+    cluster.apply_merge().expect("the merge keys resolve");
+    for name in ["rabbitmq", "rabbitmq-2", "rabbitmq-3"] {
+        assert!(mounted(&cluster["services"][name]), "cluster node {name}");
+    }
+
+    let configmap = yaml_docs(&deploy_dir().join("k8s/configmap.yaml")).remove(0);
+    assert_eq!(
+        configmap["data"]["SKILLEVAL__WORKER__BROKER_CONSUMER_TIMEOUT_MS"].as_str(),
+        Some(told),
+        "the Kubernetes workers"
+    );
+    let lib = std::fs::read_to_string(deploy_dir().join("local/lib.sh")).unwrap();
+    assert!(
+        lib.contains(&format!("\nCONSUMER_TIMEOUT_MS={timeout}\n")),
+        "deploy/local's clusters"
+    );
+}

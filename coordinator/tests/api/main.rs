@@ -32,6 +32,7 @@ mod rescore;
 mod risk;
 mod runs;
 mod sampling;
+mod sequence;
 mod skill_creator;
 mod submit;
 mod tenancy;

@@ -1,6 +1,7 @@
 //! Publishing a run's plan: the published watermark (advanced after each chunk's confirms),
-//! which cases are recorded, the room `maxConcurrentTests` leaves, the sweeper's list of runs
-//! to resume, and the session lock that serialises a run's publishers.
+//! the publish cursors of its `runInSequence` chains, which cases are recorded, the room
+//! `maxConcurrentTests` leaves, the sweeper's list of runs to resume, and the session lock that
+//! serialises a run's publishers.
 
 use skilleval_execution::variant::{Configuration, Variant};
 use sqlx::{PgConnection, PgPool};
@@ -65,10 +66,12 @@ async fn recorded_among(
         .collect()
 }
 
-/// Live runs with plan positions not yet confirmed, created more than `grace_secs` ago: a
-/// creator that died (the run still `creating`, nobody holding its lock), a publish the broker
-/// did not confirm, or `maxConcurrentTests` holding jobs back (a release respects the cap, so
-/// listing those is harmless).
+/// Live runs with plan positions not yet confirmed, or a `runInSequence` chain not yet
+/// published to its end, created more than `grace_secs` ago: a creator that died (the run
+/// still `creating`, nobody holding its lock), a publish the broker did not confirm,
+/// `maxConcurrentTests` holding jobs back, or a chain whose next case waits for the one before
+/// it (a pass publishes only what is due, so listing those is harmless; it is also what
+/// publishes a chain's next case when its event was lost).
 async fn runs_to_publish(
     pool: &PgPool,
     grace_secs: f64,
@@ -77,7 +80,9 @@ async fn runs_to_publish(
     sqlx::query_scalar(
         "SELECT id FROM runs
          WHERE NOT finalised AND status IN ('creating', 'running') AND stop_reason IS NULL
-           AND published_through < total
+           AND (published_through < total
+                OR EXISTS (SELECT 1 FROM run_sequences s
+                           WHERE s.run_id = runs.id AND s.published < s.length))
            AND created_at < now() - make_interval(secs => $1)
          ORDER BY created_at LIMIT $2",
     )
@@ -135,15 +140,29 @@ impl PublishWindow {
     /// How many more positions may be published now: all the rest without a cap, else what
     /// the cap leaves after those in flight (published minus recorded).
     pub fn room(&self) -> usize {
+        self.room_after(0)
+    }
+
+    /// [`PublishWindow::room`] for a run whose in-flight count is off the watermark's by
+    /// `extra` jobs: a run with `runInSequence` chains publishes their cases by their cursors,
+    /// not the watermark (`extra` = chain cases published − chain positions below the
+    /// watermark).
+    pub fn room_after(&self, extra: i64) -> usize {
         let rest = i64::from(self.total) - i64::from(self.published);
-        let room = match self.cap {
-            None => rest,
+        usize::try_from(self.cap_room(extra).min(rest).max(0)).unwrap_or(0)
+    }
+
+    /// How many more jobs `maxConcurrentTests` lets run now, whatever their position
+    /// (`i64::MAX` without a cap); `extra` as in [`PublishWindow::room_after`].
+    pub fn cap_room(&self, extra: i64) -> i64 {
+        match self.cap {
+            None => i64::MAX,
             Some(cap) => {
-                let in_flight = (i64::from(self.published) - i64::from(self.recorded)).max(0);
-                (i64::from(cap) - in_flight).min(rest)
+                let in_flight =
+                    (i64::from(self.published) - i64::from(self.recorded) + extra).max(0);
+                (i64::from(cap) - in_flight).max(0)
             }
-        };
-        usize::try_from(room.max(0)).unwrap_or(0)
+        }
     }
 }
 
@@ -169,7 +188,97 @@ async fn publish_window(
     }))
 }
 
+/// Opens the run's chains (their lengths, in chain order) with their cursors at 0; chains
+/// already open keep their cursors.
+async fn open_sequences(
+    conn: impl sqlx::PgExecutor<'_>,
+    run_id: Uuid,
+    lengths: &[i32],
+) -> Result<(), sqlx::Error> {
+    let chains: Vec<i32> = (0..lengths.len())
+        .map(|c| i32::try_from(c).unwrap_or(i32::MAX))
+        .collect();
+    sqlx::query(
+        "INSERT INTO run_sequences (run_id, chain, length)
+         SELECT $1, c, l FROM UNNEST($2::int4[], $3::int4[]) AS t(c, l)
+         ON CONFLICT (run_id, chain) DO NOTHING",
+    )
+    .bind(run_id)
+    .bind(chains)
+    .bind(lengths)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The run's chain cursors, in chain order (empty: not opened).
+async fn sequence_cursors(
+    conn: impl sqlx::PgExecutor<'_>,
+    run_id: Uuid,
+) -> Result<Vec<i32>, sqlx::Error> {
+    sqlx::query_scalar("SELECT published FROM run_sequences WHERE run_id = $1 ORDER BY chain")
+        .bind(run_id)
+        .fetch_all(conn)
+        .await
+}
+
+/// Moves a chain's cursor to `through` (never back).
+async fn advance_sequence(
+    conn: impl sqlx::PgExecutor<'_>,
+    run_id: Uuid,
+    chain: i32,
+    through: i32,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE run_sequences SET published = $3
+         WHERE run_id = $1 AND chain = $2 AND published < $3",
+    )
+    .bind(run_id)
+    .bind(chain)
+    .bind(through)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 impl Store {
+    /// Opens the run's `runInSequence` chains (one cursor each, at 0) unless they are open.
+    pub async fn open_sequences(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        lengths: &[i32],
+    ) -> Result<(), StoreError> {
+        open_sequences(conn, run_id, lengths)
+            .await
+            .map_err(StoreError::query("opening a run's sequences"))
+    }
+
+    /// The run's chain cursors in chain order: how many cases of each chain are published.
+    pub async fn sequence_cursors(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+    ) -> Result<Vec<i32>, StoreError> {
+        sequence_cursors(conn, run_id)
+            .await
+            .map_err(StoreError::query("reading a run's sequences"))
+    }
+
+    /// Moves chain `chain`'s cursor to `through` (never back), on the publisher's locked
+    /// connection, after the broker confirmed the case before `through`.
+    pub async fn advance_sequence(
+        &self,
+        conn: &mut PgConnection,
+        run_id: Uuid,
+        chain: i32,
+        through: i32,
+    ) -> Result<(), StoreError> {
+        advance_sequence(conn, run_id, chain, through)
+            .await
+            .map_err(StoreError::query("moving a sequence's cursor"))
+    }
+
     /// Moves the run's published watermark to `through` (never back), on the publisher's
     /// locked connection.
     pub async fn advance_published(

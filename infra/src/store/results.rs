@@ -451,6 +451,56 @@ impl Store {
     }
 }
 
+/// What taking or renewing a case's claim found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller holds the claim, its lease renewed.
+    Held,
+    /// Another copy of the case holds it, its lease not expired.
+    Elsewhere,
+}
+
+impl Store {
+    /// Takes (or renews) the claim on attempt `attempt` of the case's `variant` for `holder`,
+    /// leased for `lease`:
+    /// held when nobody holds it, its lease expired, or `holder` holds it already; else
+    /// [`Claim::Elsewhere`] (another copy runs the case).
+    pub async fn claim_case(
+        &self,
+        run_id: Uuid,
+        test_case_id: &str,
+        variant: Variant,
+        attempt: u32,
+        holder: Uuid,
+        lease: std::time::Duration,
+    ) -> Result<Claim, StoreError> {
+        let taken: Option<Uuid> = sqlx::query_scalar(
+            "INSERT INTO case_claims
+                (run_id, test_case_id, configuration, run_number, attempt, holder, expires_at)
+             VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+             ON CONFLICT (run_id, test_case_id, configuration, run_number, attempt) DO UPDATE
+               SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+               WHERE case_claims.holder = EXCLUDED.holder OR case_claims.expires_at < now()
+             RETURNING holder",
+        )
+        .bind(run_id)
+        .bind(test_case_id)
+        .bind(variant.configuration.as_str())
+        .bind(i32::try_from(variant.run_number).unwrap_or(i32::MAX))
+        .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+        .bind(holder)
+        .bind(lease.as_secs_f64())
+        .fetch_optional(self.pool())
+        .await
+        .map_err(StoreError::query("claiming a case"))?;
+        Ok(if taken.is_some() {
+            Claim::Held
+        } else {
+            Claim::Elsewhere
+        })
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -193,6 +193,9 @@ pub struct RunProgress {
     pub fail_fast: bool,
     /// `maxConcurrentTests` holds jobs back (`max_in_flight` set).
     pub capped: bool,
+    /// A `runInSequence` chain of the run is not published to its end: a recorded case may
+    /// let its next one go.
+    pub sequenced: bool,
 }
 
 /// The run's state for an event (`None`: no such run).
@@ -203,9 +206,13 @@ async fn progress(pool: &PgPool, run_id: Uuid) -> Result<Option<RunProgress>, sq
         state: RunState,
         fail_fast: bool,
         capped: bool,
+        sequenced: bool,
     }
     let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {}, fail_fast, max_in_flight IS NOT NULL AS capped FROM runs WHERE id = $1",
+        "SELECT {}, fail_fast, max_in_flight IS NOT NULL AS capped,
+                EXISTS (SELECT 1 FROM run_sequences s
+                        WHERE s.run_id = runs.id AND s.published < s.length) AS sequenced
+         FROM runs WHERE id = $1",
         super::lifecycle::STATE_COLUMNS
     )))
     .bind(run_id)
@@ -215,6 +222,7 @@ async fn progress(pool: &PgPool, run_id: Uuid) -> Result<Option<RunProgress>, sq
         state: r.state,
         fail_fast: r.fail_fast,
         capped: r.capped,
+        sequenced: r.sequenced,
     }))
 }
 

@@ -136,12 +136,20 @@ pub struct TestEnv {
     pub conn: Connection,
     pub publisher: Publisher,
     pub cache_dir: tempfile::TempDir,
+    /// The broker's URL: the machine's, or a node of the test's own.
+    pub amqp: String,
     /// Removes the database and the prefix's queues when the test ends.
     _scratch: Scratch,
 }
 
 impl TestEnv {
     pub async fn new() -> TestEnv {
+        TestEnv::on_broker(None).await
+    }
+
+    /// A test environment on the broker at `amqp` (a node the test started, removed with its
+    /// queues when it stops), or the machine's (`None`).
+    pub async fn on_broker(amqp: Option<String>) -> TestEnv {
         // `SKILLEVAL_TEST_LOG=debug cargo test ...` shows the in-process workers' logs.
         if let Ok(filter) = std::env::var("SKILLEVAL_TEST_LOG") {
             // Kept for the test binary's life: no exporter is installed without an endpoint.
@@ -167,13 +175,16 @@ impl TestEnv {
             vec![300, 600, 1_200],
             topology::DELIVERY_LIMIT,
         );
-        scratch.owns(topology.clone());
+        if amqp.is_none() {
+            scratch.owns(topology.clone());
+        }
+        let amqp = amqp.unwrap_or_else(amqp_url);
         let store = Store::connect_url(&db_url, 5)
             .await
             .expect("connect to the test database");
         store.migrate().await.expect("migrate");
         let conn = Connection::connect(
-            &amqp_url(),
+            &amqp,
             lapin::ConnectionProperties::default()
                 .with_connection_name(format!("test-publisher-{prefix}").into()),
         )
@@ -193,6 +204,7 @@ impl TestEnv {
             conn,
             publisher,
             cache_dir: tempfile::tempdir().expect("cache dir"),
+            amqp,
             _scratch: scratch,
         }
     }
@@ -202,7 +214,7 @@ impl TestEnv {
         let mut s = Settings::default();
         s.database.url = SecretUrl::new(self.db_url.clone());
         s.database.max_connections = 5;
-        s.amqp.url = SecretUrl::new(amqp_url());
+        s.amqp.url = SecretUrl::new(self.amqp.clone());
         s.amqp.prefix = self.prefix.clone();
         s.amqp.connection_name = Some(self.connection_name(name));
         s.worker.concurrency = 8;
@@ -417,7 +429,7 @@ impl TestEnv {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_skilleval-worker"));
         cmd.env("SKILLEVAL_CONFIG_DIR", "/nonexistent-skilleval-config")
             .env("DATABASE_URL", &self.db_url)
-            .env("AMQP_URL", amqp_url())
+            .env("AMQP_URL", &self.amqp)
             .env("RUST_LOG", "info,skilleval=info")
             .env("SKILLEVAL_LOG_FORMAT", "text")
             .env("SKILLEVAL__AMQP__PREFIX", &self.prefix)

@@ -4,6 +4,7 @@
 mod helpers;
 
 mod acks;
+mod consumer_timeout;
 mod faults;
 mod llm;
 mod pipeline;

@@ -311,7 +311,7 @@ async fn one_step_decides_what_each_delivery_needs() {
     let poison = DeliveryInfo {
         redelivered: true,
         delivery_count: 10,
-        traceparent: None,
+        ..DeliveryInfo::default()
     };
     let body = encode_job(&seeded.jobs[1]).unwrap();
     let Disposition::Record(result) = worker
