@@ -21,7 +21,7 @@
 //! (a node fault is skipped while the last one is being undone), so the queues keep their
 //! majority.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::io::{Cursor, Write};
 use std::path::PathBuf;
@@ -79,6 +79,11 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
+    /// A fault of a broker node (a cluster only): one node is down at a time at most.
+    fn is_node(self) -> bool {
+        matches!(self, FaultKind::NodeKill | FaultKind::NodeStop)
+    }
+
     const ROTATION: [FaultKind; 4] = [
         FaultKind::BrokerClose,
         FaultKind::DbTerminate,
@@ -475,6 +480,11 @@ async fn soak_in(scene: &Scene, opts: &SoakOptions) -> anyhow::Result<SoakReport
     let mut closing: Vec<tokio::task::JoinHandle<anyhow::Result<()>>> = Vec::new();
     // The node fault being undone (the node started again), if any.
     let mut node_fault: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
+    // Node faults whose turn came while a node was still down: each waits for the node to be
+    // back (a second node down would cost the queues their majority) and is then injected
+    // before the rotation goes on, so a slow restart on a busy machine delays node faults but
+    // never drops one from the rotation.
+    let mut deferred: VecDeque<FaultKind> = VecDeque::new();
     while runs.iter().any(|(_, _, done)| done.is_none()) {
         if start.elapsed() > opts.timeout {
             let pending: Vec<&str> = runs
@@ -490,21 +500,27 @@ async fn soak_in(scene: &Scene, opts: &SoakOptions) -> anyhow::Result<SoakReport
         }
         if Instant::now() >= next_fault {
             next_fault += opts.fault_every;
-            if let Some(kind) = rotation.next() {
-                let node_busy = node_fault.as_ref().is_some_and(|f| !f.is_finished());
-                let is_node = matches!(kind, FaultKind::NodeKill | FaultKind::NodeStop);
-                if is_node && node_busy {
-                    // A node is still down: a second would cost the queues their majority.
-                } else {
-                    injected.push((Instant::now(), kind));
-                    if let Some(slow) = inject(kind, scene, &mut workers).await? {
-                        if is_node {
-                            if let Some(done) = node_fault.replace(slow) {
-                                closing.push(done);
-                            }
-                        } else {
-                            closing.push(slow);
+            let node_busy = node_fault.as_ref().is_some_and(|f| !f.is_finished());
+            let mut next_kind = match deferred.front() {
+                Some(_) if !node_busy => deferred.pop_front(),
+                _ => rotation.next(),
+            };
+            while let Some(kind) = next_kind.filter(|k| k.is_node() && node_busy) {
+                if !deferred.contains(&kind) {
+                    deferred.push_back(kind);
+                }
+                // The rotation's next fault instead.
+                next_kind = rotation.next();
+            }
+            if let Some(kind) = next_kind {
+                injected.push((Instant::now(), kind));
+                if let Some(slow) = inject(kind, scene, &mut workers).await? {
+                    if kind.is_node() {
+                        if let Some(done) = node_fault.replace(slow) {
+                            closing.push(done);
                         }
+                    } else {
+                        closing.push(slow);
                     }
                 }
             }
