@@ -273,12 +273,19 @@ impl Service {
             .cluster
             .index_of_name(&leader)
             .with_context(|| format!("the jobs queue's leader {leader} is no node of ours"))?;
-        let cluster = self.cluster.clone();
-        tokio::task::spawn_blocking(move || cluster.kill(victim)).await?;
-        let lost = Instant::now();
         let (at_kill, total) = self.completed(run_id).await?;
         let held = i32::try_from(o.workers * usize::from(o.concurrency) * 2)?;
-        let bound = (at_kill + held).min(total - 1);
+        if at_kill + held >= total {
+            bail!(
+                "a run of {total} cases is too small to time a recovery: {at_kill} recorded and up to {held} held by the workers at the loss; use more --cases"
+            );
+        }
+        let bound = at_kill + held;
+        // The clock starts with the SIGKILL: `kill` then waits until the node no longer answers
+        // (several seconds of `rabbitmqctl` on a busy machine), and the run is watched meanwhile.
+        let cluster = self.cluster.clone();
+        let lost = Instant::now();
+        let killing = tokio::task::spawn_blocking(move || cluster.kill(victim));
         let mut first = None;
         let through = loop {
             let (done, total) = self.completed(run_id).await?;
@@ -293,6 +300,7 @@ impl Service {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
+        killing.await?;
         let cluster = self.cluster.clone();
         tokio::task::spawn_blocking(move || cluster.restart(victim)).await?;
         self.wait_status_completed(run_id, Duration::from_secs(1_800))
