@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use skilleval_model::package::risk::RiskPolicy;
 use skilleval_model::package::PackageLimits;
 use skilleval_providers::Providers;
+use skilleval_execution::environment::EnvironmentConfig;
 use skilleval_sandbox::SandboxPolicy;
 
 /// `x-delivery-limit` of the jobs queue ([`crate::topology`] declares it). A constant, not a
@@ -149,6 +150,9 @@ pub struct Settings {
     pub sandbox: SandboxPolicy,
     /// Limits applied to uploaded packages (and to packages a worker extracts).
     pub limits: PackageLimits,
+    /// The environments of packages that declare dependencies: the cache and the index.
+    #[serde(default)]
+    pub environments: EnvironmentConfig,
     /// Model providers for the `llm` runner and the model-backed strategies.
     #[serde(default)]
     pub llm: LlmSettings,

@@ -33,7 +33,7 @@ mod tools;
 
 pub use argv::{display_argv, SANDBOX_PACKAGE_DIR};
 pub use policy::{
-    check_package_relative, SandboxBind, SandboxError, SandboxMode, SandboxOutput, SandboxPolicy,
+    check_package_relative, SandboxBind, SandboxEnvironment, SandboxError, SandboxMode, SandboxOutput, SandboxPolicy,
     SandboxRequest,
 };
 pub use sandbox::Sandbox;
