@@ -216,6 +216,7 @@ async fn a_missing_dependency_errs_every_case_as_the_packages_fault_naming_it() 
         let fault = r.error.as_ref().unwrap();
         assert!(matches!(fault, Fault::Permanent { .. }), "{fault:?}");
         assert!(fault.to_string().contains("no-such-dist"), "{fault}");
+        eprintln!("missing: {fault}");
     }
     assert_eq!(executor.environments().builds(), 1, "the failure is remembered");
 }
@@ -232,6 +233,7 @@ async fn an_unreachable_index_is_a_host_fault_and_a_retry_builds_once_it_is_back
     let fault = first[0].error.clone().unwrap();
     assert!(fault.is_host(), "{}", describe(&first[0]));
     assert!(fault.to_string().contains(&url), "{fault}");
+    eprintln!("unreachable: {fault}");
 
     // The index comes up on that address; the retry (the CLI's policy, the worker's delay
     // queue) builds.
