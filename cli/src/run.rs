@@ -294,7 +294,10 @@ fn environments_for(args: &RunArgs) -> Environments {
     let defaults = EnvironmentConfig::default();
     Environments::new(EnvironmentConfig {
         dir: args.env_dir.clone(),
-        python_index: args.index_url.clone().unwrap_or(defaults.python_index.clone()),
+        python_index: args
+            .index_url
+            .clone()
+            .unwrap_or(defaults.python_index.clone()),
         npm_registry: args
             .npm_registry
             .clone()

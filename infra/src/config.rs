@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use skilleval_execution::environment::EnvironmentConfig;
 use skilleval_model::package::risk::RiskPolicy;
 use skilleval_model::package::PackageLimits;
 use skilleval_providers::Providers;
-use skilleval_execution::environment::EnvironmentConfig;
 use skilleval_sandbox::SandboxPolicy;
 
 /// `x-delivery-limit` of the jobs queue ([`crate::topology`] declares it). A constant, not a

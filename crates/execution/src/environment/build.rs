@@ -183,7 +183,12 @@ pub(crate) fn find_uv(cfg: &EnvironmentConfig) -> Result<PathBuf, Fault> {
         .args(["-c", "import uv; print(uv.find_uv_bin())"])
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| missing(format!("{} is a script and python3 could not be asked for the binary: {e}", found.display())))?;
+        .map_err(|e| {
+            missing(format!(
+                "{} is a script and python3 could not be asked for the binary: {e}",
+                found.display()
+            ))
+        })?;
     let real = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     if out.status.success() && real.is_file() {
         Ok(real)
@@ -226,12 +231,16 @@ pub(crate) async fn build(input: BuildInput<'_>) -> Result<Manifest, Fault> {
         .tempdir_in(input.scratch_in)
         .map_err(|e| io_fault("creating the build's scratch folder", &e))?;
     let mut hosts = Vec::new();
-    let mut script = String::from("set -e\nexport TMPDIR=/opt/skilleval-build/tmp\nmkdir -p \"$TMPDIR\"\n");
+    let mut script =
+        String::from("set -e\nexport TMPDIR=/opt/skilleval-build/tmp\nmkdir -p \"$TMPDIR\"\n");
     if !deps.python.is_empty() {
         if input.tools.is_none() {
             return Err(Fault::host("uv was not prepared for the build"));
         }
-        hosts.push(host_of(&input.cfg.python_index, "environments.python_index")?);
+        hosts.push(host_of(
+            &input.cfg.python_index,
+            "environments.python_index",
+        )?);
         let mut requirements = deps.python.join("\n");
         requirements.push('\n');
         write(scratch.path(), "requirements.txt", &requirements)?;
@@ -249,7 +258,10 @@ py=/opt/skilleval-env/python/bin/python
         ));
     }
     if !deps.node.is_empty() {
-        hosts.push(host_of(&input.cfg.npm_registry, "environments.npm_registry")?);
+        hosts.push(host_of(
+            &input.cfg.npm_registry,
+            "environments.npm_registry",
+        )?);
         let manifest = serde_json::json!({
             "name": "skilleval-environment",
             "private": true,
@@ -300,7 +312,13 @@ npm install --ignore-scripts --no-audit --no-fund
         .session_scratch("skilleval-build-")
         .map_err(|e| io_fault("creating the build's control folder", &e))?;
     let mut session = builder
-        .open_session(input.empty, &binds, control.path(), BTreeMap::new(), &allowed)
+        .open_session(
+            input.empty,
+            &binds,
+            control.path(),
+            BTreeMap::new(),
+            &allowed,
+        )
         .await
         .map_err(|e| Fault::host(format!("starting the environment's build sandbox: {e}")))?;
     let timeout = Duration::from_secs(input.cfg.build_timeout_secs);
@@ -319,7 +337,13 @@ npm install --ignore-scripts --no-audit --no-fund
         return Err(classify(&text, input.cfg, deps));
     }
     let python = std::fs::read_to_string(scratch.path().join("python-freeze.txt"))
-        .map(|t| t.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect())
+        .map(|t| {
+            t.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect()
+        })
         .unwrap_or_default();
     let node = node_pins(&input.dir.join("node/package-lock.json"));
     let site_packages = site_packages(input.dir);
@@ -471,9 +495,7 @@ fn site_packages(dir: &Path) -> Option<String> {
         .filter(|n| n.starts_with("python") && lib.join(n).join("site-packages").is_dir())
         .collect();
     found.sort();
-    found
-        .pop()
-        .map(|n| format!("python/lib/{n}/site-packages"))
+    found.pop().map(|n| format!("python/lib/{n}/site-packages"))
 }
 
 /// Hands the folder back to the owner of its parent (the build ran as a sandbox uid), every
@@ -538,7 +560,7 @@ mod tests {
             ..Dependencies::default()
         };
         let k = key(&deps, "python3 3.11.2", &cfg);
-        assert_eq!(k, key(&deps.clone(), "python3 3.11.2", &cfg));
+        assert_eq!(k, key(&deps, "python3 3.11.2", &cfg));
         assert_ne!(k, key(&deps, "python3 3.12.0", &cfg));
         let mirror = EnvironmentConfig {
             python_index: "http://mirror.local/simple".into(),

@@ -104,7 +104,12 @@ impl Environments {
         self.ready
             .get_or_try_init(|| self.open_dir())
             .await
-            .map_err(|e| Fault::host(format!("opening the environment cache {}: {e}", self.cfg.cache_dir().display())))?;
+            .map_err(|e| {
+                Fault::host(format!(
+                    "opening the environment cache {}: {e}",
+                    self.cfg.cache_dir().display()
+                ))
+            })?;
         let empty = self.cfg.cache_dir().join(".empty");
         let interpreters = self
             .interpreters

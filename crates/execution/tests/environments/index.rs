@@ -218,7 +218,10 @@ async fn packument(State(ctx): State<Ctx>, Path(name): Path<String>) -> Response
             }))
             .into_response()
         }
-        None => (StatusCode::NOT_FOUND, axum::Json(serde_json::json!({"error": "Not found"})))
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({"error": "Not found"})),
+        )
             .into_response(),
     }
 }

@@ -48,7 +48,10 @@ fn package(cases: usize, script: &str, expect: &str, files: &[(&str, &str)]) -> 
         "testCases": test_cases,
     });
     let mut all = vec![
-        ("SKILL.md", "---\nname: deps-demo\ndescription: Imports a package.\n---\n# Demo\n".to_string()),
+        (
+            "SKILL.md",
+            "---\nname: deps-demo\ndescription: Imports a package.\n---\n# Demo\n".to_string(),
+        ),
         ("scripts/run.py", script.to_string()),
         ("eval/tests.json", tests.to_string()),
     ];
@@ -124,7 +127,11 @@ fn describe(r: &JobResult) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_cases_share_one_build_and_import_the_declared_package() {
     let index = index::serve().await;
-    index.add_wheel("skdemo", "1.2.0", "def greet():\n    return 'hello from skdemo'\n");
+    index.add_wheel(
+        "skdemo",
+        "1.2.0",
+        "def greet():\n    return 'hello from skdemo'\n",
+    );
     let (executor, _cache) = executor(&index.simple_url(), "http://127.0.0.1:9/");
     let pkg = package(4, RUN_PY, "hello from skdemo", &[]);
     let results = run_all(&executor, pkg.path()).await;
@@ -133,12 +140,20 @@ async fn several_cases_share_one_build_and_import_the_declared_package() {
         let env = &r.details["environment"];
         assert_eq!(env["python"], json!(["skdemo==1.2.0"]), "{}", describe(r));
     }
-    assert_eq!(executor.environments().builds(), 1, "one build for four cases");
+    assert_eq!(
+        executor.environments().builds(),
+        1,
+        "one build for four cases"
+    );
     let built: Vec<&JobResult> = results
         .iter()
         .filter(|r| r.details["environment"]["built"] == json!(true))
         .collect();
-    assert_eq!(built.len(), 1, "one case waited for the build, the others found it");
+    assert_eq!(
+        built.len(),
+        1,
+        "one case waited for the build, the others found it"
+    );
     let pages = index
         .log()
         .iter()
@@ -170,7 +185,12 @@ except OSError as e:
 "#;
     let pkg = package(1, script, "refused: Read-only file system", &[]);
     let results = run_all(&executor, pkg.path()).await;
-    assert_eq!(results[0].status, CaseStatus::Passed, "{}", describe(&results[0]));
+    assert_eq!(
+        results[0].status,
+        CaseStatus::Passed,
+        "{}",
+        describe(&results[0])
+    );
     assert!(
         results[0]
             .output
@@ -201,7 +221,11 @@ async fn the_build_reaches_nothing_but_the_index() {
     let message = r.error.as_ref().unwrap().to_string();
     assert!(message.contains("403"), "the proxy's refusal: {message}");
     assert!(index.log().contains(&"/simple/skdemo/".to_string()));
-    assert!(other.log().is_empty(), "the other server was reached: {:?}", other.log());
+    assert!(
+        other.log().is_empty(),
+        "the other server was reached: {:?}",
+        other.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,7 +242,11 @@ async fn a_missing_dependency_errs_every_case_as_the_packages_fault_naming_it() 
         assert!(fault.to_string().contains("no-such-dist"), "{fault}");
         eprintln!("missing: {fault}");
     }
-    assert_eq!(executor.environments().builds(), 1, "the failure is remembered");
+    assert_eq!(
+        executor.environments().builds(),
+        1,
+        "the failure is remembered"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,14 +269,23 @@ async fn an_unreachable_index_is_a_host_fault_and_a_retry_builds_once_it_is_back
     let index = index::serve_on(listener).await;
     index.add_wheel("skdemo", "1.0.0", "def greet():\n    return 'hello'\n");
     let second = run_all(&executor, pkg.path()).await;
-    assert_eq!(second[0].status, CaseStatus::Passed, "{}", describe(&second[0]));
+    assert_eq!(
+        second[0].status,
+        CaseStatus::Passed,
+        "{}",
+        describe(&second[0])
+    );
     assert_eq!(executor.environments().builds(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_dependencies_are_installed_from_the_registry_and_found_by_require() {
     let index = index::serve().await;
-    index.add_tarball("skdemo-js", "2.0.1", "exports.greet = () => 'hello from js';\n");
+    index.add_tarball(
+        "skdemo-js",
+        "2.0.1",
+        "exports.greet = () => 'hello from js';\n",
+    );
     let (executor, _cache) = executor("http://127.0.0.1:9/simple/", &index.registry_url());
     let script = r#"import subprocess
 print(subprocess.run(["node", "-e", "console.log(require('skdemo-js').greet())"],
@@ -258,7 +295,10 @@ print(subprocess.run(["node", "-e", "console.log(require('skdemo-js').greet())"]
         2,
         script,
         "hello from js",
-        &[("package.json", r#"{"dependencies": {"skdemo-js": "^2.0.0"}}"#)],
+        &[(
+            "package.json",
+            r#"{"dependencies": {"skdemo-js": "^2.0.0"}}"#,
+        )],
     );
     let results = run_all(&executor, pkg.path()).await;
     for r in &results {

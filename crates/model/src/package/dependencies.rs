@@ -225,11 +225,7 @@ impl Found {
                     self.problems.push(Problem::error(
                         file,
                         "",
-                        format!(
-                            "{}: not TOML: {}",
-                            at(start + line),
-                            e.message().trim()
-                        ),
+                        format!("{}: not TOML: {}", at(start + line), e.message().trim()),
                     ));
                 }
                 Ok(table) => self.toml_deps(file, &table, "", &at(i + 1)),
@@ -340,11 +336,8 @@ impl Found {
         let doc: serde_json::Value = match serde_json::from_str(text) {
             Ok(v) => v,
             Err(e) => {
-                self.problems.push(Problem::error(
-                    FILE,
-                    "",
-                    format!("not JSON: {e}"),
-                ));
+                self.problems
+                    .push(Problem::error(FILE, "", format!("not JSON: {e}")));
                 return;
             }
         };
@@ -392,10 +385,15 @@ impl Found {
             return;
         }
         let range = range.trim();
-        let refused = ["file:", "link:", "git", "http:", "https:", "github:", "npm:"];
+        let refused = [
+            "file:", "link:", "git", "http:", "https:", "github:", "npm:",
+        ];
         if range.is_empty() {
-            self.problems
-                .push(Problem::error(file, pointer, bad("the version range is empty")));
+            self.problems.push(Problem::error(
+                file,
+                pointer,
+                bad("the version range is empty"),
+            ));
         } else if refused.iter().any(|p| range.starts_with(p)) || range.contains('/') {
             self.problems.push(Problem::error(
                 file,
@@ -504,10 +502,7 @@ mod tests {
             .collect()
     }
 
-    fn collect_from(
-        sources: &[(&str, &str)],
-        setup: &[&str],
-    ) -> (Dependencies, Vec<Problem>) {
+    fn collect_from(sources: &[(&str, &str)], setup: &[&str]) -> (Dependencies, Vec<Problem>) {
         let mut paths: Vec<&str> = sources.iter().map(|(p, _)| *p).collect();
         paths.sort_unstable();
         let setup: Vec<String> = setup.iter().map(|s| (*s).to_string()).collect();
@@ -553,8 +548,16 @@ mod tests {
         );
         assert_eq!(deps.requires_python.as_deref(), Some(">=3.8,>=3.9"));
         assert_eq!(
-            deps.node.iter().map(|(k, v)| format!("{k}@{v}")).collect::<Vec<_>>(),
-            ["@scope/pkg@1.x", "@types/node@latest", "left-pad@1.3.0", "lodash@^4.17.0"]
+            deps.node
+                .iter()
+                .map(|(k, v)| format!("{k}@{v}"))
+                .collect::<Vec<_>>(),
+            [
+                "@scope/pkg@1.x",
+                "@types/node@latest",
+                "left-pad@1.3.0",
+                "lodash@^4.17.0"
+            ]
         );
     }
 
@@ -565,9 +568,15 @@ mod tests {
             &[
                 ("a.py", script),
                 ("b.py", "# /// script\n# dependencies = [\n"),
-                ("requirements.txt", "ok2\n-r other.txt\nx @ https://h/x.whl\n"),
+                (
+                    "requirements.txt",
+                    "ok2\n-r other.txt\nx @ https://h/x.whl\n",
+                ),
                 ("pyproject.toml", "[project]\ndependencies = [\"y >= \"]\n"),
-                ("package.json", r#"{"dependencies": {"Bad": "1", "z": "file:../z", "w": 2}}"#),
+                (
+                    "package.json",
+                    r#"{"dependencies": {"Bad": "1", "z": "file:../z", "w": 2}}"#,
+                ),
             ],
             &["pkg>>1", "npm:q@"],
         );
@@ -587,14 +596,30 @@ mod tests {
         has("a.py", "/dependencies/1", &["line 1", "`bad name!`"]);
         has("a.py", "/dependencies/2", &["must be a string"]);
         has("b.py", "", &["line 1", "`# ///`"]);
-        has("requirements.txt", "", &["line 2", "`-r other.txt`", "options"]);
+        has(
+            "requirements.txt",
+            "",
+            &["line 2", "`-r other.txt`", "options"],
+        );
         has("requirements.txt", "", &["line 3", "direct reference"]);
         has("pyproject.toml", "/project/dependencies/0", &["`y >= `"]);
-        has("package.json", "/dependencies/Bad", &["`Bad`", "npm package name"]);
+        has(
+            "package.json",
+            "/dependencies/Bad",
+            &["`Bad`", "npm package name"],
+        );
         has("package.json", "/dependencies/z", &["`z`", "file:../z"]);
-        has("package.json", "/dependencies/w", &["`w`", "must be a string"]);
+        has(
+            "package.json",
+            "/dependencies/w",
+            &["`w`", "must be a string"],
+        );
         has("eval/tests.json", "/setup/dependencies/0", &["`pkg>>1`"]);
-        has("eval/tests.json", "/setup/dependencies/1", &["`q`", "empty"]);
+        has(
+            "eval/tests.json",
+            "/setup/dependencies/1",
+            &["`q`", "empty"],
+        );
         assert_eq!(problems.len(), 11, "{got:#?}");
     }
 
@@ -612,7 +637,16 @@ mod tests {
         ] {
             assert!(check_pep508(ok).is_ok(), "{ok}: {:?}", check_pep508(ok));
         }
-        for bad in ["", "-x", "x>>1", "x[", "x==", "x; ", "x @ https://a/b", "x y"] {
+        for bad in [
+            "",
+            "-x",
+            "x>>1",
+            "x[",
+            "x==",
+            "x; ",
+            "x @ https://a/b",
+            "x y",
+        ] {
             assert!(check_pep508(bad).is_err(), "{bad}");
         }
     }
