@@ -20,6 +20,8 @@
 mod build;
 mod cache;
 mod config;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixtures;
 
 pub use build::{Built, ENVIRONMENT_DIR};
 pub use cache::Environments;

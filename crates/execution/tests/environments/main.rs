@@ -7,13 +7,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod index;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
+use skilleval_execution::environment::fixtures as index;
 use skilleval_execution::environment::{EnvironmentConfig, Environments};
 use skilleval_execution::executor::{Executor, ExecutorBuilder};
 use skilleval_execution::plan::{plan, CaseFilter};

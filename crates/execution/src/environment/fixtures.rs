@@ -1,6 +1,7 @@
-//! Package indexes on loopback, serving what the test builds: a PEP 503 "simple" index of
-//! wheels, and an npm registry (a packument per name, its tarball). Each keeps a log of the
-//! paths it was asked for.
+//! Package indexes on loopback for tests and benchmarks (`test-util`), serving what the caller
+//! builds: a PEP 503 "simple" index of wheels, and an npm registry (a packument per name, its
+//! tarball). Each keeps a log of the paths it was asked for.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Fixtures: a failed setup should fail the test.
 
 use std::collections::BTreeMap;
 use std::io::Write;
