@@ -66,7 +66,10 @@ fn package(dir: &Path, dependency: Option<&str>) -> anyhow::Result<()> {
                        "evaluation": {"strategy": "exact_match"}}],
     });
     for (rel, content) in [
-        ("SKILL.md", "---\nname: env-bench\ndescription: Prints ok.\n---\n# Bench\n".to_string()),
+        (
+            "SKILL.md",
+            "---\nname: env-bench\ndescription: Prints ok.\n---\n# Bench\n".to_string(),
+        ),
         ("scripts/run.py", format!("{header}print('ok')\n")),
         ("eval/tests.json", tests.to_string()),
     ] {
@@ -150,7 +153,10 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let (min, median, max, _) = summary(cold);
-    println!("cold build, first of a fresh cache (copies uv, probes interpreters): {:.0} ms", ms(first));
+    println!(
+        "cold build, first of a fresh cache (copies uv, probes interpreters): {:.0} ms",
+        ms(first)
+    );
     println!("cold build, new key ({BUILDS} builds of one wheel from the loopback index): min {min:.0} ms, median {median:.0} ms, max {max:.0} ms");
 
     // 2. Warm hits.
@@ -166,7 +172,10 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let hit = t.elapsed() / HITS;
-    println!("warm hit ({HITS} gets of a held key): {:.1} µs each", hit.as_secs_f64() * 1e6);
+    println!(
+        "warm hit ({HITS} gets of a held key): {:.1} µs each",
+        hit.as_secs_f64() * 1e6
+    );
 
     // 3. Per-case overhead through the executor.
     let executor = ExecutorBuilder::new()

@@ -193,7 +193,8 @@ impl Executor {
         if deps.is_empty() {
             return Ok((self.sandbox.clone(), None));
         }
-        let (built, now) = self.environments.get(&self.sandbox, &deps).await?;
+        // Boxed: a build's future is large, and most jobs never await one.
+        let (built, now) = Box::pin(self.environments.get(&self.sandbox, &deps)).await?;
         let sandbox = Arc::new(self.sandbox.with_environment(built.mount.clone()));
         Ok((sandbox, Some(built.details(now))))
     }

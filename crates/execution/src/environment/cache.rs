@@ -175,6 +175,16 @@ impl Environments {
         };
         let root = self.cfg.cache_dir();
         let dir = root.join(key);
+        // Another process with the same folder may be building this key: one at a time, and
+        // what it finished is taken as it is.
+        let _lock = lock_key(&root, key, true)
+            .await
+            .map_err(|e| Fault::host(format!("locking {}: {e}", dir.display())))?;
+        if let Some(done) = Built::load(&dir).filter(|b| b.key == key) {
+            let done = Arc::new(done);
+            self.insert(done.clone());
+            return Ok(done);
+        }
         let fresh = || -> std::io::Result<()> {
             if dir.exists() {
                 std::fs::remove_dir_all(&dir)?;
@@ -272,7 +282,17 @@ impl Environments {
             let name = entry.file_name().to_string_lossy().into_owned();
             let path = entry.path();
             if name.starts_with(".scratch-") {
-                let _ = std::fs::remove_dir_all(&path);
+                // A build's scratch folder left by a process that died: one older than the
+                // longest build cannot be in use.
+                let stale = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age.as_secs() > 2 * self.cfg.build_timeout_secs);
+                if stale {
+                    let _ = std::fs::remove_dir_all(&path);
+                }
                 continue;
             }
             if name.len() != 64 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -283,8 +303,11 @@ impl Environments {
                     let age = entry.metadata().and_then(|m| m.modified()).ok();
                     found.push((age, built));
                 }
+                // Unfinished: removed unless another process is building it now.
                 _ => {
-                    let _ = std::fs::remove_dir_all(&path);
+                    if let Ok(Some(_lock)) = lock_key(&root, &name, false).await {
+                        let _ = std::fs::remove_dir_all(&path);
+                    }
                 }
             }
         }
@@ -319,4 +342,31 @@ impl Environments {
             .map_err(|e| Fault::host(format!("copying uv into {}: {e}", tools.display())))?;
         Ok(tools)
     }
+}
+
+/// The lock of one key's folder (`KEY.lock` beside it), held while it is built, by this or
+/// another process using the same cache folder. `wait`: block until it is free; otherwise
+/// `None` when someone holds it.
+async fn lock_key(root: &Path, key: &str, wait: bool) -> std::io::Result<Option<std::fs::File>> {
+    let path = root.join(format!("{key}.lock"));
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)?;
+        // flock(2) through rustix: `File::lock` is newer than the workspace's MSRV.
+        use rustix::fs::{flock, FlockOperation};
+        if wait {
+            flock(&file, FlockOperation::LockExclusive)?;
+            return Ok(Some(file));
+        }
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(Some(file)),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
