@@ -88,13 +88,21 @@ pub(crate) fn collect(
 pub fn read_from_dir(root: &std::path::Path, setup: &[String]) -> Dependencies {
     /// Larger `.py` files are not scanned for a `# /// script` block (generated data, say).
     const MAX_SCRIPT_BYTES: u64 = 1 << 20;
+    // A package holds at most this many files (what it was opened with), at most this deep:
+    // the walk stops there whatever the folder is.
+    let limits = super::PackageLimits::default();
+    let mut seen = 0usize;
     let mut files = Vec::new();
-    let mut dirs = vec![(root.to_path_buf(), String::new())];
-    while let Some((dir, rel)) = dirs.pop() {
+    let mut dirs = vec![(root.to_path_buf(), String::new(), 0usize)];
+    while let Some((dir, rel, depth)) = dirs.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
         for entry in entries.flatten() {
+            seen += 1;
+            if seen > limits.max_files {
+                break;
+            }
             let Ok(kind) = entry.file_type() else {
                 continue;
             };
@@ -104,8 +112,13 @@ pub fn read_from_dir(root: &std::path::Path, setup: &[String]) -> Dependencies {
             } else {
                 format!("{rel}/{name}")
             };
+            if super::tree::is_skipped(&path) {
+                continue;
+            }
             if kind.is_dir() {
-                dirs.push((entry.path(), path));
+                if depth + 1 < limits.max_path_depth {
+                    dirs.push((entry.path(), path, depth + 1));
+                }
             } else if kind.is_file() {
                 let size = entry.metadata().map_or(u64::MAX, |m| m.len());
                 let wanted = path.ends_with(".py")
