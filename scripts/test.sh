@@ -18,6 +18,8 @@ need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
+# pip installs uv (below) when it is missing.
+command -v uv >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # npm installs the Zod converter (tools/zod) that expected.zodSchema is converted with.
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
@@ -30,6 +32,13 @@ command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ "${#need[@]}" -gt 0 ]; then
     log "installing ${need[*]}"
     apt_install "${need[@]}"
+fi
+
+# uv builds the environments of skills that declare Python dependencies (the environment
+# tests, crates/execution/tests/environments); pip's `uv` package ships its binary.
+if ! command -v uv >/dev/null 2>&1; then
+    log "installing uv (python3 -m pip install uv)"
+    python3 -m pip install --quiet uv 2>/dev/null || python3 -m pip install --quiet --break-system-packages uv
 fi
 
 log "the Zod converter: npm ci in tools/zod (the versions its package-lock.json pins)"
@@ -63,6 +72,9 @@ log "cargo test (the monitoring tests also check every metric the dashboard and 
 cargo test --workspace --locked --no-fail-fast -- "$@"
 
 log "every example validates and runs"
+# Offline: the agent examples (sales-report, expense-workbook) need a model provider, so
+# without one their cases are recorded skipped and expense-workbook's environment (openpyxl)
+# is never built; `validate` still checks its PEP 723 block.
 cargo build --workspace --locked --bins  # same feature set as the tests: no rebuild
 bin="${CARGO_TARGET_DIR:-target}/debug/skilleval"
 for skill in examples/skills/*/; do

@@ -156,6 +156,17 @@ pub struct RunArgs {
     /// /usr/local/bin, then PATH).
     #[arg(long, env = "SKILLEVAL_BWRAP", value_name = "PATH")]
     pub bwrap: Option<PathBuf>,
+    /// The Python package index the environments of packages that declare dependencies are
+    /// installed from (PEP 503 "simple" API; default: PyPI's).
+    #[arg(long, env = "SKILLEVAL_INDEX_URL", value_name = "URL")]
+    pub index_url: Option<String>,
+    /// The npm registry those environments' Node packages come from (default: npm's).
+    #[arg(long, env = "SKILLEVAL_NPM_REGISTRY", value_name = "URL")]
+    pub npm_registry: Option<String>,
+    /// Where built environments are cached (default: `skilleval-environments` in the
+    /// temporary directory).
+    #[arg(long, env = "SKILLEVAL_ENV_DIR", value_name = "DIR")]
+    pub env_dir: Option<PathBuf>,
     /// Deliveries of a case whose fault is transient (timeouts, 429, 5xx), the first included.
     #[arg(long, default_value_t = 3)]
     pub max_attempts: u32,

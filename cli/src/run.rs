@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use chrono::Utc;
 use futures::stream::{self, StreamExt};
@@ -20,6 +21,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use skilleval_analysis::benchmark;
 use skilleval_analysis::budget::{self, Budget, BudgetLimits};
 use skilleval_analysis::summary::{summarize, Verdict};
+use skilleval_execution::environment::{EnvironmentConfig, Environments};
 use skilleval_execution::executor::{Executor, ExecutorBuilder};
 use skilleval_execution::plan::{plan, CaseFilter, Job};
 use skilleval_execution::result::{CaseStatus, JobResult};
@@ -287,6 +289,23 @@ fn sandbox_for(args: &RunArgs) -> Sandbox {
     })
 }
 
+/// The environment cache of a run: the index, registry and folder the flags name.
+fn environments_for(args: &RunArgs) -> Environments {
+    let defaults = EnvironmentConfig::default();
+    Environments::new(EnvironmentConfig {
+        dir: args.env_dir.clone(),
+        python_index: args
+            .index_url
+            .clone()
+            .unwrap_or(defaults.python_index.clone()),
+        npm_registry: args
+            .npm_registry
+            .clone()
+            .unwrap_or(defaults.npm_registry.clone()),
+        ..defaults
+    })
+}
+
 /// Registers the strategies and runners (the model-backed ones when a provider is
 /// configured), validates the package against them, prints its warnings, and builds the
 /// executor primed with the compiled graders.
@@ -299,6 +318,7 @@ fn build_executor(
         .providers(llm.map(|setup| setup.clients.clone()))
         .sandbox(sandbox_for(args))
         .zod_dir(crate::zod_dir())
+        .environments(Arc::new(environments_for(args)))
         .build();
     let validation = validate(package, executor.strategies());
     if !validation.is_ok() {

@@ -54,6 +54,7 @@ mod tests {
             package_hash: "h".into(),
             environment: Default::default(),
             scripts: Default::default(),
+            dependencies: Vec::new(),
             given: None,
             suites: vec![],
             attempt: 1,

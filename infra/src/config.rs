@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use skilleval_execution::environment::EnvironmentConfig;
 use skilleval_model::package::risk::RiskPolicy;
 use skilleval_model::package::PackageLimits;
 use skilleval_providers::Providers;
@@ -149,6 +150,9 @@ pub struct Settings {
     pub sandbox: SandboxPolicy,
     /// Limits applied to uploaded packages (and to packages a worker extracts).
     pub limits: PackageLimits,
+    /// The environments of packages that declare dependencies: the cache and the index.
+    #[serde(default)]
+    pub environments: EnvironmentConfig,
     /// Model providers for the `llm` runner and the model-backed strategies.
     #[serde(default)]
     pub llm: LlmSettings,

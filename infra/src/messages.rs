@@ -232,6 +232,7 @@ mod tests {
             package_hash: "abc".into(),
             environment: Default::default(),
             scripts: Default::default(),
+            dependencies: Vec::new(),
             given: None,
             suites: vec![],
             attempt: 2,

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use skilleval_execution::environment::Environments;
 use skilleval_execution::executor::{Executor, ExecutorBuilder};
 use skilleval_infra::config::Settings;
 use skilleval_infra::store::llm::{PgRateLimiter, PgResponseCache, WriteBehindCache};
@@ -55,6 +56,7 @@ pub fn build_executor(
     let executor = ExecutorBuilder::new()
         .providers(clients.clone())
         .sandbox(Sandbox::detect(settings.sandbox.clone()))
+        .environments(Arc::new(Environments::new(settings.environments.clone())))
         .build()
         .with_content_capture(settings.telemetry.capture_model_content);
     Ok((executor, clients))

@@ -20,6 +20,7 @@ use serde_json::Value;
 use tracing::Instrument as _;
 
 use crate::case_scripts::{self, CaseWorkspace, Phase, Step};
+use crate::environment::{EnvironmentConfig, Environments};
 use crate::plan::Job;
 use crate::result::{Attempt, CaseStatus, JobResult, NO_BASELINE};
 use crate::runner::{ProduceRequest, RunnerRegistry};
@@ -29,6 +30,8 @@ use skilleval_grading::{
 use skilleval_model::definition::{Profile, TestCase};
 use skilleval_model::grade::{Fault, Grade, Usage};
 use skilleval_model::output::Produced;
+use skilleval_model::package::dependencies::read_from_dir;
+use skilleval_model::package::Dependencies;
 use skilleval_providers::ProviderClients;
 use skilleval_sandbox::Sandbox;
 
@@ -53,6 +56,8 @@ pub struct ExecutorBuilder {
     sandbox: Arc<Sandbox>,
     /// The Zod converter's folder, when `expected.zodSchema` is to be converted.
     zod_dir: Option<std::path::PathBuf>,
+    /// Where the environments of packages that declare dependencies come from.
+    environments: Option<Arc<Environments>>,
 }
 
 impl ExecutorBuilder {
@@ -79,6 +84,12 @@ impl ExecutorBuilder {
         self
     }
 
+    /// The environment cache (default: [`EnvironmentConfig::default`]'s, the public indexes).
+    pub fn environments(mut self, environments: Arc<Environments>) -> Self {
+        self.environments = Some(environments);
+        self
+    }
+
     pub fn build(self) -> Executor {
         let providers = self.providers.as_ref();
         let mut strategies = StrategyRegistry::with_providers(providers);
@@ -88,11 +99,15 @@ impl ExecutorBuilder {
                 dir,
             )));
         }
-        Executor::new(
+        let executor = Executor::new(
             strategies.build(),
             RunnerRegistry::with_providers(providers),
             self.sandbox,
-        )
+        );
+        match self.environments {
+            Some(environments) => executor.with_environments(environments),
+            None => executor,
+        }
     }
 }
 
@@ -105,6 +120,9 @@ pub struct Executor {
     graders: Mutex<HashMap<DefinitionKey, Arc<dyn Grader>>>,
     /// Whether the runner call's span carries the prompt and the output text.
     capture_content: bool,
+    environments: Arc<Environments>,
+    /// The dependencies each package on disk declares (package hash and folder to them).
+    declared: Mutex<HashMap<(String, std::path::PathBuf), Arc<Dependencies>>>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -128,7 +146,57 @@ impl Executor {
             sandbox,
             graders: Mutex::new(HashMap::new()),
             capture_content: false,
+            environments: Arc::new(Environments::new(EnvironmentConfig::default())),
+            declared: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Builds and caches the environments of packages that declare dependencies here.
+    #[must_use]
+    pub fn with_environments(mut self, environments: Arc<Environments>) -> Self {
+        self.environments = environments;
+        self
+    }
+
+    /// The environment cache.
+    pub fn environments(&self) -> &Arc<Environments> {
+        &self.environments
+    }
+
+    /// The dependencies the package at `package_root` declares, with the job's
+    /// `setup.dependencies` (read once per package).
+    fn declared(&self, job: &Job, package_root: &Path) -> Arc<Dependencies> {
+        let key = (job.package_hash.clone(), package_root.to_path_buf());
+        if let Some(d) = self.declared.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return d;
+        }
+        let deps = Arc::new(read_from_dir(package_root, &job.dependencies));
+        if let Ok(mut m) = self.declared.lock() {
+            if m.len() >= GRADER_CACHE_CAPACITY {
+                m.clear();
+            }
+            m.insert(key, deps.clone());
+        }
+        deps
+    }
+
+    /// The sandbox a job's package code runs in: the executor's, with the package's
+    /// environment mounted when it declares dependencies (built first if needed); with it,
+    /// what `details.environment` records. A recorded output runs none of the package's code
+    /// but a custom grader's, which gets the environment too.
+    async fn sandbox_for(
+        &self,
+        job: &Job,
+        package_root: &Path,
+    ) -> Result<(Arc<Sandbox>, Option<Value>), Fault> {
+        let deps = self.declared(job, package_root);
+        if deps.is_empty() {
+            return Ok((self.sandbox.clone(), None));
+        }
+        // Boxed: a build's future is large, and most jobs never await one.
+        let (built, now) = Box::pin(self.environments.get(&self.sandbox, &deps)).await?;
+        let sandbox = Arc::new(self.sandbox.with_environment(built.mount.clone()));
+        Ok((sandbox, Some(built.details(now))))
     }
 
     /// Puts the prompt and the produced text on the runner call's span (`gen_ai.input.messages`,
@@ -247,8 +315,19 @@ impl Executor {
         }
         let started = Utc::now();
         let mut result = JobResult::for_job(job, started);
+        let (sandbox, environment) = match self.sandbox_for(job, package_root).await {
+            Ok(found) => found,
+            Err(fault) => {
+                let mut result = finish_errored(result, 1, fault, 0);
+                record_steps(
+                    &mut result,
+                    [("environment", Some(serde_json::json!({"failed": true})))],
+                );
+                return result;
+            }
+        };
         let env = GradeEnv {
-            sandbox: self.sandbox.clone(),
+            sandbox,
             package_root: Arc::from(package_root),
         };
         let grader = match self.grader_for(job, package_root) {
@@ -264,7 +343,7 @@ impl Executor {
             let workspace = if job.scripts.is_empty() || job.given.is_some() {
                 None
             } else {
-                match CaseWorkspace::create(&self.sandbox) {
+                match CaseWorkspace::create(&env.sandbox) {
                     Ok(w) => Some(w),
                     Err(e) => {
                         let fault = Fault::host(format!("creating the case's workspace: {e}"));
@@ -295,7 +374,11 @@ impl Executor {
                 ),
                 _ => None,
             };
-            let steps = [("setup", setup), ("teardown", teardown)];
+            let steps = [
+                ("setup", setup),
+                ("teardown", teardown),
+                ("environment", environment.clone()),
+            ];
             match outcome {
                 Err(_) => {
                     let mut result = finish_errored(
@@ -371,12 +454,12 @@ impl Executor {
             let step = Step {
                 phase: Phase::Setup,
                 script,
-                sandbox: &self.sandbox,
+                sandbox: &env.sandbox,
                 package_root: &env.package_root,
                 workspace: ws,
                 stdin: serde_json::json!({
                     "phase": "setup",
-                    "workspace": ws.seen_from(&self.sandbox),
+                    "workspace": ws.seen_from(&env.sandbox),
                     "test_case_id": job.case.id,
                     "prompt": input.prompt,
                     "variables": input.variables,
@@ -513,12 +596,12 @@ impl Executor {
         case_scripts::teardown(Step {
             phase: Phase::Teardown,
             script,
-            sandbox: &self.sandbox,
+            sandbox: &env.sandbox,
             package_root: &env.package_root,
             workspace,
             stdin: serde_json::json!({
                 "phase": "teardown",
-                "workspace": workspace.seen_from(&self.sandbox),
+                "workspace": workspace.seen_from(&env.sandbox),
                 "test_case_id": job.case.id,
                 "status": status.as_str(),
                 "score": score,
@@ -566,7 +649,7 @@ type AttemptOutcome =
 
 /// Puts what the setup and teardown scripts did on the result (`details.setup`,
 /// `details.teardown`), whatever the attempt became.
-fn record_steps(result: &mut JobResult, steps: [(&str, Option<Value>); 2]) {
+fn record_steps<const N: usize>(result: &mut JobResult, steps: [(&str, Option<Value>); N]) {
     for (key, value) in steps {
         let Some(value) = value else { continue };
         if !result.details.is_object() {
@@ -863,6 +946,7 @@ mod tests {
             package_hash: "hash".into(),
             environment: Default::default(),
             scripts: Default::default(),
+            dependencies: Vec::new(),
             given: None,
             suites: vec![],
             attempt: 1,

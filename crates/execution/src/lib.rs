@@ -13,6 +13,8 @@
 //!   outcome is a [`result::JobResult`];
 //! - [`case_scripts`]: a package's `setup.script` and `teardown.script` around each attempt,
 //!   in the case's workspace;
+//! - [`environment`]: the packages a skill's code imports, installed once per set (cached,
+//!   built in the sandbox from the configured index) and mounted read-only into its sandboxes;
 //! - [`triggers`]: does the skill's description get it picked among others;
 //! - [`monitor`]: a skill's production monitor and its samples as `given` jobs;
 //! - [`draft`]: a starter eval definition for a skill that has none (`skilleval init`).
@@ -22,6 +24,7 @@
 
 pub mod case_scripts;
 pub mod draft;
+pub mod environment;
 pub mod executor;
 pub mod monitor;
 pub mod plan;

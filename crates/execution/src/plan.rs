@@ -36,6 +36,11 @@ pub struct Job {
     /// ([`crate::case_scripts`]).
     #[serde(default, skip_serializing_if = "CaseScripts::is_empty")]
     pub scripts: CaseScripts,
+    /// `setup.dependencies`: with the dependencies the package's files declare (read where
+    /// the package is, [`skilleval_model::package::dependencies::read_from_dir`]), what the
+    /// case's environment is built from ([`crate::environment`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<String>,
     /// A recorded output sent with the job (production samples), overriding the case's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub given: Option<Given>,
@@ -258,6 +263,11 @@ impl Planner<'_> {
                 setup: config.setup.as_ref().and_then(|s| s.script.clone()),
                 teardown: config.teardown.as_ref().and_then(|t| t.script.clone()),
             },
+            dependencies: config
+                .setup
+                .as_ref()
+                .map(|s| s.dependencies.clone())
+                .unwrap_or_default(),
             given: None,
             suites,
             attempt: 1,

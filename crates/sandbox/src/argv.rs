@@ -30,7 +30,7 @@ use std::process::Stdio;
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-use crate::policy::{SandboxBind, SandboxError, SandboxPolicy, SandboxRequest};
+use crate::policy::{SandboxBind, SandboxEnvironment, SandboxError, SandboxPolicy, SandboxRequest};
 use crate::tools::Tools;
 
 /// Where the package is mounted inside bubblewrap (the working directory a process starts in).
@@ -98,6 +98,7 @@ pub(crate) fn plan(
     uid: Option<u32>,
     scratch: Option<&Path>,
     binds: &[SandboxBind],
+    environment: Option<&SandboxEnvironment>,
 ) -> Result<Plan, SandboxError> {
     let prlimit = tools
         .prlimit
@@ -135,7 +136,8 @@ pub(crate) fn plan(
     };
     let mut env: BTreeMap<OsString, OsString> = BTreeMap::new();
     env.insert("LANG".into(), "C.UTF-8".into());
-    for (k, v) in &req.env {
+    let vars = environment.map(|e| &e.vars).into_iter().flatten();
+    for (k, v) in vars.chain(&req.env) {
         // A name bwrap or execve would choke on is dropped rather than failing the run.
         if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
             tracing::warn!(name = %k, "sandbox: skipping invalid environment variable");
@@ -143,7 +145,11 @@ pub(crate) fn plan(
         }
         env.insert(k.into(), v.into());
     }
-    env.insert("PATH".into(), tools.path_env.clone().into());
+    let path = match environment {
+        Some(e) if !e.path.is_empty() => format!("{}:{}", e.path.join(":"), tools.path_env),
+        _ => tools.path_env.clone(),
+    };
+    env.insert("PATH".into(), path.into());
     env.insert("HOME".into(), home.clone());
     env.insert("TMPDIR".into(), home);
 
@@ -172,6 +178,13 @@ pub(crate) fn plan(
                 package.into(),
                 SANDBOX_PACKAGE_DIR.into(),
             ]);
+            if let Some(e) = environment {
+                argv.extend([
+                    "--ro-bind".into(),
+                    e.source.clone().into(),
+                    e.dest.clone().into(),
+                ]);
+            }
             for b in binds {
                 let kind = if b.writable { "--bind" } else { "--ro-bind" };
                 argv.extend([kind.into(), b.source.clone().into(), b.dest.into()]);

@@ -125,6 +125,7 @@ impl Sandbox {
             uid,
             scratch.as_ref().map(tempfile::TempDir::path),
             binds,
+            self.environment(),
         )?;
         tracing::debug!(argv = ?plan.argv, "sandbox: spawning");
         let out = self.execute(&host, plan, &req, lease).await;
@@ -283,6 +284,7 @@ impl Sandbox {
             uid,
             scratch,
             &[],
+            self.environment(),
         )?;
         Ok(display_argv(&plan.argv))
     }

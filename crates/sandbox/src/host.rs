@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::argv::{self, Plan};
 use crate::lease::{uid_lock_dir, Identity, UidLease, NOBODY};
-use crate::policy::{SandboxBind, SandboxError, SandboxPolicy, SandboxRequest};
+use crate::policy::{SandboxBind, SandboxEnvironment, SandboxError, SandboxPolicy, SandboxRequest};
 use crate::tools::{find_tool, Tools};
 
 /// What was found out about this host, once per process.
@@ -149,7 +149,16 @@ impl Host {
         };
         let program = find_tool("true").unwrap_or_else(|| PathBuf::from("/bin/true"));
         let plan = self
-            .plan(policy, &req, &program, Path::new("/usr"), uid, scratch, &[])
+            .plan(
+                policy,
+                &req,
+                &program,
+                Path::new("/usr"),
+                uid,
+                scratch,
+                &[],
+                None,
+            )
             .map_err(|e| e.to_string())?;
         let (program, args) = plan.argv.split_first().ok_or("empty command line")?;
         let out = std::process::Command::new(program)
@@ -187,6 +196,7 @@ impl Host {
         uid: Option<u32>,
         scratch: Option<&Path>,
         binds: &[SandboxBind],
+        environment: Option<&SandboxEnvironment>,
     ) -> Result<Plan, SandboxError> {
         argv::plan(
             &self.tools,
@@ -198,6 +208,7 @@ impl Host {
             uid,
             scratch,
             binds,
+            environment,
         )
     }
 

@@ -33,8 +33,8 @@ mod tools;
 
 pub use argv::{display_argv, SANDBOX_PACKAGE_DIR};
 pub use policy::{
-    check_package_relative, SandboxBind, SandboxError, SandboxMode, SandboxOutput, SandboxPolicy,
-    SandboxRequest,
+    check_package_relative, SandboxBind, SandboxEnvironment, SandboxError, SandboxMode,
+    SandboxOutput, SandboxPolicy, SandboxRequest,
 };
 pub use sandbox::Sandbox;
 pub use session::{SandboxSession, SessionOutput, SESSION_CONTROL_DIR};

@@ -157,6 +157,23 @@ pub struct SandboxBind {
     pub writable: bool,
 }
 
+/// A directory mounted read-only into every process of a sandbox (an environment of the
+/// packages a skill imports), with the variables that make its programs and modules found.
+/// Given to [`Sandbox::with_environment`](crate::Sandbox::with_environment).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SandboxEnvironment {
+    /// The host directory.
+    pub source: PathBuf,
+    /// Where processes see it: an absolute path inside bubblewrap; without bubblewrap, the
+    /// host directory itself (nothing is mounted then).
+    pub dest: PathBuf,
+    /// Directories (as processes see them) put before the sandbox's own `PATH`.
+    pub path: Vec<String>,
+    /// Variables set for every process (`VIRTUAL_ENV`, `PYTHONPATH`, `NODE_PATH`); a
+    /// request's own variables of the same name win.
+    pub vars: BTreeMap<String, String>,
+}
+
 /// Checks a package-relative path: relative, no `..`, no root or prefix; `Err` says why.
 pub fn check_package_relative(path: &str) -> Result<PathBuf, String> {
     let p = Path::new(path);

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::host::Host;
 use crate::lease::{Identity, UID_POOL_BASE, UID_POOL_SIZE};
-use crate::policy::{SandboxMode, SandboxPolicy};
+use crate::policy::{SandboxEnvironment, SandboxMode, SandboxPolicy};
 use crate::tools::find_tool;
 
 /// Runs processes under a [`SandboxPolicy`]. Cheap to clone: what was found out about the
@@ -23,6 +23,8 @@ use crate::tools::find_tool;
 pub struct Sandbox {
     pub policy: SandboxPolicy,
     host: Arc<HostCell>,
+    /// Mounted read-only into every process and session of this handle.
+    environment: Option<Arc<SandboxEnvironment>>,
 }
 
 /// What is known about the host for one bubblewrap binary; replaced when a probe finds the
@@ -71,7 +73,27 @@ impl Sandbox {
                 })
             })
             .clone();
-        Sandbox { policy, host }
+        Sandbox {
+            policy,
+            host,
+            environment: None,
+        }
+    }
+
+    /// The same sandbox with `environment` mounted read-only into every process it runs
+    /// (one-shot runs and sessions alike), its variables set and its directories first on
+    /// `PATH`.
+    #[must_use]
+    pub fn with_environment(&self, environment: Arc<SandboxEnvironment>) -> Sandbox {
+        Sandbox {
+            environment: Some(environment),
+            ..self.clone()
+        }
+    }
+
+    /// The environment this handle mounts, if any.
+    pub fn environment(&self) -> Option<&SandboxEnvironment> {
+        self.environment.as_deref()
     }
 
     pub(crate) fn host(&self) -> Arc<Host> {

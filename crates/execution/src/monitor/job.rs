@@ -158,6 +158,7 @@ pub fn sample_job(
         package_hash: ctx.package_hash.to_string(),
         environment: BTreeMap::new(),
         scripts: Default::default(),
+        dependencies: Vec::new(),
         given: Some(Given {
             output: sample.output.clone(),
             tool_calls: sample

@@ -131,6 +131,7 @@ pub fn trigger_job(
         package_hash: package_hash.to_string(),
         environment: Default::default(),
         scripts: Default::default(),
+        dependencies: Vec::new(),
         given: None,
         suites: Vec::new(),
         attempt: 1,

@@ -25,6 +25,7 @@ use tempfile::TempDir;
 use crate::definition::EvalConfig;
 use crate::problem::Problem;
 
+pub mod dependencies;
 mod error;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fixtures;
@@ -37,6 +38,7 @@ pub mod template;
 mod tree;
 mod zip;
 
+pub use dependencies::Dependencies;
 pub use error::PackageError;
 pub use formats::{EvalFormat, TriggerCase, EVAL_FILES, TRIGGER_FILES};
 pub use limits::PackageLimits;
@@ -71,6 +73,9 @@ pub struct Package {
     /// Per case of `config.test_cases`, its JSON pointer in `eval_file` (`/testCases/3`, `/0`).
     pub case_pointers: Vec<String>,
     pub triggers: Vec<TriggerCase>,
+    /// The packages its code imports, from every place a package declares them
+    /// ([`dependencies`]); malformed entries are among `problems`.
+    pub dependencies: Dependencies,
     /// The trigger file read, when there was one.
     pub trigger_file: Option<String>,
     /// Problems found while loading (SKILL.md, JSON, conversion, templating); `skilleval_execution::validate`
@@ -271,6 +276,7 @@ impl Package {
             config: formats::Converted::empty(EvalFormat::V2, "").config,
             case_pointers: Vec::new(),
             triggers: Vec::new(),
+            dependencies: Dependencies::default(),
             trigger_file: None,
             problems: Vec::new(),
             case_renames: Vec::new(),
@@ -279,6 +285,7 @@ impl Package {
         };
         package.load_skill_md()?;
         package.load_eval(streamed)?;
+        package.load_dependencies();
         package.load_triggers()?;
         Ok(package)
     }
@@ -286,6 +293,24 @@ impl Package {
     fn read(&self, rel: &str) -> Result<Vec<u8>, PackageError> {
         let path = paths::join(&self.root, rel);
         fs::read(&path).map_err(|e| PackageError::io(path, e))
+    }
+
+    fn load_dependencies(&mut self) {
+        let setup = self
+            .config
+            .setup
+            .as_ref()
+            .map(|s| s.dependencies.clone())
+            .unwrap_or_default();
+        let read = |rel: &str| {
+            self.has_file(rel)
+                .then(|| self.read(rel).ok())
+                .flatten()
+                .and_then(|b| String::from_utf8(b).ok())
+        };
+        let (deps, problems) = dependencies::collect(&self.files, read, &setup, &self.eval_file);
+        self.dependencies = deps;
+        self.problems.extend(problems);
     }
 
     fn load_skill_md(&mut self) -> Result<(), PackageError> {

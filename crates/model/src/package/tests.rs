@@ -63,3 +63,29 @@ fn pointers(problems: &[Problem]) -> Vec<(&str, &str, bool)> {
         .map(|p| (p.file.as_str(), p.pointer.as_str(), p.is_error()))
         .collect()
 }
+
+#[test]
+fn declared_dependencies_are_read_when_the_package_opens_and_bad_ones_are_problems() {
+    let v2 = json!({"version": "2.0", "setup": {"dependencies": ["pypdf<5", "npm:left-pad@1.3.0"]},
+                    "testCases": [{"id": "a", "expected": {"output": "x"}}]});
+    let dir = package(&[
+        ("SKILL.md", SKILL),
+        ("eval/tests.json", &v2.to_string()),
+        (
+            "scripts/run.py",
+            "#!/usr/bin/env python3\n# /// script\n# dependencies = [\"openpyxl>=3.1\", \"pandas>>2\"]\n# ///\n",
+        ),
+    ]);
+    let pkg = open(dir.path());
+    assert_eq!(pkg.dependencies.python, ["openpyxl>=3.1", "pypdf<5"]);
+    assert_eq!(
+        pkg.dependencies.node.get("left-pad").map(String::as_str),
+        Some("1.3.0")
+    );
+    let bad: Vec<&Problem> = pkg.problems.iter().filter(|p| p.is_error()).collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].file, "scripts/run.py");
+    assert_eq!(bad[0].pointer, "/dependencies/1");
+    assert!(bad[0].message.contains("`pandas>>2`"), "{}", bad[0].message);
+    assert!(bad[0].message.contains("line 2"), "{}", bad[0].message);
+}

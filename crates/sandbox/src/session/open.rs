@@ -76,7 +76,16 @@ impl Sandbox {
             env,
         };
         let program = host.tools.resolve_program("sh")?;
-        let plan = host.plan(&self.policy, &req, &program, &package, uid, None, &all)?;
+        let plan = host.plan(
+            &self.policy,
+            &req,
+            &program,
+            &package,
+            uid,
+            None,
+            &all,
+            self.environment(),
+        )?;
         let (mut child, pgid) = plan.spawn()?;
         // No `kill -1` sweep as the uid (two more programs to start per case): every
         // process of a session is in its pid namespace, which the kernel empties when its
