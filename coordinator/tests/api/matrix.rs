@@ -269,6 +269,31 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         );
     }
 
+    // The page: a table coloured by change, the one worse cell marked as such.
+    let page = app
+        .client
+        .get(format!("{}/ui/matrix/{id}", app.address))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert_eq!(html.matches("data-change=\"worse\"").count(), 1, "{html}");
+    assert_eq!(html.matches("data-change=\"no_change\"").count(), 5, "{html}");
+    assert!(
+        html.contains("data-skill=\"gamma\" data-model=\"shaky\" data-change=\"worse\""),
+        "{html}"
+    );
+    let hidden_page = app
+        .client
+        .get(format!("{}/ui/matrix/{id}", app.address))
+        .bearer_auth(&bob)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hidden_page.status(), 404);
+
     // Another publisher's token: the matrix and its page are not found, like a missing one.
     let (status, hidden) = send(&app, Method::GET, &format!("/v1/matrix/{id}"), &bob, None).await;
     let missing = uuid::Uuid::now_v7();
