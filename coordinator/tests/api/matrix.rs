@@ -294,6 +294,27 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         .unwrap();
     assert_eq!(hidden_page.status(), 404);
 
+    // The CLI: `skilleval matrix --server URL --token T --skill … --model …` creates a matrix
+    // like this one, waits for it and exits 1 because a cell got significantly worse.
+    let cli_args = skilleval_cli::matrix::MatrixArgs {
+        server: app.address.clone(),
+        token: Some(alice.clone()),
+        skills: vec!["alpha".into(), "beta".into(), "gamma".into()],
+        publisher: None,
+        models: vec!["steady".into(), "shaky".into()],
+        max_cost: Some(cost * 10.0),
+        max_tokens: None,
+        dry_run: false,
+        no_wait: false,
+        timeout: 300,
+        json: false,
+    };
+    assert_eq!(
+        skilleval_cli::matrix::matrix(&cli_args).await,
+        skilleval_cli::EXIT_FAIL
+    );
+    assert_eq!(app.count("matrices").await, 2);
+
     // Another publisher's token: the matrix and its page are not found, like a missing one.
     let (status, hidden) = send(&app, Method::GET, &format!("/v1/matrix/{id}"), &bob, None).await;
     let missing = uuid::Uuid::now_v7();
