@@ -218,7 +218,11 @@ async fn matrix_inner(args: &MatrixArgs) -> Result<u8, String> {
             } else {
                 print!("{}", matrix_table(&matrix));
             }
-            return Ok(if any_worse(&matrix) { EXIT_FAIL } else { EXIT_PASS });
+            return Ok(if any_worse(&matrix) {
+                EXIT_FAIL
+            } else {
+                EXIT_PASS
+            });
         }
         if Instant::now() >= deadline {
             return Err(format!(
@@ -282,9 +286,23 @@ mod tests {
         let table = matrix_table(&matrix);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3, "{table}");
-        assert!(lines[0].starts_with("skill") && lines[0].contains("steady") && lines[0].contains("shaky"));
-        assert!(lines[1].starts_with("alpha") && lines[1].contains("100% =") && lines[1].contains("25% WORSE"), "{table}");
-        assert!(lines[2].starts_with("beta") && lines[2].contains("- …") && lines[2].trim_end().ends_with('-'), "{table}");
+        assert!(
+            lines[0].starts_with("skill")
+                && lines[0].contains("steady")
+                && lines[0].contains("shaky")
+        );
+        assert!(
+            lines[1].starts_with("alpha")
+                && lines[1].contains("100% =")
+                && lines[1].contains("25% WORSE"),
+            "{table}"
+        );
+        assert!(
+            lines[2].starts_with("beta")
+                && lines[2].contains("- …")
+                && lines[2].trim_end().ends_with('-'),
+            "{table}"
+        );
         assert!(any_worse(&matrix));
     }
 }

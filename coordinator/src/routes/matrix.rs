@@ -137,7 +137,10 @@ fn check_budget(budget: &MatrixBudget) -> Result<(), ApiError> {
         ));
     }
     if budget.max_tokens.is_some_and(|m| m < 1) {
-        return Err(invalid("/budget/max_tokens", "must be an integer of at least 1"));
+        return Err(invalid(
+            "/budget/max_tokens",
+            "must be an integer of at least 1",
+        ));
     }
     Ok(())
 }
@@ -184,7 +187,10 @@ pub async fn create(
     }
     let scope = match (&body.skills, &body.publisher) {
         (Some(_), Some(_)) => {
-            return Err(invalid("/publisher", "give `skills` or `publisher`, not both"))
+            return Err(invalid(
+                "/publisher",
+                "give `skills` or `publisher`, not both",
+            ))
         }
         (None, None) => return Err(invalid("/skills", "give `skills` or `publisher`")),
         (Some(names), None) => {
@@ -366,12 +372,12 @@ pub async fn create(
     if known {
         if let Some(max) = budget.max_cost_usd {
             if cost > max {
-                return Err(over_budget("/budget/max_cost_usd", &estimate, json!(max)));
+                return Err(over_budget("/budget/max_cost_usd", &estimate, &json!(max)));
             }
         }
         if let Some(max) = budget.max_tokens {
             if tokens > u64::try_from(max).unwrap_or(0) {
-                return Err(over_budget("/budget/max_tokens", &estimate, json!(max)));
+                return Err(over_budget("/budget/max_tokens", &estimate, &json!(max)));
             }
         }
     }
@@ -433,7 +439,7 @@ pub async fn create(
         .into_response())
 }
 
-fn over_budget(field: &str, estimate: &Value, limit: Value) -> ApiError {
+fn over_budget(field: &str, estimate: &Value, limit: &Value) -> ApiError {
     let spent = if field.ends_with("max_tokens") {
         &estimate["estimated_tokens"]
     } else {

@@ -52,11 +52,16 @@ fn answer(body: &Value, sabotaged: Option<&str>) -> Value {
     })
 }
 
-async fn chat(State(sabotaged): State<Option<&'static str>>, Json(body): Json<Value>) -> Json<Value> {
+async fn chat(
+    State(sabotaged): State<Option<&'static str>>,
+    Json(body): Json<Value>,
+) -> Json<Value> {
     Json(answer(&body, sabotaged))
 }
 
-async fn model_server(sabotaged: Option<&'static str>) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+async fn model_server(
+    sabotaged: Option<&'static str>,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     serve_local(
         Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -85,7 +90,10 @@ fn model_skill(name: &str) -> Vec<u8> {
     });
     zip_of(&[
         ("SKILL.md", skill_md(name).as_bytes()),
-        ("eval/tests.json", &serde_json::to_vec_pretty(&tests).unwrap()),
+        (
+            "eval/tests.json",
+            &serde_json::to_vec_pretty(&tests).unwrap(),
+        ),
     ])
 }
 
@@ -97,7 +105,13 @@ fn priced(config: ProviderConfig) -> ProviderConfig {
     }
 }
 
-async fn send(app: &TestApp, method: Method, path: &str, token: &str, body: Option<&Value>) -> (u16, Value) {
+async fn send(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    token: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
     let mut request = app
         .client
         .request(method, format!("{}{path}", app.address))
@@ -132,7 +146,8 @@ async fn wait_for_verdict(app: &TestApp, token: &str, run_id: &str) -> Value {
 async fn wait_for_matrix(app: &TestApp, token: &str, id: &str) -> Value {
     let mut last = Value::Null;
     for _ in 0..1_800 {
-        let (status, matrix) = send(app, Method::GET, &format!("/v1/matrix/{id}"), token, None).await;
+        let (status, matrix) =
+            send(app, Method::GET, &format!("/v1/matrix/{id}"), token, None).await;
         assert_eq!(status, 200, "{matrix}");
         let compared = matrix["cells"]
             .as_array()
@@ -151,8 +166,14 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     let (steady_addr, steady_task) = model_server(None).await;
     let (shaky_addr, shaky_task) = model_server(Some("For the gamma skill")).await;
     let mut providers = Providers::default();
-    providers.insert(priced(local_provider(steady_addr, "steady", "steady-model")), true);
-    providers.insert(priced(local_provider(shaky_addr, "shaky", "shaky-model")), false);
+    providers.insert(
+        priced(local_provider(steady_addr, "steady", "steady-model")),
+        true,
+    );
+    providers.insert(
+        priced(local_provider(shaky_addr, "shaky", "shaky-model")),
+        false,
+    );
 
     let app = spawn_app_with(AppOptions {
         background: true,
@@ -169,7 +190,10 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     // The reference runs: each skill uploaded, produced by the default provider, passing.
     for name in ["alpha", "beta", "gamma"] {
         let upload = app.upload_zip_as(model_skill(name), &alice).await;
-        let run_id = upload["run_id"].as_str().expect("an upload run").to_string();
+        let run_id = upload["run_id"]
+            .as_str()
+            .expect("an upload run")
+            .to_string();
         let run = wait_for_verdict(&app, &alice, &run_id).await;
         assert_eq!(run["verdict"], "pass", "{name}: {run}");
     }
@@ -182,17 +206,36 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     });
 
     // A dry run: the estimate, and nothing created.
-    let (status, dry) = send(&app, Method::POST, "/v1/matrix?dry_run=true", &alice, Some(&body)).await;
+    let (status, dry) = send(
+        &app,
+        Method::POST,
+        "/v1/matrix?dry_run=true",
+        &alice,
+        Some(&body),
+    )
+    .await;
     assert_eq!(status, 200, "{dry}");
     let estimate = &dry["estimate"];
     assert_eq!(estimate["cells"].as_array().unwrap().len(), 6, "{dry}");
-    let tokens = estimate["estimated_tokens"].as_u64().expect("tokens estimated");
-    let cost = estimate["estimated_cost_usd"].as_f64().expect("cost estimated");
+    let tokens = estimate["estimated_tokens"]
+        .as_u64()
+        .expect("tokens estimated");
+    let cost = estimate["estimated_cost_usd"]
+        .as_f64()
+        .expect("cost estimated");
     // Each reference run spent 64 tokens on each of its 8 cases; six runs like it.
     assert_eq!(tokens, 6 * CASES as u64 * 64, "{dry}");
     assert!(cost > 0.0, "{dry}");
-    assert_eq!(app.count("runs").await, runs_before, "a dry run creates no run");
-    assert_eq!(app.count("matrices").await, 0, "a dry run creates no matrix");
+    assert_eq!(
+        app.count("runs").await,
+        runs_before,
+        "a dry run creates no run"
+    );
+    assert_eq!(
+        app.count("matrices").await,
+        0,
+        "a dry run creates no matrix"
+    );
 
     // Over budget: refused before anything is created, naming the field and the estimate.
     let mut over = body.clone();
@@ -210,7 +253,11 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
 
     // Another publisher cannot run a matrix over alice's skills: they are not found.
     let (status, theirs) = send(&app, Method::POST, "/v1/matrix", &bob, Some(&body)).await;
-    assert_eq!((status, &theirs["error"]["code"]), (404, &json!("not_found")), "{theirs}");
+    assert_eq!(
+        (status, &theirs["error"]["code"]),
+        (404, &json!("not_found")),
+        "{theirs}"
+    );
 
     // Within budget: six ordinary runs tied to one matrix.
     let mut within = body.clone();
@@ -225,7 +272,10 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     let cells = matrix["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 6);
     for cell in cells {
-        let (skill, model) = (cell["skill"].as_str().unwrap(), cell["model"].as_str().unwrap());
+        let (skill, model) = (
+            cell["skill"].as_str().unwrap(),
+            cell["model"].as_str().unwrap(),
+        );
         let made_worse = skill == "gamma" && model == "shaky";
         assert_eq!(
             cell["change"],
@@ -258,7 +308,10 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         let (_, page) = send(
             &app,
             Method::GET,
-            &format!("/v1/runs/{}/results?limit=1", cell["run_id"].as_str().unwrap()),
+            &format!(
+                "/v1/runs/{}/results?limit=1",
+                cell["run_id"].as_str().unwrap()
+            ),
             &alice,
             None,
         )
@@ -280,7 +333,11 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     assert_eq!(page.status(), 200);
     let html = page.text().await.unwrap();
     assert_eq!(html.matches("data-change=\"worse\"").count(), 1, "{html}");
-    assert_eq!(html.matches("data-change=\"no_change\"").count(), 5, "{html}");
+    assert_eq!(
+        html.matches("data-change=\"no_change\"").count(),
+        5,
+        "{html}"
+    );
     assert!(
         html.contains("data-skill=\"gamma\" data-model=\"shaky\" data-change=\"worse\""),
         "{html}"
@@ -318,10 +375,19 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     // Another publisher's token: the matrix and its page are not found, like a missing one.
     let (status, hidden) = send(&app, Method::GET, &format!("/v1/matrix/{id}"), &bob, None).await;
     let missing = uuid::Uuid::now_v7();
-    let (missing_status, nowhere) =
-        send(&app, Method::GET, &format!("/v1/matrix/{missing}"), &bob, None).await;
+    let (missing_status, nowhere) = send(
+        &app,
+        Method::GET,
+        &format!("/v1/matrix/{missing}"),
+        &bob,
+        None,
+    )
+    .await;
     assert_eq!(status, 404, "{hidden}");
-    assert_eq!((status, &hidden["error"]["code"]), (missing_status, &nowhere["error"]["code"]));
+    assert_eq!(
+        (status, &hidden["error"]["code"]),
+        (missing_status, &nowhere["error"]["code"])
+    );
 
     stop.cancel();
     let _ = worker.await;
