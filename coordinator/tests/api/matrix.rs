@@ -236,6 +236,8 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         0,
         "a dry run creates no matrix"
     );
+    let doc = crate::openapi::doc();
+    crate::openapi::check(&doc, "post", "/v1/matrix", 200, &dry);
 
     // Over budget: refused before anything is created, naming the field and the estimate.
     let mut over = body.clone();
@@ -243,6 +245,7 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     let (status, refused) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&over)).await;
     assert_eq!(status, 422, "{refused}");
     assert_eq!(refused["error"]["code"], "over_budget", "{refused}");
+    crate::openapi::check(&doc, "post", "/v1/matrix", 422, &refused);
     assert_eq!(refused["error"]["details"]["field"], "/budget/max_cost_usd");
     assert_eq!(
         refused["error"]["details"]["estimate"]["estimated_tokens"],
@@ -265,10 +268,12 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     let (status, created) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&within)).await;
     assert_eq!(status, 202, "{created}");
     assert_eq!(created["cells"], 6);
+    crate::openapi::check(&doc, "post", "/v1/matrix", 202, &created);
     let id = created["matrix_id"].as_str().unwrap().to_string();
     assert_eq!(app.count("runs").await, runs_before + 6);
 
     let matrix = wait_for_matrix(&app, &alice, &id).await;
+    crate::openapi::check(&doc, "get", "/v1/matrix/{id}", 200, &matrix);
     let cells = matrix["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 6);
     for cell in cells {
@@ -384,6 +389,7 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     )
     .await;
     assert_eq!(status, 404, "{hidden}");
+    crate::openapi::check(&doc, "get", "/v1/matrix/{id}", 404, &hidden);
     assert_eq!(
         (status, &hidden["error"]["code"]),
         (missing_status, &nowhere["error"]["code"])
