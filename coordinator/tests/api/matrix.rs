@@ -308,8 +308,19 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         matrix["flagged"],
         json!([{"skill": "gamma", "model": "shaky", "change": "worse"}])
     );
-    // The runs produced with the provider each cell names.
+    // The runs produced with the provider each cell names, each bounded by its share of the
+    // matrix's budget.
     for cell in cells {
+        let (_, run) = send(
+            &app,
+            Method::GET,
+            &format!("/v1/runs/{}", cell["run_id"].as_str().unwrap()),
+            &alice,
+            None,
+        )
+        .await;
+        let share = run["budget"]["max_cost_usd"].as_f64().unwrap();
+        assert!((share - cost * 10.0 / 6.0).abs() < 1e-9, "{run}");
         let (_, page) = send(
             &app,
             Method::GET,
