@@ -997,13 +997,13 @@ pub async fn matrix(State(state): State<AppState>, Path(id): Path<String>) -> Pa
                 tr { th { "skill" } @for model in &models { th { (model) } } }
                 @for (skill, version) in &skills {
                     tr {
-                        th { a href=(format!("/ui/skills/{skill}")) { (skill) } " " span.muted { (version) } }
+                        th { a href=(format!("/ui/skills/{}", path_segment(skill))) { (skill) } " " span.muted { (version) } }
                         @for model in &models {
                             @match cell(skill, model) {
                                 Some(c) => {
                                     @let change = c["change"].as_str().unwrap_or("pending");
                                     td class=(format!("matrix-cell change-{change}")) data-skill=(skill) data-model=(model) data-change=(change) {
-                                        a href=(format!("/ui/runs/{}", text(&c["run_id"]))) {
+                                        a href=(format!("/ui/runs/{}", path_segment(&text(&c["run_id"])))) {
                                             (c["pass_rate"].as_f64().map(pct).unwrap_or_else(|| "–".into()))
                                         }
                                         @if let (Some(lo), Some(hi)) = (c["pass_rate_interval"][0].as_f64(), c["pass_rate_interval"][1].as_f64()) {
@@ -1012,7 +1012,7 @@ pub async fn matrix(State(state): State<AppState>, Path(id): Path<String>) -> Pa
                                         br;
                                         (text(&c["verdict"])) " · "
                                         @match c.pointer("/comparison/comparison_id").and_then(Value::as_str) {
-                                            Some(cid) => a href=(format!("/ui/comparisons/{cid}")) { (change.replace('_', " ")) },
+                                            Some(cid) => a href=(format!("/ui/comparisons/{}", path_segment(cid))) { (change.replace('_', " ")) },
                                             None => span.muted { (text(&c["status"])) },
                                         }
                                     }
