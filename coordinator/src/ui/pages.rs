@@ -960,6 +960,11 @@ pub async fn matrix(State(state): State<AppState>, Path(id): Path<String>) -> Pa
     let m = crate::routes::matrix::matrix_view(&state, matrix_id)
         .await?
         .ok_or_else(|| ApiError::not_found("matrix", matrix_id))?;
+    Ok(matrix_page(matrix_id, &m))
+}
+
+/// The matrix page of `GET /v1/matrix/{id}`'s answer `m`.
+fn matrix_page(matrix_id: Uuid, m: &Value) -> Html<String> {
     let models: Vec<String> = m["models"]
         .as_array()
         .into_iter()
@@ -985,7 +990,7 @@ pub async fn matrix(State(state): State<AppState>, Path(id): Path<String>) -> Pa
             .find(|c| c["skill"] == skill && c["model"] == model)
     };
     let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
-    Ok(layout(
+    layout(
         "Model matrix",
         html! {
             p.meta #matrix-status { "Matrix " (matrix_id) " — " strong { (text(&m["status"])) }
@@ -1024,5 +1029,28 @@ pub async fn matrix(State(state): State<AppState>, Path(id): Path<String>) -> Pa
                 }
             }
         },
-    ))
+    )
+}
+
+#[cfg(test)]
+mod matrix_page_tests {
+    use super::*;
+
+    #[test]
+    fn hostile_text_in_a_matrix_is_rendered_as_text() {
+        let hostile = "<script>alert(1)</script>";
+        let m = serde_json::json!({
+            "status": "completed",
+            "models": [hostile],
+            "cells": [{"skill": hostile, "version": hostile, "model": hostile,
+                       "run_id": hostile, "pass_rate": 0.5, "pass_rate_interval": [0.2, 0.8],
+                       "verdict": hostile, "change": "worse",
+                       "comparison": {"comparison_id": hostile}}]
+        });
+        let html = matrix_page(Uuid::nil(), &m).0;
+        assert!(!html.contains(hostile), "{html}");
+        assert!(html.contains("&lt;script&gt;"), "{html}");
+        assert!(html.contains("data-change=\"worse\""), "{html}");
+        assert!(html.contains("50.0 %"), "{html}");
+    }
 }
