@@ -239,6 +239,32 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     let doc = crate::openapi::doc();
     crate::openapi::check(&doc, "post", "/v1/matrix", 200, &dry);
 
+    // By publisher: every skill of alice's, the same six cells; bob may not name her.
+    let by_publisher = json!({ "publisher": "alice", "models": ["steady", "shaky"] });
+    let (status, dry_all) = send(
+        &app,
+        Method::POST,
+        "/v1/matrix?dry_run=true",
+        &alice,
+        Some(&by_publisher),
+    )
+    .await;
+    assert_eq!(status, 200, "{dry_all}");
+    assert_eq!(dry_all["estimate"]["estimated_tokens"], json!(tokens));
+    let (status, theirs) = send(
+        &app,
+        Method::POST,
+        "/v1/matrix?dry_run=true",
+        &bob,
+        Some(&by_publisher),
+    )
+    .await;
+    assert_eq!(
+        (status, &theirs["error"]["code"]),
+        (404, &json!("not_found")),
+        "{theirs}"
+    );
+
     // Over budget: refused before anything is created, naming the field and the estimate.
     let mut over = body.clone();
     over["budget"] = json!({ "max_cost_usd": cost / 2.0 });
