@@ -21,6 +21,7 @@ pub mod compare;
 pub mod export;
 pub mod init;
 pub mod lists;
+pub mod matrix;
 pub mod monitor;
 pub mod plan;
 pub mod providers;
@@ -106,6 +107,10 @@ pub enum Command {
     Skills(lists::SkillsArgs),
     /// A server's runs: `runs list --server URL [--skill NAME] [--status running] ...`.
     Runs(lists::RunsArgs),
+    /// A server's model matrix: `matrix --server URL --skill a --skill b --model m1 --model m2`
+    /// runs each skill's latest passing version with each model and prints which got worse;
+    /// exit 1 when some cell is significantly worse than the skill's reference run.
+    Matrix(matrix::MatrixArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -244,6 +249,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Feedback(args) => export::feedback(&args).await,
         Command::Skills(args) => lists::skills(&args).await,
         Command::Runs(args) => lists::runs(&args).await,
+        Command::Matrix(args) => matrix::matrix(&args).await,
     }
 }
 

@@ -50,6 +50,7 @@ fn required_scope(method: &Method, route: &str) -> Option<Scope> {
     } else if route.starts_with("/v1/runs")
         || route.starts_with("/v1/comparisons")
         || route.starts_with("/v1/reports")
+        || route.starts_with("/v1/matrix")
         || route.starts_with("/ui/runs/")
         || route == "/ui/compare"
     {
@@ -103,6 +104,10 @@ async fn check_visible(
                 Ok(id) => state.store.visible_report(viewer, id).await?,
                 Err(_) => true,
             },
+            ("id", "/v1/matrix/{id}" | "/ui/matrix/{id}") => match uuid::Uuid::parse_str(value) {
+                Ok(id) => state.store.visible_matrix(viewer, id).await?,
+                Err(_) => true,
+            },
             ("id", "/v1/comparisons/{id}" | "/ui/comparisons/{id}") => {
                 match uuid::Uuid::parse_str(value) {
                     Ok(id) => state.store.visible_comparison(viewer, id).await?,
@@ -117,6 +122,7 @@ async fn check_visible(
                 _ if route.starts_with("/v1/runs") || route.starts_with("/ui/runs") => "run",
                 _ if route.contains("/comparisons") => "comparison",
                 _ if route.starts_with("/v1/reports") => "report",
+                _ if route.contains("/matrix") => "matrix",
                 _ => "object",
             };
             return Err(ApiError::not_found(what, value));

@@ -27,6 +27,7 @@ pub mod fields;
 pub mod health;
 pub mod history;
 pub mod lists;
+pub mod matrix;
 pub mod monitoring;
 pub mod otlp;
 pub(crate) mod package_files;
@@ -98,6 +99,8 @@ routes! {
     post "/v1/schemas/check" => editor::check_schema;
     post "/v1/reports" => reports::create;
     get "/v1/reports/{id}" => reports::get_report;
+    post "/v1/matrix" => matrix::create;
+    get "/v1/matrix/{id}" => matrix::get_matrix;
 }
 
 /// The whole application: routes, access (auth, scopes, limits, visibility, audit), error logging, metrics, tracing, timeouts.

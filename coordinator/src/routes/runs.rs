@@ -195,7 +195,10 @@ pub async fn create(
 /// What the run would cost and could detect: its jobs planned (filter and runner applied)
 /// and counted a chunk at a time, priced and powered from the skill's last completed run
 /// (this version's, else the previous version's), as `skilleval plan` does locally.
-async fn dry_run(state: &AppState, request: &RunRequest) -> Result<serde_json::Value, ApiError> {
+pub(crate) async fn dry_run(
+    state: &AppState,
+    request: &RunRequest,
+) -> Result<serde_json::Value, ApiError> {
     let prepared = {
         let mut conn = state.store.pool().acquire().await?;
         state.planner.prepare_stored(&mut conn, request).await?

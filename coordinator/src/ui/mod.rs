@@ -52,6 +52,7 @@ pub fn routes() -> Router<AppState> {
         .route("/ui/runs/{id}/cases/{index}", get(pages::case))
         .route("/ui/runs/{id}/cases/{index}/review", post(pages::review))
         .route("/ui/comparisons/{id}", get(pages::comparison))
+        .route("/ui/matrix/{id}", get(pages::matrix))
         .route("/ui/compare", post(pages::compare))
         .layer(middleware::from_fn(security_headers))
 }

@@ -952,3 +952,105 @@ pub async fn editor(
         &["editor.js"],
     ))
 }
+
+/// `GET /ui/matrix/{id}`: a model matrix as a table, a row per skill and a column per model,
+/// each cell coloured by the significant change of its comparison with the reference run.
+pub async fn matrix(State(state): State<AppState>, Path(id): Path<String>) -> Page {
+    let matrix_id: Uuid = parse_uuid("id", &id)?;
+    let m = crate::routes::matrix::matrix_view(&state, matrix_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("matrix", matrix_id))?;
+    Ok(matrix_page(matrix_id, &m))
+}
+
+/// The matrix page of `GET /v1/matrix/{id}`'s answer `m`.
+fn matrix_page(matrix_id: Uuid, m: &Value) -> Html<String> {
+    let models: Vec<String> = m["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    let cells: Vec<&Value> = m["cells"].as_array().into_iter().flatten().collect();
+    // Rows in the cells' order (skill by skill), each skill once.
+    let mut skills: Vec<(String, String)> = Vec::new();
+    for c in &cells {
+        let key = (
+            c["skill"].as_str().unwrap_or_default().to_string(),
+            c["version"].as_str().unwrap_or_default().to_string(),
+        );
+        if !skills.contains(&key) {
+            skills.push(key);
+        }
+    }
+    let cell = |skill: &str, model: &str| {
+        cells
+            .iter()
+            .copied()
+            .find(|c| c["skill"] == skill && c["model"] == model)
+    };
+    let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
+    layout(
+        "Model matrix",
+        html! {
+            p.meta #matrix-status { "Matrix " (matrix_id) " — " strong { (text(&m["status"])) }
+                " — estimated " (m.pointer("/estimate/estimated_tokens").map(text).unwrap_or_default()) " tokens, "
+                (m.pointer("/estimate/estimated_cost_usd").and_then(Value::as_f64).map(|c| format!("{c:.4} USD")).unwrap_or_else(|| "cost unknown".into())) }
+            p.muted { "Each cell is a run of the skill's version producing with that model, compared case by case with the version's reference run: "
+                span.change-worse { "significantly worse" } ", " span.change-better { "significantly better" } ", " span.change-no_change { "no detectable change" } "." }
+            table #matrix {
+                tr { th { "skill" } @for model in &models { th { (model) } } }
+                @for (skill, version) in &skills {
+                    tr {
+                        th { a href=(format!("/ui/skills/{}", path_segment(skill))) { (skill) } " " span.muted { (version) } }
+                        @for model in &models {
+                            @match cell(skill, model) {
+                                Some(c) => {
+                                    @let change = c["change"].as_str().unwrap_or("pending");
+                                    td class=(format!("matrix-cell change-{change}")) data-skill=(skill) data-model=(model) data-change=(change) {
+                                        a href=(format!("/ui/runs/{}", path_segment(&text(&c["run_id"])))) {
+                                            (c["pass_rate"].as_f64().map(pct).unwrap_or_else(|| "–".into()))
+                                        }
+                                        @if let (Some(lo), Some(hi)) = (c["pass_rate_interval"][0].as_f64(), c["pass_rate_interval"][1].as_f64()) {
+                                            " " span.muted { "[" (pct(lo)) ", " (pct(hi)) "]" }
+                                        }
+                                        br;
+                                        (text(&c["verdict"])) " · "
+                                        @match c.pointer("/comparison/comparison_id").and_then(Value::as_str) {
+                                            Some(cid) => a href=(format!("/ui/comparisons/{}", path_segment(cid))) { (change.replace('_', " ")) },
+                                            None => span.muted { (text(&c["status"])) },
+                                        }
+                                    }
+                                }
+                                None => td.muted { "–" },
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod matrix_page_tests {
+    use super::*;
+
+    #[test]
+    fn hostile_text_in_a_matrix_is_rendered_as_text() {
+        let hostile = "<script>alert(1)</script>";
+        let m = serde_json::json!({
+            "status": "completed",
+            "models": [hostile],
+            "cells": [{"skill": hostile, "version": hostile, "model": hostile,
+                       "run_id": hostile, "pass_rate": 0.5, "pass_rate_interval": [0.2, 0.8],
+                       "verdict": hostile, "change": "worse",
+                       "comparison": {"comparison_id": hostile}}]
+        });
+        let html = matrix_page(Uuid::nil(), &m).0;
+        assert!(!html.contains(hostile), "{html}");
+        assert!(html.contains("&lt;script&gt;"), "{html}");
+        assert!(html.contains("data-change=\"worse\""), "{html}");
+        assert!(html.contains("50.0 %"), "{html}");
+    }
+}

@@ -20,6 +20,7 @@ mod gate;
 mod helpers;
 mod lifecycle;
 mod lists;
+mod matrix;
 mod migrate;
 mod monitoring;
 mod openapi;

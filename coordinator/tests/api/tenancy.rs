@@ -105,6 +105,7 @@ struct Objects {
     version_id: Uuid,
     comparison: Uuid,
     report: Uuid,
+    matrix: Uuid,
     zip: Vec<u8>,
 }
 
@@ -160,6 +161,39 @@ async fn publish_objects(app: &TestApp, token: &str, skill: &str) -> Objects {
     )
     .await;
     assert!(s.status < 300, "{}", s.body);
+    // A matrix needs a skill a model produces (this one replays recorded outputs), so the
+    // test stores one over her runs through the store, as `POST /v1/matrix` would.
+    let matrix = Uuid::now_v7();
+    let publisher: Uuid = sqlx::query_scalar("SELECT publisher_id FROM skills WHERE name = $1")
+        .bind(skill)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let version_id = id(&first.body, "version_id");
+    app.state
+        .store
+        .insert_matrix(&skilleval_infra::store::matrix::NewMatrix {
+            id: matrix,
+            publisher_id: publisher,
+            request: &json!({ "models": ["m"] }),
+            estimate: &json!({ "cells": [] }),
+        })
+        .await
+        .unwrap();
+    app.state
+        .store
+        .insert_matrix_cell(
+            matrix,
+            &skilleval_infra::store::matrix::NewCell {
+                position: 0,
+                version_id,
+                model: "m",
+                run_id: other_run,
+                reference_run: run,
+            },
+        )
+        .await
+        .unwrap();
     Objects {
         skill: skill.to_string(),
         version: first.body["version"].as_str().unwrap().to_string(),
@@ -168,6 +202,7 @@ async fn publish_objects(app: &TestApp, token: &str, skill: &str) -> Objects {
         version_id: id(&first.body, "version_id"),
         comparison: id(&c.body, "comparison_id"),
         report: id(&report.body, "id"),
+        matrix,
         zip,
     }
 }
@@ -225,17 +260,19 @@ fn operations(
         }
         for m in METHODS.iter().filter(|m| item.get(**m).is_some()) {
             let nowhere = Uuid::now_v7().to_string();
-            let (skill, version, run, comparison, report) = match objects {
+            let (skill, version, run, comparison, report, matrix) = match objects {
                 Some(o) => (
                     o.skill.clone(),
                     o.version.clone(),
                     o.run.to_string(),
                     o.comparison.to_string(),
                     o.report.to_string(),
+                    o.matrix.to_string(),
                 ),
                 None => (
                     "no-such-skill".to_string(),
                     "9".to_string(),
+                    nowhere.clone(),
                     nowhere.clone(),
                     nowhere.clone(),
                     nowhere.clone(),
@@ -252,6 +289,8 @@ fn operations(
                     comparison.clone()
                 } else if template.starts_with("/v1/reports/") {
                     report.clone()
+                } else if template.starts_with("/v1/matrix/") {
+                    matrix.clone()
                 } else if template.starts_with("/v1/admin/tokens/") {
                     token_prefix.to_string()
                 } else if template.starts_with("/v1/admin/") {
@@ -293,6 +332,10 @@ fn body_for(method: &Method, template: &str, objects: Option<&Objects>) -> Body 
         ("POST", "/v1/reports") => Body::Json(json!({
             "skill": objects.map_or("no-such-skill", |o| o.skill.as_str()),
             "format": "markdown",
+        })),
+        ("POST", "/v1/matrix") => Body::Json(json!({
+            "skills": [objects.map_or("no-such-skill", |o| o.skill.as_str())],
+            "models": ["any-model"],
         })),
         ("PUT", "/v1/skills/{name}/monitor") => Body::Json(crate::sampling::says_ok(1.0)),
         ("POST", "/v1/skills/{name}/samples") => {
@@ -413,6 +456,7 @@ async fn another_publishers_objects_answer_as_missing_through_every_route() {
         format!("/v1/comparisons/{}", objects.comparison),
         format!("/v1/skills/{}/monitor", objects.skill),
         format!("/v1/reports/{}", objects.report),
+        format!("/v1/matrix/{}", objects.matrix),
     ] {
         let a = send(&app, Method::GET, &path, &alice, Body::None).await;
         assert_eq!(a.status, 200, "{path}: {}", a.body);

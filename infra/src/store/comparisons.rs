@@ -88,9 +88,11 @@ pub struct HistoryRun {
 }
 
 /// The run a version is represented by: its latest completed run of a kind that grades the
-/// version's own outputs (upload, manual), newest finish first.
-const LATEST_COMPLETED: &str = "SELECT id FROM runs
+/// version's own outputs (upload, manual), newest finish first. A model matrix's runs produce
+/// with another model than the version's own, so they never represent it.
+pub(super) const LATEST_COMPLETED: &str = "SELECT id FROM runs
      WHERE version_id = v.id AND status = 'completed' AND kind IN ('upload', 'manual')
+       AND NOT EXISTS (SELECT 1 FROM matrix_runs m WHERE m.run_id = runs.id)
      ORDER BY finished_at DESC NULLS LAST, id DESC LIMIT 1";
 
 async fn history(
@@ -250,11 +252,13 @@ impl Store {
         .map_err(StoreError::query("looking up a comparison"))
     }
 
-    /// The run a version is compared by: its latest completed upload or manual run.
+    /// The run a version is compared by: its latest completed upload or manual run outside
+    /// any model matrix.
     pub async fn latest_completed_run(&self, version_id: Uuid) -> Result<Option<Uuid>, StoreError> {
         sqlx::query_scalar(
             "SELECT id FROM runs
              WHERE version_id = $1 AND status = $2 AND kind IN ('upload', 'manual')
+               AND NOT EXISTS (SELECT 1 FROM matrix_runs m WHERE m.run_id = runs.id)
              ORDER BY finished_at DESC NULLS LAST, id DESC LIMIT 1",
         )
         .bind(version_id)

@@ -11,7 +11,7 @@
 //! deliveries), [`parked`] (jobs drained from the parking queue), [`tenancy`] (publishers,
 //! tokens, visibility, quotas, deletion, retention, the audit log), [`reviews`] (human reviews
 //! of grades), [`pages`] (what the web interface's pages read), [`listing`] (the API's skills
-//! and runs lists), [`reports`] (reports over chosen runs).
+//! and runs lists), [`reports`] (reports over chosen runs), [`matrix`] (model matrices).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
@@ -32,6 +32,7 @@ pub mod comparisons;
 pub mod lifecycle;
 pub mod listing;
 pub mod llm;
+pub mod matrix;
 pub mod outbox;
 pub mod pages;
 pub mod parked;

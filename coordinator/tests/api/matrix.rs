@@ -1,0 +1,440 @@
+//! The model matrix (issue 33's must-show): three skills × two provider settings, each served
+//! by a model server this test starts on loopback; one of them answers one skill's prompts
+//! wrongly. A real in-process worker runs every job. The matrix must flag exactly that skill ×
+//! model cell as significantly worse; a dry run estimates and creates nothing; an estimate
+//! over the budget is refused naming the field; another publisher cannot read the matrix.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use reqwest::Method;
+use serde_json::{json, Value};
+use skilleval_providers::{ProviderConfig, Providers};
+
+use crate::e2e::start_worker_with_providers;
+use crate::helpers::{local_provider, serve_local, spawn_app_with, AppOptions, TestApp};
+use crate::packages::{skill_md, zip_of};
+
+const ROOT: &str = "root-token-for-matrix-tests";
+const WRITER: &[&str] = &["skills:write", "runs:write", "read"];
+/// Cases per skill: enough that eight flipped verdicts are significant (McNemar's exact test,
+/// p = 2 / 2^8 ≈ 0.008 < 0.05).
+const CASES: usize = 8;
+
+/// The model's answer: the word the prompt asks for, except that a model told to fail on
+/// `sabotaged` answers every prompt that mentions it with something else.
+fn answer(body: &Value, sabotaged: Option<&str>) -> Value {
+    let prompt: String = body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let word = prompt
+        .rsplit("Reply with exactly: ")
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let content = match sabotaged {
+        Some(s) if prompt.contains(s) => "something else entirely".to_string(),
+        _ => word,
+    };
+    json!({
+        "id": "chatcmpl-matrix",
+        "model": body["model"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 60, "completion_tokens": 4}
+    })
+}
+
+async fn chat(
+    State(sabotaged): State<Option<&'static str>>,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    Json(answer(&body, sabotaged))
+}
+
+async fn model_server(
+    sabotaged: Option<&'static str>,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    serve_local(
+        Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .with_state(sabotaged),
+    )
+    .await
+}
+
+/// A skill whose cases the `llm` runner produces: each asks for a word and expects it back.
+fn model_skill(name: &str) -> Vec<u8> {
+    let cases: Vec<Value> = (0..CASES)
+        .map(|i| {
+            let word = format!("{name}-{i}");
+            json!({
+                "id": format!("case-{i}"), "name": format!("case {i}"),
+                "input": {"prompt": format!("For the {name} skill. Reply with exactly: {word}")},
+                "expected": {"output": word},
+                "evaluation": {"strategy": "exact_match"}
+            })
+        })
+        .collect();
+    let tests = json!({
+        "version": "2.0",
+        "settings": {"runner": "llm"},
+        "testCases": cases
+    });
+    zip_of(&[
+        ("SKILL.md", skill_md(name).as_bytes()),
+        (
+            "eval/tests.json",
+            &serde_json::to_vec_pretty(&tests).unwrap(),
+        ),
+    ])
+}
+
+fn priced(config: ProviderConfig) -> ProviderConfig {
+    ProviderConfig {
+        price_input_per_mtok: 1.0,
+        price_output_per_mtok: 2.0,
+        ..config
+    }
+}
+
+async fn send(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    token: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut request = app
+        .client
+        .request(method, format!("{}{path}", app.address))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn token(app: &TestApp, publisher: &str) -> String {
+    let body = json!({ "publisher": publisher, "scopes": WRITER });
+    let (status, answer) = send(app, Method::POST, "/v1/admin/tokens", ROOT, Some(&body)).await;
+    assert_eq!(status, 201, "{answer}");
+    answer["token"].as_str().unwrap().to_string()
+}
+
+async fn wait_for_verdict(app: &TestApp, token: &str, run_id: &str) -> Value {
+    for _ in 0..1_200 {
+        let (_, run) = send(app, Method::GET, &format!("/v1/runs/{run_id}"), token, None).await;
+        if run["verdict"].is_string() {
+            return run;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("hang guard: run {run_id} has no verdict after 120 s");
+}
+
+/// Polls the matrix until every cell's run finished and was compared.
+async fn wait_for_matrix(app: &TestApp, token: &str, id: &str) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..1_800 {
+        let (status, matrix) =
+            send(app, Method::GET, &format!("/v1/matrix/{id}"), token, None).await;
+        assert_eq!(status, 200, "{matrix}");
+        let compared = matrix["cells"]
+            .as_array()
+            .is_some_and(|cells| cells.iter().all(|c| c["change"].is_string()));
+        if matrix["status"] == "completed" && compared {
+            return matrix;
+        }
+        last = matrix;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("hang guard: matrix {id} not compared after 180 s: {last}");
+}
+
+#[tokio::test]
+async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
+    let (steady_addr, steady_task) = model_server(None).await;
+    let (shaky_addr, shaky_task) = model_server(Some("For the gamma skill")).await;
+    let mut providers = Providers::default();
+    providers.insert(
+        priced(local_provider(steady_addr, "steady", "steady-model")),
+        true,
+    );
+    providers.insert(
+        priced(local_provider(shaky_addr, "shaky", "shaky-model")),
+        false,
+    );
+
+    let app = spawn_app_with(AppOptions {
+        background: true,
+        sweep_interval_secs: 1,
+        auth_tokens: vec![ROOT.to_string()],
+        ..AppOptions::default()
+    })
+    .await;
+    let cache = tempfile::tempdir().unwrap();
+    let (stop, worker) = start_worker_with_providers(&app, providers, cache.path()).await;
+    let alice = token(&app, "alice").await;
+    let bob = token(&app, "bob").await;
+
+    // The reference runs: each skill uploaded, produced by the default provider, passing.
+    for name in ["alpha", "beta", "gamma"] {
+        let upload = app.upload_zip_as(model_skill(name), &alice).await;
+        let run_id = upload["run_id"]
+            .as_str()
+            .expect("an upload run")
+            .to_string();
+        let run = wait_for_verdict(&app, &alice, &run_id).await;
+        assert_eq!(run["verdict"], "pass", "{name}: {run}");
+    }
+    let runs_before = app.count("runs").await;
+
+    let body = json!({
+        "skills": ["alpha", "beta", "gamma"],
+        "models": ["steady", {"provider": "shaky"}],
+        "versions": "latest"
+    });
+
+    // A dry run: the estimate, and nothing created.
+    let (status, dry) = send(
+        &app,
+        Method::POST,
+        "/v1/matrix?dry_run=true",
+        &alice,
+        Some(&body),
+    )
+    .await;
+    assert_eq!(status, 200, "{dry}");
+    let estimate = &dry["estimate"];
+    assert_eq!(estimate["cells"].as_array().unwrap().len(), 6, "{dry}");
+    let tokens = estimate["estimated_tokens"]
+        .as_u64()
+        .expect("tokens estimated");
+    let cost = estimate["estimated_cost_usd"]
+        .as_f64()
+        .expect("cost estimated");
+    // Each reference run spent 64 tokens on each of its 8 cases; six runs like it.
+    assert_eq!(tokens, 6 * CASES as u64 * 64, "{dry}");
+    assert!(cost > 0.0, "{dry}");
+    assert_eq!(
+        app.count("runs").await,
+        runs_before,
+        "a dry run creates no run"
+    );
+    assert_eq!(
+        app.count("matrices").await,
+        0,
+        "a dry run creates no matrix"
+    );
+    let doc = crate::openapi::doc();
+    crate::openapi::check(&doc, "post", "/v1/matrix", 200, &dry);
+
+    // By publisher: every skill of alice's, the same six cells; bob may not name her.
+    let by_publisher = json!({ "publisher": "alice", "models": ["steady", "shaky"] });
+    let (status, dry_all) = send(
+        &app,
+        Method::POST,
+        "/v1/matrix?dry_run=true",
+        &alice,
+        Some(&by_publisher),
+    )
+    .await;
+    assert_eq!(status, 200, "{dry_all}");
+    assert_eq!(dry_all["estimate"]["estimated_tokens"], json!(tokens));
+    let (status, theirs) = send(
+        &app,
+        Method::POST,
+        "/v1/matrix?dry_run=true",
+        &bob,
+        Some(&by_publisher),
+    )
+    .await;
+    assert_eq!(
+        (status, &theirs["error"]["code"]),
+        (404, &json!("not_found")),
+        "{theirs}"
+    );
+
+    // Over budget: refused before anything is created, naming the field and the estimate.
+    let mut over = body.clone();
+    over["budget"] = json!({ "max_cost_usd": cost / 2.0 });
+    let (status, refused) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&over)).await;
+    assert_eq!(status, 422, "{refused}");
+    assert_eq!(refused["error"]["code"], "over_budget", "{refused}");
+    crate::openapi::check(&doc, "post", "/v1/matrix", 422, &refused);
+    assert_eq!(refused["error"]["details"]["field"], "/budget/max_cost_usd");
+    assert_eq!(
+        refused["error"]["details"]["estimate"]["estimated_tokens"],
+        json!(tokens)
+    );
+    assert_eq!(app.count("runs").await, runs_before);
+    assert_eq!(app.count("matrices").await, 0);
+
+    // Another publisher cannot run a matrix over alice's skills: they are not found.
+    let (status, theirs) = send(&app, Method::POST, "/v1/matrix", &bob, Some(&body)).await;
+    assert_eq!(
+        (status, &theirs["error"]["code"]),
+        (404, &json!("not_found")),
+        "{theirs}"
+    );
+
+    // Within budget: six ordinary runs tied to one matrix.
+    let mut within = body.clone();
+    within["budget"] = json!({ "max_cost_usd": cost * 10.0 });
+    let (status, created) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&within)).await;
+    assert_eq!(status, 202, "{created}");
+    assert_eq!(created["cells"], 6);
+    crate::openapi::check(&doc, "post", "/v1/matrix", 202, &created);
+    let id = created["matrix_id"].as_str().unwrap().to_string();
+    assert_eq!(app.count("runs").await, runs_before + 6);
+
+    let matrix = wait_for_matrix(&app, &alice, &id).await;
+    crate::openapi::check(&doc, "get", "/v1/matrix/{id}", 200, &matrix);
+    let cells = matrix["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 6);
+    for cell in cells {
+        let (skill, model) = (
+            cell["skill"].as_str().unwrap(),
+            cell["model"].as_str().unwrap(),
+        );
+        let made_worse = skill == "gamma" && model == "shaky";
+        assert_eq!(
+            cell["change"],
+            if made_worse { "worse" } else { "no_change" },
+            "{skill} × {model}: {cell}"
+        );
+        assert_eq!(cell["status"], "completed", "{cell}");
+        assert_eq!(cell["total"], CASES, "{cell}");
+        let rate = cell["pass_rate"].as_f64().unwrap();
+        let [low, high] = [
+            cell["pass_rate_interval"][0].as_f64().unwrap(),
+            cell["pass_rate_interval"][1].as_f64().unwrap(),
+        ];
+        assert!(low <= rate && rate <= high, "{cell}");
+        if made_worse {
+            assert_eq!(cell["verdict"], "fail");
+            assert_eq!(rate, 0.0);
+            assert_eq!(cell["comparison"]["counts"]["regressed"], CASES, "{cell}");
+        } else {
+            assert_eq!(cell["verdict"], "pass");
+            assert_eq!(rate, 1.0);
+        }
+    }
+    assert_eq!(
+        matrix["flagged"],
+        json!([{"skill": "gamma", "model": "shaky", "change": "worse"}])
+    );
+    // The runs produced with the provider each cell names, each bounded by its share of the
+    // matrix's budget.
+    for cell in cells {
+        let (_, run) = send(
+            &app,
+            Method::GET,
+            &format!("/v1/runs/{}", cell["run_id"].as_str().unwrap()),
+            &alice,
+            None,
+        )
+        .await;
+        let share = run["budget"]["max_cost_usd"].as_f64().unwrap();
+        assert!((share - cost * 10.0 / 6.0).abs() < 1e-9, "{run}");
+        let (_, page) = send(
+            &app,
+            Method::GET,
+            &format!(
+                "/v1/runs/{}/results?limit=1",
+                cell["run_id"].as_str().unwrap()
+            ),
+            &alice,
+            None,
+        )
+        .await;
+        assert_eq!(
+            page["results"][0]["details"]["runner"]["provider"], cell["model"],
+            "{page}"
+        );
+    }
+
+    // The page: a table coloured by change, the one worse cell marked as such.
+    let page = app
+        .client
+        .get(format!("{}/ui/matrix/{id}", app.address))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert_eq!(html.matches("data-change=\"worse\"").count(), 1, "{html}");
+    assert_eq!(
+        html.matches("data-change=\"no_change\"").count(),
+        5,
+        "{html}"
+    );
+    assert!(
+        html.contains("data-skill=\"gamma\" data-model=\"shaky\" data-change=\"worse\""),
+        "{html}"
+    );
+    let hidden_page = app
+        .client
+        .get(format!("{}/ui/matrix/{id}", app.address))
+        .bearer_auth(&bob)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hidden_page.status(), 404);
+
+    // The CLI: `skilleval matrix --server URL --token T --skill … --model …` creates a matrix
+    // like this one, waits for it and exits 1 because a cell got significantly worse.
+    let cli_args = skilleval_cli::matrix::MatrixArgs {
+        server: app.address.clone(),
+        token: Some(alice.clone()),
+        skills: vec!["alpha".into(), "beta".into(), "gamma".into()],
+        publisher: None,
+        models: vec!["steady".into(), "shaky".into()],
+        max_cost: Some(cost * 10.0),
+        max_tokens: None,
+        dry_run: false,
+        no_wait: false,
+        timeout: 300,
+        json: false,
+    };
+    assert_eq!(
+        skilleval_cli::matrix::matrix(&cli_args).await,
+        skilleval_cli::EXIT_FAIL
+    );
+    assert_eq!(app.count("matrices").await, 2);
+
+    // Another publisher's token: the matrix and its page are not found, like a missing one.
+    let (status, hidden) = send(&app, Method::GET, &format!("/v1/matrix/{id}"), &bob, None).await;
+    let missing = uuid::Uuid::now_v7();
+    let (missing_status, nowhere) = send(
+        &app,
+        Method::GET,
+        &format!("/v1/matrix/{missing}"),
+        &bob,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "{hidden}");
+    crate::openapi::check(&doc, "get", "/v1/matrix/{id}", 404, &hidden);
+    assert_eq!(
+        (status, &hidden["error"]["code"]),
+        (missing_status, &nowhere["error"]["code"])
+    );
+
+    stop.cancel();
+    let _ = worker.await;
+    steady_task.abort();
+    shaky_task.abort();
+    app.cleanup().await;
+}
