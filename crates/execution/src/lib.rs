@@ -14,6 +14,7 @@
 //! - [`case_scripts`]: a package's `setup.script` and `teardown.script` around each attempt,
 //!   in the case's workspace;
 //! - [`triggers`]: does the skill's description get it picked among others;
+//! - [`catalogue`]: its nearest catalogue neighbours and a trigger eval with all of them;
 //! - [`monitor`]: a skill's production monitor and its samples as `given` jobs;
 //! - [`draft`]: a starter eval definition for a skill that has none (`skilleval init`).
 //!
@@ -21,6 +22,7 @@
 //! [`executor::Executor`].
 
 pub mod case_scripts;
+pub mod catalogue;
 pub mod draft;
 pub mod executor;
 pub mod monitor;
