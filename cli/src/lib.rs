@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod collisions;
 pub mod compare;
 pub mod export;
 pub mod init;
@@ -106,6 +107,9 @@ pub enum Command {
     Skills(lists::SkillsArgs),
     /// A server's runs: `runs list --server URL [--skill NAME] [--status running] ...`.
     Runs(lists::RunsArgs),
+    /// Which skills of a local catalogue (a folder of skills) steal the skill's trigger
+    /// queries, and whose it steals: `collisions ./skill --catalogue DIR`.
+    Collisions(collisions::CollisionsArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -218,6 +222,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Run(args) => run::run(&args).await,
         Command::Validate(args) => validate::validate(&args),
         Command::Init(args) => init::init(&args).await,
+        Command::Collisions(args) => collisions::collisions(&args).await,
         Command::Submit(args) => submit::submit(&args).await,
         Command::Compare(args) => compare::compare(&args).await,
         Command::Plan(args) => plan::plan(&args),

@@ -334,7 +334,11 @@ mod tests {
                 q("new", "mine 1", &["new", "new", "twin", "twin"]),
                 q("new", "mine 2", &["new", "new", "new", "new"]),
                 q("twin", "secret twin query", &["new", "new", "new", "twin"]),
-                q("twin", "another twin query", &["twin", "new", "twin", "twin"]),
+                q(
+                    "twin",
+                    "another twin query",
+                    &["twin", "new", "twin", "twin"],
+                ),
                 q("far", "far query", &["far", "far", "far", "far"]),
             ],
             usage: Usage::default(),

@@ -340,7 +340,10 @@ mod tests {
             .map(|r| rotated(&cards, r)[0].name.clone())
             .collect();
         assert_eq!(firsts, ["a", "c", "b"]);
-        assert_eq!(pick_of(&serde_json::json!({"skill": "B"}), &cards).unwrap(), "b");
+        assert_eq!(
+            pick_of(&serde_json::json!({"skill": "B"}), &cards).unwrap(),
+            "b"
+        );
         assert!(pick_of(&serde_json::json!({"skill": "z"}), &cards).is_err());
     }
 }
