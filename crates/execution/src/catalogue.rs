@@ -243,16 +243,17 @@ pub async fn evaluate_catalogue(
                 .map(move |q| (s.card.name.as_str(), q.query.as_str()))
         })
         .collect();
-    let asks = owned
+    let asks: Vec<(usize, u32, String, Vec<SkillCard>)> = owned
         .iter()
         .enumerate()
-        .flat_map(|(i, _)| (1..=runs).map(move |run| (i, run)));
-    let cards_ref = &cards;
-    let owned_ref = &owned;
+        .flat_map(|(i, (_, query))| {
+            let cards = &cards;
+            (1..=runs).map(move |run| (i, run, (*query).to_string(), rotated(cards, run)))
+        })
+        .collect();
     let mut answers: Vec<(usize, u32, Result<(String, Usage), String>)> = stream::iter(asks)
-        .map(|(i, run)| async move {
-            let lineup = rotated(cards_ref, run);
-            let req = selection_request(owned_ref[i].1, &lineup, run);
+        .map(|(i, run, query, lineup)| async move {
+            let req = selection_request(&query, &lineup, run);
             let answer = ask_json(client, &req, |v| pick_of(v, &lineup)).await;
             (
                 i,
