@@ -8,19 +8,35 @@
 //! the coordinator, not broker jobs, so an eval in flight when the coordinator stops stays
 //! `pending` until the version is uploaded again.
 //!
+//!
+//! [`collisions_view`] is what `GET /v1/skills/{name}/collisions` and the skill page show: the
+//! stored matrix is already the uploader's view (another publisher's queries were never
+//! stored); what another skill's eval found about this skill is two rates with their counts,
+//! no queries of either side, the other skill named only when it is public or the viewer's.
+//!
 //! [`Store::catalogue_for`]: skilleval_infra::store::Store::catalogue_for
 
 use std::sync::{Arc, OnceLock};
 
-use skilleval_analysis::collisions;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use skilleval_analysis::collisions::{
+    self, for_neighbour, CollisionGate, CollisionMatrix, PairRate,
+};
+use skilleval_analysis::stats::proportion::Interval;
 use skilleval_execution::catalogue::{self, CatalogueSkill};
 use skilleval_execution::triggers::SkillCard;
 use skilleval_infra::config::CatalogueSettings;
+use skilleval_infra::store::catalogue::CollisionStatus;
 use skilleval_infra::store::Store;
 use skilleval_model::package::TriggerCase;
 use skilleval_providers::{ProviderClients, Purpose};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
+
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::state::AppState;
 
 /// What the lane needs of an upload.
 #[derive(Debug, Clone)]
@@ -168,4 +184,114 @@ fn cases(queries: &[String]) -> Vec<TriggerCase> {
             should_trigger: true,
         })
         .collect()
+}
+
+#[derive(Debug, Serialize)]
+pub struct CollisionsView {
+    pub skill: String,
+    /// The latest version's eval; `None` when no version has one.
+    pub latest: Option<LatestCollisions>,
+    /// Other skills whose evals had this one as a neighbour: counts and rates only.
+    pub reported_by_others: Vec<OtherReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LatestCollisions {
+    pub version_id: Uuid,
+    pub version: String,
+    pub status: CollisionStatus,
+    pub matrix: Option<CollisionMatrix>,
+    pub gate: Option<CollisionGate>,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OtherReport {
+    /// The other skill's name when it is public or the viewer's own; else `None`.
+    pub skill: Option<String>,
+    /// The other skill belongs to another publisher.
+    pub foreign: bool,
+    pub similarity: f64,
+    /// This skill's queries picking the other skill.
+    pub taken_from_you: Rate,
+    /// The other skill's queries picking this one.
+    pub taken_by_you: Rate,
+}
+
+/// A pair's rate without the names of its two skills.
+#[derive(Debug, Serialize)]
+pub struct Rate {
+    pub hits: u64,
+    pub runs: u64,
+    pub rate: Option<f64>,
+    pub interval: Option<Interval>,
+}
+
+impl From<PairRate> for Rate {
+    fn from(p: PairRate) -> Self {
+        Rate {
+            hits: p.hits,
+            runs: p.runs,
+            rate: p.rate,
+            interval: p.interval,
+        }
+    }
+}
+
+/// The view of a skill's collisions for `viewer_publisher` (`None`: an admin sees names).
+pub async fn collisions_view(
+    state: &AppState,
+    principal: &Principal,
+    name: &str,
+) -> Result<CollisionsView, ApiError> {
+    let skill_id = state
+        .store
+        .visible_skill(principal.viewer(), name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("skill", name))?;
+    let latest = match state.store.latest_collisions(skill_id).await? {
+        Some(row) => Some(LatestCollisions {
+            version_id: row.version_id,
+            version: row.version,
+            status: row.status,
+            matrix: row
+                .matrix
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
+            gate: row
+                .gate
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?,
+            error: row.error,
+            created_at: row.created_at,
+            finished_at: row.finished_at,
+        }),
+        None => None,
+    };
+    let mut reported_by_others = Vec::new();
+    for row in state.store.collisions_naming(skill_id).await? {
+        let matrix: CollisionMatrix = serde_json::from_value(row.matrix)
+            .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
+        let Some(report) = for_neighbour(&matrix, name) else {
+            continue;
+        };
+        let foreign = row.publisher_id != principal.publisher_id;
+        reported_by_others.push(OtherReport {
+            skill: (!foreign || row.public || principal.is_admin()).then(|| report.skill.clone()),
+            foreign,
+            similarity: report.similarity,
+            // From the neighbour's side: the other skill took this one's queries.
+            taken_from_you: report.taken_from_you.into(),
+            taken_by_you: report.taken_by_you.into(),
+        });
+    }
+    Ok(CollisionsView {
+        skill: name.to_string(),
+        latest,
+        reported_by_others,
+    })
 }
