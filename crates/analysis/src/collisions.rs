@@ -160,7 +160,7 @@ pub fn matrix(
         queries: all.into_iter().filter(|q| !is_hidden(&q.owner)).collect(),
         hidden_queries,
         pairs,
-        usage: run.usage.clone(),
+        usage: run.usage,
     }
 }
 

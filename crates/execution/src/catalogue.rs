@@ -188,6 +188,9 @@ pub struct CatalogueRun {
     pub usage: Usage,
 }
 
+/// One run's pick and what asking cost, or why it failed.
+type RunAnswer = Result<(String, Usage), String>;
+
 /// The lineup of run `run`: every skill, rotated so positions vary between runs.
 fn rotated(cards: &[SkillCard], run: u32) -> Vec<SkillCard> {
     let mut all = cards.to_vec();
@@ -251,7 +254,7 @@ pub async fn evaluate_catalogue(
             (1..=runs).map(move |run| (i, run, (*query).to_string(), rotated(cards, run)))
         })
         .collect();
-    let mut answers: Vec<(usize, u32, Result<(String, Usage), String>)> = stream::iter(asks)
+    let mut answers: Vec<(usize, u32, RunAnswer)> = stream::iter(asks)
         .map(|(i, run, query, lineup)| async move {
             let req = selection_request(&query, &lineup, run);
             let answer = ask_json(client, &req, |v| pick_of(v, &lineup)).await;
