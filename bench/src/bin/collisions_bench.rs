@@ -35,20 +35,19 @@ const K: usize = 5;
 const DIMENSIONS: usize = 256;
 const ROUNDS: usize = 5;
 
-const WORDS: &[&str] = &[
-    "extract", "tables", "invoice", "pdf", "spreadsheet", "email", "draft", "reply", "calendar",
-    "meeting", "notes", "transcript", "summary", "refund", "triage", "ticket", "support", "answer",
-    "code", "review", "diff", "security", "brand", "copy", "social", "post", "sales", "report",
-    "chart", "forecast", "weather", "city", "contact", "address", "slug", "url", "translate",
-    "language", "legal", "contract", "clause", "invoice", "receipt", "expense", "travel", "booking",
-    "recipe", "nutrition", "workout", "plan", "budget", "tax", "form", "image", "caption", "audio",
-];
+/// The vocabulary of the synthetic descriptions.
+const WORDS: &str =
+    "extract tables invoice pdf spreadsheet email draft reply calendar meeting notes \
+    transcript summary refund triage ticket support answer code review diff security brand copy \
+    social post sales report chart forecast weather city contact address slug url translate \
+    language legal contract clause receipt expense travel booking recipe nutrition workout plan \
+    budget tax form image caption audio";
 
-fn description(rng: &mut StdRng) -> String {
+fn description(rng: &mut StdRng, words: &[&str]) -> String {
     let mut s = String::from("Use when the user asks to");
     while s.len() < 200 {
         s.push(' ');
-        s.push_str(WORDS[rng.gen_range(0..WORDS.len())]);
+        s.push_str(words[rng.gen_range(0..words.len())]);
     }
     s
 }
@@ -57,9 +56,9 @@ fn description(rng: &mut StdRng) -> String {
 fn embed(text: &str) -> Vec<f32> {
     let mut v = vec![0f32; DIMENSIONS];
     for w in text.split_whitespace() {
-        let h = w
-            .bytes()
-            .fold(1_469_598_103_934_665_603u64, |h, b| (h ^ u64::from(b)).wrapping_mul(1_099_511_628_211));
+        let h = w.bytes().fold(1_469_598_103_934_665_603u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(1_099_511_628_211)
+        });
         v[(h % DIMENSIONS as u64) as usize] += 1.0;
     }
     v
@@ -67,7 +66,10 @@ fn embed(text: &str) -> Vec<f32> {
 
 async fn embeddings(Json(body): Json<Value>) -> Json<Value> {
     let inputs: Vec<String> = match &body["input"] {
-        Value::Array(items) => items.iter().filter_map(|i| i.as_str().map(String::from)).collect(),
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|i| i.as_str().map(String::from))
+            .collect(),
         Value::String(s) => vec![s.clone()],
         _ => Vec::new(),
     };
@@ -76,7 +78,9 @@ async fn embeddings(Json(body): Json<Value>) -> Json<Value> {
         .enumerate()
         .map(|(i, t)| json!({"index": i, "embedding": embed(t)}))
         .collect();
-    Json(json!({"model": "hash-embed", "data": data, "usage": {"prompt_tokens": inputs.len() * 40, "total_tokens": inputs.len() * 40}}))
+    Json(
+        json!({"model": "hash-embed", "data": data, "usage": {"prompt_tokens": inputs.len() * 40, "total_tokens": inputs.len() * 40}}),
+    )
 }
 
 fn report(name: &str, mut times: Vec<Duration>) {
@@ -92,10 +96,11 @@ fn report(name: &str, mut times: Vec<Duration>) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(33);
+    let words: Vec<&str> = WORDS.split_whitespace().collect();
     let catalogue: Vec<SkillCard> = (0..CATALOGUE)
-        .map(|i| SkillCard::new(&format!("skill-{i:05}"), &description(&mut rng)))
+        .map(|i| SkillCard::new(&format!("skill-{i:05}"), &description(&mut rng, &words)))
         .collect();
-    let skill = SkillCard::new("new-skill", &description(&mut rng));
+    let skill = SkillCard::new("new-skill", &description(&mut rng, &words));
 
     let mut times = Vec::new();
     for _ in 0..ROUNDS {
@@ -109,7 +114,11 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, Router::new().route("/v1/embeddings", post(embeddings))).await;
+        let _ = axum::serve(
+            listener,
+            Router::new().route("/v1/embeddings", post(embeddings)),
+        )
+        .await;
     });
     let mut config = ProviderConfig::new("embed", ProviderKind::Openai, "chat-unused");
     config.base_url = format!("http://{addr}/v1");
