@@ -42,8 +42,36 @@ fn pick(prompt: &str) -> String {
     best.0
 }
 
+/// A bag-of-words vector over a small fixed vocabulary: texts sharing words point alike.
+fn embedding(text: &str) -> Vec<f32> {
+    let vocabulary = [
+        "invoice",
+        "tables",
+        "spreadsheets",
+        "weather",
+        "forecast",
+        "city",
+        "extracts",
+    ];
+    let w = words(text);
+    vocabulary
+        .iter()
+        .map(|v| if w.contains(*v) { 1.0 } else { 0.0 })
+        .collect()
+}
+
 async fn handle(body: Bytes) -> axum::Json<Value> {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if let Some(inputs) = body["input"].as_array() {
+        let data: Vec<Value> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| json!({"index": i, "embedding": embedding(t.as_str().unwrap_or_default())}))
+            .collect();
+        return axum::Json(
+            json!({"model": "bow", "data": data, "usage": {"prompt_tokens": 10, "total_tokens": 10}}),
+        );
+    }
     let prompt = body["messages"]
         .as_array()
         .into_iter()
@@ -101,7 +129,21 @@ fn collisions(
     catalogue: &Path,
     extra: &[&str],
 ) -> Output {
+    collisions_with(addr, skill, catalogue, extra, &[])
+}
+
+fn collisions_with(
+    addr: std::net::SocketAddr,
+    skill: &Path,
+    catalogue: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_skilleval"));
+    cmd.env_remove("SKILLEVAL_PROVIDER_EMBEDDING_MODEL");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     for var in [
         "SKILLEVAL_PROVIDER_KIND",
         "SKILLEVAL_PROVIDER_API_KEY_ENV",
@@ -214,4 +256,43 @@ fn without_a_catalogue_folder_it_is_bad_input_naming_the_flag() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--catalogue"));
+}
+
+#[test]
+fn with_an_embedding_model_neighbours_are_found_by_embeddings() {
+    let addr = start();
+    let dir = tempfile::tempdir().unwrap();
+    let catalogue = dir.path().join("catalogue");
+    // Lexically far from the new skill's description, but about the same things.
+    skill(
+        &catalogue,
+        "tabulator",
+        "Spreadsheets from invoice tables",
+        &["invoice tables please"],
+    );
+    skill(
+        &catalogue,
+        "weather",
+        "Tells the weather forecast for a city",
+        &["weather forecast for Oslo"],
+    );
+    let new = dir.path().join("new");
+    skill(&new, "pdf-tables", PDF, &["invoice tables to spreadsheets"]);
+    let out = collisions_with(
+        addr,
+        &new.join("pdf-tables"),
+        &catalogue,
+        &["--neighbours", "1"],
+        &[("SKILLEVAL_PROVIDER_EMBEDDING_MODEL", "bow")],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["matrix"]["method"], "embedding");
+    assert_eq!(v["matrix"]["neighbours"][0]["name"], "tabulator", "{v}");
+    assert!(v["matrix"]["neighbours"][0]["similarity"].as_f64().unwrap() > 0.8);
 }
