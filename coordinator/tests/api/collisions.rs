@@ -218,7 +218,7 @@ async fn a_near_duplicate_collides_across_publishers_without_leaking_queries() {
         package(
             "pdf-tables",
             PDF,
-            &["turn the invoice PDF tables into spreadsheets kumquatlion"],
+            &["turn the invoice PDF tables into spreadsheets kumquatlion <script>alert(1)</script>"],
         ),
         "&gate=no_collision",
     )
@@ -264,6 +264,15 @@ async fn a_near_duplicate_collides_across_publishers_without_leaking_queries() {
         "the page shows the neighbour"
     );
     assert!(!page.contains(BOB_SECRET));
+    // Alice's own query is listed, as text.
+    assert!(
+        !page.contains("<script>alert(1)"),
+        "a query is rendered as text"
+    );
+    assert!(
+        page.contains("kumquatlion &lt;script&gt;alert(1)"),
+        "the query is listed"
+    );
 
     // Bob learns that a skill of another publisher takes his queries: counts only, and not
     // the name of Alice's private skill nor her queries.
