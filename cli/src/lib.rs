@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod collisions;
 pub mod compare;
 pub mod export;
 pub mod init;
@@ -111,6 +112,9 @@ pub enum Command {
     /// runs each skill's latest passing version with each model and prints which got worse;
     /// exit 1 when some cell is significantly worse than the skill's reference run.
     Matrix(matrix::MatrixArgs),
+    /// Which skills of a local catalogue (a folder of skills) steal the skill's trigger
+    /// queries, and whose it steals: `collisions ./skill --catalogue DIR`.
+    Collisions(collisions::CollisionsArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -234,6 +238,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Run(args) => run::run(&args).await,
         Command::Validate(args) => validate::validate(&args),
         Command::Init(args) => init::init(&args).await,
+        Command::Collisions(args) => collisions::collisions(&args).await,
         Command::Submit(args) => submit::submit(&args).await,
         Command::Compare(args) => compare::compare(&args).await,
         Command::Plan(args) => plan::plan(&args),

@@ -49,6 +49,7 @@ pub mod aggregate;
 pub mod alerts;
 pub mod auth;
 pub mod broker;
+pub mod collisions;
 pub mod comparing;
 pub mod error;
 pub mod extract;

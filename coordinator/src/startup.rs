@@ -153,6 +153,7 @@ impl Application {
             )),
             risk_policy: settings.coordinator.risk,
             comparator: comparator_clients(&settings),
+            catalogue: settings.coordinator.catalogue,
         };
         let listener = TcpListener::bind(&settings.coordinator.bind)
             .await

@@ -53,6 +53,9 @@ pub struct AppState {
     /// The model providers (`llm.providers`) the blind comparator of `POST /v1/comparisons`
     /// judges with; `None` when none is configured.
     pub comparator: Option<Arc<skilleval_providers::ProviderClients>>,
+    /// `coordinator.catalogue`: the collision eval after each upload (with `comparator`'s
+    /// providers).
+    pub catalogue: skilleval_infra::config::CatalogueSettings,
 }
 
 impl std::fmt::Debug for AppState {

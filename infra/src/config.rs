@@ -541,6 +541,9 @@ pub struct CoordinatorSettings {
     /// default, every finding is reported and the upload accepted.
     #[serde(default)]
     pub risk: RiskPolicy,
+    /// Catalogue collisions after each upload (docs/catalogue.md).
+    #[serde(default)]
+    pub catalogue: CatalogueSettings,
     /// The Zod converter's folder (`convert.cjs` and the pinned Zod in its `node_modules`,
     /// `npm ci` there): `expected.zodSchema` is converted with it at upload. Relative paths
     /// are taken from the working directory.
@@ -621,6 +624,35 @@ impl Default for SamplingSettings {
     }
 }
 
+/// `coordinator.catalogue`: the collision eval each upload gets after its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CatalogueSettings {
+    /// Run it at all (it needs `llm.providers`; without them nothing runs).
+    pub enabled: bool,
+    /// Nearest published skills that become decoys (1 to 50).
+    pub neighbours: usize,
+    /// Runs per trigger query (1 to 10).
+    pub runs_per_query: u32,
+    /// `gate=no_collision` fails when the new skill takes more than this share of a
+    /// neighbour's query runs.
+    pub max_share: f64,
+    /// Collision evals running at once in this coordinator (its catalogue lane).
+    pub concurrency: usize,
+}
+
+impl Default for CatalogueSettings {
+    fn default() -> Self {
+        CatalogueSettings {
+            enabled: true,
+            neighbours: 5,
+            runs_per_query: 3,
+            max_share: 0.2,
+            concurrency: 2,
+        }
+    }
+}
+
 impl Default for CoordinatorSettings {
     fn default() -> Self {
         CoordinatorSettings {
@@ -640,6 +672,7 @@ impl Default for CoordinatorSettings {
             quotas: QuotaSettings::default(),
             retention: RetentionSettings::default(),
             risk: RiskPolicy::default(),
+            catalogue: CatalogueSettings::default(),
             zod_dir: default_zod_dir(),
         }
     }

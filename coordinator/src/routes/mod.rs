@@ -20,6 +20,7 @@ use crate::metrics::HttpLabels;
 use crate::state::AppState;
 
 pub mod admin;
+pub mod collisions;
 pub mod comparisons;
 pub mod editor;
 pub mod exports;
@@ -60,6 +61,7 @@ routes! {
     get "/v1/skills/{name}/versions" => skills::versions;
     get "/v1/skills/{name}/history" => history::history;
     get "/v1/skills/{name}/benchmark" => history::benchmark;
+    get "/v1/skills/{name}/collisions" => collisions::get_collisions;
     post "/v1/comparisons" => comparisons::create;
     get "/v1/comparisons/{id}" => comparisons::get_comparison;
     put "/v1/skills/{name}/monitor" => monitoring::put_monitor;

@@ -95,6 +95,10 @@ pub struct UploadQuery {
     /// The profile of a package that leaves it open ([`apply_profile`]).
     #[serde(default)]
     pub profile: Option<Profile>,
+    /// Make this skill a catalogue neighbour for every publisher's collision evals, not only
+    /// its own publisher's (docs/catalogue.md).
+    #[serde(default)]
+    pub public: bool,
 }
 
 /// `POST /v1/skills/validate`'s query.
@@ -282,6 +286,27 @@ pub async fn upload(
         // Published in the background: the upload answers now.
         drop(state.publisher.start(prepared, inserted));
     }
+    // The catalogue lane: the collision eval runs after the answer.
+    crate::collisions::spawn(
+        state.store.clone(),
+        state.comparator.clone(),
+        state.catalogue,
+        crate::collisions::CollisionJob {
+            version_id: stored.version_id,
+            skill_id: stored.skill_id,
+            publisher_id: principal.publisher_id,
+            name: manifest.name.clone(),
+            description: manifest.description.clone(),
+            queries: package
+                .triggers
+                .iter()
+                .filter(|t| t.should_trigger)
+                .map(|t| t.query.clone())
+                .collect(),
+            public: query.public,
+            gate: query.gate == Some(GateRule::NoCollision),
+        },
+    );
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
         skill = %manifest.name,

@@ -25,6 +25,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 pub mod charts;
+mod collisions;
 pub mod pages;
 
 /// What every `/ui/` response is allowed to load and run.

@@ -144,10 +144,15 @@ fn agreement_table(rows: &[AgreementRow]) -> Markup {
 }
 
 /// `GET /ui/skills/{name}`.
-pub async fn skill(State(state): State<AppState>, Path(name): Path<String>) -> Page {
+pub async fn skill(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Page {
     let Some((_, history)) = state.store.history(&name, None, 50).await? else {
         return Err(ApiError::not_found("skill", &name).into());
     };
+    let collisions = crate::collisions::collisions_view(&state, &principal, &name).await?;
     let reviews = state.store.reviews_of_skill(&name).await?;
     let agreement = agreement_rows(&reviews);
     let has_monitor = match state.store.skill_id(&name).await? {
@@ -207,6 +212,7 @@ pub async fn skill(State(state): State<AppState>, Path(name): Path<String>) -> P
                     }
                 }
             }
+            (super::collisions::section(&collisions))
             h3 { "Judge agreement" }
             p.muted { "Human reviews against the automatic grade, per rubric criterion and judge." }
             (agreement_table(&agreement))

@@ -11,6 +11,7 @@ mod browser;
 mod budget;
 mod cache_deletion;
 mod cache_sweep;
+mod collisions;
 mod deploy;
 mod e2e;
 mod e2e_agent;

@@ -8,11 +8,13 @@
 //! - [`compare`]: two runs compared case by case, with the regression gate; [`forecast`]: what
 //!   a run will cost and what it can detect;
 //! - [`quality`]: production quality over time and its alerts;
+//! - [`collisions`]: a catalogue eval's collision matrix, pair rates with intervals, its gate;
 //! - [`across`]: several runs of a skill summed up (the report spec's `ReportSummary` over runs).
 
 pub mod across;
 pub mod benchmark;
 pub mod budget;
+pub mod collisions;
 pub mod compare;
 pub mod expectations;
 pub mod forecast;

@@ -16,6 +16,7 @@
 //! - [`environment`]: the packages a skill's code imports, installed once per set (cached,
 //!   built in the sandbox from the configured index) and mounted read-only into its sandboxes;
 //! - [`triggers`]: does the skill's description get it picked among others;
+//! - [`catalogue`]: its nearest catalogue neighbours and a trigger eval with all of them;
 //! - [`monitor`]: a skill's production monitor and its samples as `given` jobs;
 //! - [`draft`]: a starter eval definition for a skill that has none (`skilleval init`).
 //!
@@ -23,6 +24,7 @@
 //! [`executor::Executor`].
 
 pub mod case_scripts;
+pub mod catalogue;
 pub mod draft;
 pub mod environment;
 pub mod executor;

@@ -30,6 +30,10 @@ pub enum GateRule {
     NoRegression,
     /// No gate (overrides a definition's).
     None,
+    /// An upload's catalogue gate (docs/catalogue.md): fail when the new skill takes more than
+    /// the configured share of a neighbour's trigger queries. It is decided by the version's
+    /// collision eval, not by comparing runs, so it sets no regression gate.
+    NoCollision,
 }
 
 /// A gate as a request or a definition states it: its rule alone (the default thresholds),
@@ -71,7 +75,7 @@ impl GateSpec {
                 score_margin,
             } => (rule, alpha, score_margin),
         };
-        if rule == GateRule::None {
+        if matches!(rule, GateRule::None | GateRule::NoCollision) {
             return Ok(None);
         }
         let defaults = GateConfig::default();

@@ -87,6 +87,7 @@ pub(crate) fn gate_section(gate: &GateRecord) -> String {
     let rule = match gate.rule {
         GateRule::NoRegression => "no_regression",
         GateRule::None => "none",
+        GateRule::NoCollision => "no_collision",
     };
     let _ = writeln!(out, "| Rule | `{rule}` |");
     let _ = writeln!(out, "| Verdict | **{}** |", gate.verdict.as_str());

@@ -11,7 +11,8 @@
 //! deliveries), [`parked`] (jobs drained from the parking queue), [`tenancy`] (publishers,
 //! tokens, visibility, quotas, deletion, retention, the audit log), [`reviews`] (human reviews
 //! of grades), [`pages`] (what the web interface's pages read), [`listing`] (the API's skills
-//! and runs lists), [`reports`] (reports over chosen runs), [`matrix`] (model matrices).
+//! and runs lists), [`reports`] (reports over chosen runs), [`matrix`] (model matrices),
+//! [`catalogue`] (catalogue cards and collision matrices).
 //!
 //! Migrations are embedded from `migrations/` at the repository root. Applying them takes
 //! sqlx's Postgres advisory lock, so several replicas starting at once apply them exactly once
@@ -28,6 +29,7 @@ use sqlx::PgPool;
 
 use crate::config::{redact_url, DatabaseSettings};
 
+pub mod catalogue;
 pub mod comparisons;
 pub mod lifecycle;
 pub mod listing;

@@ -1,0 +1,298 @@
+//! `skilleval collisions` against a local chat-completions server on 127.0.0.1:0 that picks,
+//! for each query, the listed skill whose description shares the most words with it (the
+//! first listed on a tie, so near-duplicates split the runs as the lineup rotates).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use axum::body::Bytes;
+use axum::Router;
+use serde_json::{json, Value};
+
+fn words(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.len() > 3)
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// The skill whose description overlaps the query most; `none` when none shares a word.
+fn pick(prompt: &str) -> String {
+    let query = prompt
+        .split("<query>")
+        .nth(1)
+        .and_then(|q| q.split("</query>").next())
+        .unwrap_or_default();
+    let q = words(query);
+    let mut best = ("none".to_string(), 0usize);
+    let mut name = String::new();
+    for line in prompt.lines() {
+        if let Some(n) = line.strip_prefix("- name: ") {
+            name = n.trim().to_string();
+        } else if let Some(d) = line.trim().strip_prefix("description: ") {
+            let overlap = words(d).intersection(&q).count();
+            if overlap > best.1 {
+                best = (name.clone(), overlap);
+            }
+        }
+    }
+    best.0
+}
+
+/// A bag-of-words vector over a small fixed vocabulary: texts sharing words point alike.
+fn embedding(text: &str) -> Vec<f32> {
+    let vocabulary = [
+        "invoice",
+        "tables",
+        "spreadsheets",
+        "weather",
+        "forecast",
+        "city",
+        "extracts",
+    ];
+    let w = words(text);
+    vocabulary
+        .iter()
+        .map(|v| if w.contains(*v) { 1.0 } else { 0.0 })
+        .collect()
+}
+
+async fn handle(body: Bytes) -> axum::Json<Value> {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if let Some(inputs) = body["input"].as_array() {
+        let data: Vec<Value> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| json!({"index": i, "embedding": embedding(t.as_str().unwrap_or_default())}))
+            .collect();
+        return axum::Json(
+            json!({"model": "bow", "data": data, "usage": {"prompt_tokens": 10, "total_tokens": 10}}),
+        );
+    }
+    let prompt = body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let answer = json!({"skill": pick(&prompt), "reason": "overlap"}).to_string();
+    axum::Json(json!({
+        "model": "overlap",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 5}
+    }))
+}
+
+fn start() -> std::net::SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let _ = axum::serve(listener, Router::new().fallback(handle)).await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
+fn skill(dir: &Path, name: &str, description: &str, queries: &[&str]) {
+    let root = dir.join(name);
+    std::fs::create_dir_all(root.join("evals")).unwrap();
+    std::fs::write(
+        root.join("SKILL.md"),
+        format!("---\nname: {name}\ndescription: {description}\n---\n\n# {name}\n\nDo it.\n"),
+    )
+    .unwrap();
+    let cases: Vec<Value> = queries
+        .iter()
+        .map(|q| json!({"query": q, "should_trigger": true}))
+        .collect();
+    std::fs::write(
+        root.join("evals/triggers.json"),
+        serde_json::to_string(&cases).unwrap(),
+    )
+    .unwrap();
+}
+
+fn collisions(
+    addr: std::net::SocketAddr,
+    skill: &Path,
+    catalogue: &Path,
+    extra: &[&str],
+) -> Output {
+    collisions_with(addr, skill, catalogue, extra, &[])
+}
+
+fn collisions_with(
+    addr: std::net::SocketAddr,
+    skill: &Path,
+    catalogue: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skilleval"));
+    cmd.env_remove("SKILLEVAL_PROVIDER_EMBEDDING_MODEL");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    for var in [
+        "SKILLEVAL_PROVIDER_KIND",
+        "SKILLEVAL_PROVIDER_API_KEY_ENV",
+        "OPENAI_API_KEY",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("SKILLEVAL_PROVIDER_MODEL", "overlap")
+        .env("SKILLEVAL_PROVIDER_BASE_URL", format!("http://{addr}/v1"))
+        .args(["collisions", "--json", "--no-cache", "--catalogue"])
+        .arg(catalogue)
+        .args(extra)
+        .arg(skill)
+        .output()
+        .unwrap()
+}
+
+const PDF: &str = "Extracts tables from invoice PDF files into spreadsheets";
+
+#[test]
+fn a_near_duplicate_collides_and_a_distinct_skill_does_not() {
+    let addr = start();
+    let dir = tempfile::tempdir().unwrap();
+    let catalogue = dir.path().join("catalogue");
+    skill(
+        &catalogue,
+        "invoice-tables",
+        PDF,
+        &["extract tables from this invoice PDF"],
+    );
+    skill(
+        &catalogue,
+        "weather",
+        "Tells the weather forecast for a city",
+        &["what is the weather forecast for Paris"],
+    );
+    let new = dir.path().join("new");
+    skill(
+        &new,
+        "pdf-tables",
+        PDF,
+        &["turn the invoice PDF tables into spreadsheets"],
+    );
+    let out = collisions(
+        addr,
+        &new.join("pdf-tables"),
+        &catalogue,
+        &["--neighbours", "2", "--max-share", "0.2"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "the gate fails: {stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["matrix"]["method"], "lexical");
+    let pair = |owner: &str, picked: &str| {
+        v["matrix"]["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["owner"] == owner && p["picked"] == picked)
+            .cloned()
+            .unwrap()
+    };
+    // Identical descriptions: the twin's query goes to whichever is listed first, so over
+    // three rotated runs the new skill takes some of them.
+    let taken = pair("invoice-tables", "pdf-tables");
+    assert!(taken["hits"].as_u64().unwrap() > 0, "{taken}");
+    assert_eq!(taken["runs"], 3);
+    assert!(taken["interval"]["low"].as_f64().unwrap() > 0.0, "{taken}");
+    let weather = pair("weather", "pdf-tables");
+    assert_eq!(
+        weather["hits"], 0,
+        "a distinct skill does not collide: {weather}"
+    );
+    assert_eq!(pair("pdf-tables", "weather")["hits"], 0);
+    assert_eq!(v["gate"]["passed"], false);
+    assert_eq!(v["gate"]["collisions"][0]["neighbour"], "invoice-tables");
+
+    // Alone with the distinct skill, nothing collides and the gate passes.
+    let alone = dir.path().join("alone");
+    skill(
+        &alone,
+        "weather",
+        "Tells the weather forecast for a city",
+        &["what is the weather forecast for Paris"],
+    );
+    let out = collisions(
+        addr,
+        &new.join("pdf-tables"),
+        &alone,
+        &["--max-share", "0.2"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn without_a_catalogue_folder_it_is_bad_input_naming_the_flag() {
+    let addr = start();
+    let dir = tempfile::tempdir().unwrap();
+    skill(dir.path(), "s", "Does things", &["do things"]);
+    let out = collisions(
+        addr,
+        &dir.path().join("s"),
+        &dir.path().join("missing"),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--catalogue"));
+}
+
+#[test]
+fn with_an_embedding_model_neighbours_are_found_by_embeddings() {
+    let addr = start();
+    let dir = tempfile::tempdir().unwrap();
+    let catalogue = dir.path().join("catalogue");
+    // Lexically far from the new skill's description, but about the same things.
+    skill(
+        &catalogue,
+        "tabulator",
+        "Spreadsheets from invoice tables",
+        &["invoice tables please"],
+    );
+    skill(
+        &catalogue,
+        "weather",
+        "Tells the weather forecast for a city",
+        &["weather forecast for Oslo"],
+    );
+    let new = dir.path().join("new");
+    skill(&new, "pdf-tables", PDF, &["invoice tables to spreadsheets"]);
+    let out = collisions_with(
+        addr,
+        &new.join("pdf-tables"),
+        &catalogue,
+        &["--neighbours", "1"],
+        &[("SKILLEVAL_PROVIDER_EMBEDDING_MODEL", "bow")],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["matrix"]["method"], "embedding");
+    assert_eq!(v["matrix"]["neighbours"][0]["name"], "tabulator", "{v}");
+    assert!(v["matrix"]["neighbours"][0]["similarity"].as_f64().unwrap() > 0.8);
+}
