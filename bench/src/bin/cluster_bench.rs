@@ -259,6 +259,13 @@ impl Service {
 
     /// One recovery: see the module docs. `(first progress, past the in-flight bound)`.
     async fn recovery(&mut self, o: &Options) -> anyhow::Result<(Duration, Duration)> {
+        // The leader is looked up before the run (`rabbitmqctl` takes seconds on a busy machine,
+        // longer than the rest of a run): nothing moves it while every node is up.
+        let (leader, _) = self.cluster.quorum_members(0, &format!("{PREFIX}.jobs"));
+        let victim = self
+            .cluster
+            .index_of_name(&leader)
+            .with_context(|| format!("the jobs queue's leader {leader} is no node of ours"))?;
         let run_id = self.upload(o.cases).await?;
         let fifth = i32::try_from(o.cases / 5)?;
         loop {
@@ -268,11 +275,6 @@ impl Service {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let (leader, _) = self.cluster.quorum_members(0, &format!("{PREFIX}.jobs"));
-        let victim = self
-            .cluster
-            .index_of_name(&leader)
-            .with_context(|| format!("the jobs queue's leader {leader} is no node of ours"))?;
         let (at_kill, total) = self.completed(run_id).await?;
         let held = i32::try_from(o.workers * usize::from(o.concurrency) * 2)?;
         if at_kill + held >= total {
