@@ -152,26 +152,8 @@ pub async fn fetch(
         if let Some(c) = &cursor {
             page_query.push(("cursor", c.clone()));
         }
-        let mut request = client.get(&url).query(&page_query);
-        if let Some(token) = &server.token {
-            request = request.bearer_auth(token);
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| format!("cannot reach {url}: {e}"))?;
-        let status = response.status();
-        let body: Value = response
-            .json()
-            .await
-            .map_err(|e| format!("{url} answered {status} without JSON: {e}"))?;
-        if !status.is_success() {
-            let message = body
-                .pointer("/error/message")
-                .and_then(Value::as_str)
-                .unwrap_or("no error message");
-            return Err(format!("the server answered {status}: {message}"));
-        }
+        let request = client.get(&url).query(&page_query);
+        let body = answer(request, server.token.as_deref(), &url).await?;
         let page = body
             .get(items_key)
             .and_then(Value::as_array)
@@ -191,6 +173,37 @@ pub async fn fetch(
     Err(format!(
         "{url} did not end its list after {MAX_PAGES} pages"
     ))
+}
+
+/// Sends a request to a coordinator (with the bearer token, if any) and reads its JSON answer;
+/// an error answer becomes the server's `error.message`, as every command that talks to a server
+/// reports it.
+pub async fn answer(
+    request: reqwest::RequestBuilder,
+    token: Option<&str>,
+    url: &str,
+) -> Result<Value, String> {
+    let request = match token {
+        Some(t) => request.bearer_auth(t),
+        None => request,
+    };
+    let response = request
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach {url}: {e}"))?;
+    let status = response.status();
+    let body: Value = response
+        .json()
+        .await
+        .map_err(|e| format!("{url} answered {status} without JSON: {e}"))?;
+    if !status.is_success() {
+        let message = body
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .unwrap_or("no error message");
+        return Err(format!("the server answered {status}: {message}"));
+    }
+    Ok(body)
 }
 
 fn text<'a>(v: &'a Value, pointer: &str) -> &'a str {

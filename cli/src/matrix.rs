@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
+use crate::lists::answer;
 use crate::{EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
 
 #[derive(Debug, Clone, Args)]
@@ -144,34 +145,6 @@ pub async fn matrix(args: &MatrixArgs) -> u8 {
     }
 }
 
-async fn send(
-    args: &MatrixArgs,
-    request: reqwest::RequestBuilder,
-    url: &str,
-) -> Result<Value, String> {
-    let request = match &args.token {
-        Some(t) => request.bearer_auth(t),
-        None => request,
-    };
-    let response = request
-        .send()
-        .await
-        .map_err(|e| format!("cannot reach {url}: {e}"))?;
-    let status = response.status();
-    let body: Value = response
-        .json()
-        .await
-        .map_err(|e| format!("{url} answered {status} without JSON: {e}"))?;
-    if !status.is_success() {
-        let message = body
-            .pointer("/error/message")
-            .and_then(Value::as_str)
-            .unwrap_or("no error message");
-        return Err(format!("the server answered {status}: {message}"));
-    }
-    Ok(body)
-}
-
 async fn matrix_inner(args: &MatrixArgs) -> Result<u8, String> {
     if args.skills.is_empty() && args.publisher.is_none() {
         return Err("give --skill (repeatable) or --publisher".into());
@@ -183,7 +156,7 @@ async fn matrix_inner(args: &MatrixArgs) -> Result<u8, String> {
         .post(&url)
         .query(&[("dry_run", args.dry_run)])
         .json(&request_body(args));
-    let created = send(args, post, &url).await?;
+    let created = answer(post, args.token.as_deref(), &url).await?;
     if args.dry_run {
         if args.json {
             println!("{created}");
@@ -210,7 +183,7 @@ async fn matrix_inner(args: &MatrixArgs) -> Result<u8, String> {
     let get_url = format!("{base}/v1/matrix/{id}");
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     loop {
-        let matrix = send(args, client.get(&get_url), &get_url).await?;
+        let matrix = answer(client.get(&get_url), args.token.as_deref(), &get_url).await?;
         // `completed`: every cell's run finished, and the same answer compared each one.
         if matrix["status"] == "completed" {
             if args.json {

@@ -61,23 +61,10 @@ pub fn lexical_similarity(a: &str, b: &str) -> f64 {
     skilleval_grading::lexical_similarity::sorensen_dice(&a.to_lowercase(), &b.to_lowercase())
 }
 
-/// Cosine similarity; 0 when either vector is zero or their lengths differ.
+/// Cosine similarity (the `semantic_sim` strategy's); 0 when either vector is zero or their
+/// lengths differ.
 pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    if a.len() != b.len() {
-        return 0.0;
-    }
-    let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(*x), f64::from(*y));
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    if na == 0.0 || nb == 0.0 {
-        0.0
-    } else {
-        dot / (na.sqrt() * nb.sqrt())
-    }
+    skilleval_grading::semantic_sim::cosine(a, b).unwrap_or(0.0)
 }
 
 /// The `k` highest scores, best first (ties by name, so the result does not depend on the
