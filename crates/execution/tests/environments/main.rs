@@ -20,7 +20,8 @@ use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_execution::validate::validate;
 use skilleval_model::grade::Fault;
 use skilleval_model::package::{Package, PackageLimits};
-use skilleval_sandbox::{Sandbox, SandboxMode, SandboxPolicy};
+use skilleval_sandbox::fixtures;
+use skilleval_sandbox::{Sandbox, SandboxPolicy};
 
 /// A script that declares `skdemo` with PEP 723 and prints what its module says.
 const RUN_PY: &str = r#"# /// script
@@ -34,7 +35,6 @@ print(skdemo.greet())
 
 /// A package of `cases` cases run by `script` (with `files` beside it), graded on `expect`.
 fn package(cases: usize, script: &str, expect: &str, files: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
     let test_cases: Vec<Value> = (0..cases)
         .map(|i| {
             json!({"id": format!("case-{i}"), "input": {"prompt": "go"},
@@ -55,28 +55,12 @@ fn package(cases: usize, script: &str, expect: &str, files: &[(&str, &str)]) -> 
         ("eval/tests.json", tests.to_string()),
     ];
     all.extend(files.iter().map(|(p, c)| (*p, (*c).to_string())));
-    for (rel, content) in all {
-        let p = dir.path().join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, content).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    for d in ["", "scripts", "eval"] {
-        std::fs::set_permissions(dir.path().join(d), std::fs::Permissions::from_mode(0o755))
-            .unwrap();
-    }
-    dir
+    let refs: Vec<(&str, &str)> = all.iter().map(|(p, c)| (*p, c.as_str())).collect();
+    fixtures::package(&refs)
 }
 
 fn sandbox() -> Sandbox {
-    let s = Sandbox::detect(SandboxPolicy::default());
-    assert_eq!(
-        s.mode(),
-        SandboxMode::Bubblewrap,
-        "bubblewrap must work for these tests: {:?}",
-        s.unavailable_reason()
-    );
-    s
+    fixtures::bwrap_sandbox(SandboxPolicy::default())
 }
 
 /// An executor whose environments come from `python_index` and `npm_registry`, cached in a
