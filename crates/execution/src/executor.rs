@@ -953,10 +953,18 @@ mod tests {
         }
     }
 
+    /// An empty package folder: these jobs read no file of their package, and an empty folder
+    /// declares no dependency (the root of the file system, which a PEP 723 script anywhere on
+    /// the machine would make a package with dependencies, does).
+    fn no_package() -> &'static Path {
+        static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+    }
+
     #[tokio::test]
     async fn passing_case_is_graded_once() {
         let (ex, grades) = executor(vec!["ok"]);
-        let r = ex.execute(&job(0, 1_000), Path::new("/")).await;
+        let r = ex.execute(&job(0, 1_000), no_package()).await;
         assert_eq!(r.status, CaseStatus::Passed);
         assert_eq!(r.score, Some(1.0));
         assert_eq!(r.output.as_deref(), Some("ok"));
@@ -968,7 +976,7 @@ mod tests {
     #[tokio::test]
     async fn an_attempt_records_the_time_its_grader_took() {
         let (ex, _) = executor_grading_in(vec!["ok"], Duration::from_millis(60));
-        let r = ex.execute(&job(0, 5_000), Path::new("/")).await;
+        let r = ex.execute(&job(0, 5_000), no_package()).await;
         let attempt = &r.attempts[0];
         assert!(attempt.grade_ms >= 60, "grade_ms = {}", attempt.grade_ms);
         assert!(attempt.grade_ms <= attempt.duration_ms);
@@ -977,7 +985,7 @@ mod tests {
     #[tokio::test]
     async fn failing_flaky_case_is_retried_and_every_attempt_kept() {
         let (ex, _) = executor(vec!["no", "no", "ok"]);
-        let r = ex.execute(&job(3, 1_000), Path::new("/")).await;
+        let r = ex.execute(&job(3, 1_000), no_package()).await;
         assert_eq!(r.status, CaseStatus::Passed);
         let statuses: Vec<_> = r.attempts.iter().map(|a| a.status).collect();
         assert_eq!(
@@ -989,7 +997,7 @@ mod tests {
     #[tokio::test]
     async fn failing_case_stops_after_retry_count() {
         let (ex, _) = executor(vec!["no", "no", "no", "ok"]);
-        let r = ex.execute(&job(1, 1_000), Path::new("/")).await;
+        let r = ex.execute(&job(1, 1_000), no_package()).await;
         assert_eq!(r.status, CaseStatus::Failed);
         assert_eq!(r.attempts.len(), 2);
         assert_eq!(r.score, Some(0.0));
@@ -998,7 +1006,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn hanging_runner_is_errored_at_the_timeout_not_failed() {
         let (ex, grades) = executor(vec!["sleep"]);
-        let r = ex.execute(&job(2, 250), Path::new("/")).await;
+        let r = ex.execute(&job(2, 250), no_package()).await;
         assert_eq!(r.status, CaseStatus::Errored);
         assert_eq!(r.error, Some(Fault::Timeout { timeout_ms: 250 }));
         assert!(r.error.as_ref().is_some_and(Fault::is_transient));
@@ -1011,7 +1019,7 @@ mod tests {
     #[tokio::test]
     async fn permanent_fault_is_errored_and_not_transient() {
         let (ex, _) = executor(vec!["fail"]);
-        let r = ex.execute(&job(0, 1_000), Path::new("/")).await;
+        let r = ex.execute(&job(0, 1_000), no_package()).await;
         assert_eq!(r.status, CaseStatus::Errored);
         assert!(!r.error.as_ref().is_some_and(Fault::is_transient));
         assert!(r.details["error"]
@@ -1023,7 +1031,7 @@ mod tests {
     #[tokio::test]
     async fn a_runner_stopped_short_is_errored_with_its_usage_and_details_kept() {
         let (ex, grades) = executor(vec!["stopped"]);
-        let r = ex.execute(&job(2, 1_000), Path::new("/")).await;
+        let r = ex.execute(&job(2, 1_000), no_package()).await;
         assert_eq!(r.status, CaseStatus::Errored);
         assert_eq!(
             r.error,
@@ -1049,7 +1057,7 @@ mod tests {
         let (ex, _) = executor(vec!["ok"]);
         let mut j = job(0, 1_000);
         j.case.evaluation.strategy = "nope".into();
-        let r = ex.execute(&j, Path::new("/")).await;
+        let r = ex.execute(&j, no_package()).await;
         assert_eq!(r.status, CaseStatus::Errored);
         let msg = r.error.map(|e| e.to_string()).unwrap_or_default();
         assert!(
@@ -1088,7 +1096,7 @@ mod tests {
             ex.needs_missing_model(&j).as_deref(),
             Some("runner `llm` (no model provider configured)")
         );
-        let r = ex.execute(&j, Path::new("/")).await;
+        let r = ex.execute(&j, no_package()).await;
         assert_eq!(r.status, CaseStatus::Errored);
         assert_eq!(
             r.error,
@@ -1108,8 +1116,8 @@ mod tests {
     async fn graders_are_compiled_once_per_definition() {
         let (ex, _) = executor(vec![]);
         let j = job(0, 1_000);
-        let a = ex.grader_for(&j, Path::new("/")).unwrap();
-        let b = ex.grader_for(&j, Path::new("/")).unwrap();
+        let a = ex.grader_for(&j, no_package()).unwrap();
+        let b = ex.grader_for(&j, no_package()).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
         // Another case with the same definition (id, name, input differ) shares it.
         let mut other = job(0, 1_000);
@@ -1118,14 +1126,14 @@ mod tests {
         other.case.input.prompt = "something else".into();
         assert!(Arc::ptr_eq(
             &a,
-            &ex.grader_for(&other, Path::new("/")).unwrap()
+            &ex.grader_for(&other, no_package()).unwrap()
         ));
         // A different expectation, option or package is another definition.
         let mut expected = job(0, 1_000);
         expected.case.expected.output = Some("different".into());
         assert!(!Arc::ptr_eq(
             &a,
-            &ex.grader_for(&expected, Path::new("/")).unwrap()
+            &ex.grader_for(&expected, no_package()).unwrap()
         ));
         let mut option = job(0, 1_000);
         option
@@ -1135,13 +1143,13 @@ mod tests {
             .insert("caseSensitive".into(), serde_json::json!(false));
         assert!(!Arc::ptr_eq(
             &a,
-            &ex.grader_for(&option, Path::new("/")).unwrap()
+            &ex.grader_for(&option, no_package()).unwrap()
         ));
         let mut package = job(0, 1_000);
         package.package_hash = "another".into();
         assert!(!Arc::ptr_eq(
             &a,
-            &ex.grader_for(&package, Path::new("/")).unwrap()
+            &ex.grader_for(&package, no_package()).unwrap()
         ));
         assert_eq!(ex.graders.lock().unwrap().len(), 4);
     }
@@ -1149,7 +1157,7 @@ mod tests {
     #[test]
     fn the_grader_cache_stays_within_its_capacity() {
         let (ex, _) = executor(vec![]);
-        let grader = ex.grader_for(&job(0, 1_000), Path::new("/")).unwrap();
+        let grader = ex.grader_for(&job(0, 1_000), no_package()).unwrap();
         let cases: Vec<TestCase> = (0..GRADER_CACHE_CAPACITY + 10)
             .map(|i| {
                 let mut c = job(0, 1_000).case;
@@ -1171,7 +1179,7 @@ mod tests {
         assert!(ex.graders.lock().unwrap().len() <= GRADER_CACHE_CAPACITY);
         let mut j = job(0, 1_000);
         j.package_hash = "third".into();
-        ex.grader_for(&j, Path::new("/")).unwrap();
+        ex.grader_for(&j, no_package()).unwrap();
         assert!(ex.graders.lock().unwrap().len() <= GRADER_CACHE_CAPACITY);
     }
 
@@ -1180,7 +1188,7 @@ mod tests {
         let (ex, _) = executor(vec![]);
         let (other, _) = executor(vec![]);
         let j = job(0, 1_000);
-        let grader = other.grader_for(&j, Path::new("/")).unwrap();
+        let grader = other.grader_for(&j, no_package()).unwrap();
         let mut case = j.case.clone();
         // Validation sees the case before planning resolves its strategy name.
         case.evaluation.strategy = "equals_ok".into();
@@ -1192,7 +1200,7 @@ mod tests {
         );
         assert!(Arc::ptr_eq(
             &grader,
-            &ex.grader_for(&j, Path::new("/")).unwrap()
+            &ex.grader_for(&j, no_package()).unwrap()
         ));
     }
 
