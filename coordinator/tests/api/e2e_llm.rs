@@ -203,10 +203,19 @@ async fn an_llm_graded_package_gets_the_same_verdict_locally_and_through_the_ser
         local_calls + 5,
         "the service graded with the same model (its Postgres cache started empty)"
     );
-    let (cached,): (i64,) = sqlx::query_as("SELECT count(*) FROM llm_cache")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    // The worker's cache writes behind its model calls (batched, off the call's path): the
+    // answers land shortly after the grades, so they are awaited, not read once.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let cached = loop {
+        let (cached,): (i64,) = sqlx::query_as("SELECT count(*) FROM llm_cache")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        if cached >= 5 || std::time::Instant::now() > deadline {
+            break cached;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
     assert_eq!(
         cached, 5,
         "the service cached each judge answer in Postgres"
