@@ -4,43 +4,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, Output};
 
 use axum::body::Bytes;
 use axum::Router;
 use serde_json::{json, Value};
-
-fn words(text: &str) -> BTreeSet<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| w.len() > 3)
-        .map(str::to_lowercase)
-        .collect()
-}
-
-/// The skill whose description overlaps the query most; `none` when none shares a word.
-fn pick(prompt: &str) -> String {
-    let query = prompt
-        .split("<query>")
-        .nth(1)
-        .and_then(|q| q.split("</query>").next())
-        .unwrap_or_default();
-    let q = words(query);
-    let mut best = ("none".to_string(), 0usize);
-    let mut name = String::new();
-    for line in prompt.lines() {
-        if let Some(n) = line.strip_prefix("- name: ") {
-            name = n.trim().to_string();
-        } else if let Some(d) = line.trim().strip_prefix("description: ") {
-            let overlap = words(d).intersection(&q).count();
-            if overlap > best.1 {
-                best = (name.clone(), overlap);
-            }
-        }
-    }
-    best.0
-}
+use skilleval_execution::triggers::fixtures::{content_words, pick_by_word_overlap};
 
 /// A bag-of-words vector over a small fixed vocabulary: texts sharing words point alike.
 fn embedding(text: &str) -> Vec<f32> {
@@ -53,7 +23,7 @@ fn embedding(text: &str) -> Vec<f32> {
         "city",
         "extracts",
     ];
-    let w = words(text);
+    let w = content_words(text);
     vocabulary
         .iter()
         .map(|v| if w.contains(*v) { 1.0 } else { 0.0 })
@@ -80,7 +50,7 @@ async fn handle(body: Bytes) -> axum::Json<Value> {
         .filter_map(|m| m["content"].as_str())
         .collect::<Vec<_>>()
         .join("\n");
-    let answer = json!({"skill": pick(&prompt), "reason": "overlap"}).to_string();
+    let answer = json!({"skill": pick_by_word_overlap(&prompt), "reason": "overlap"}).to_string();
     axum::Json(json!({
         "model": "overlap",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],

@@ -83,6 +83,24 @@ async fn embeddings(Json(body): Json<Value>) -> Json<Value> {
     )
 }
 
+/// [`ROUNDS`] timed neighbour searches through the embeddings client.
+async fn embedded_rounds(
+    client: &LlmClient,
+    skill: &SkillCard,
+    catalogue: &[SkillCard],
+) -> anyhow::Result<Vec<Duration>> {
+    let mut times = Vec::new();
+    for _ in 0..ROUNDS {
+        let started = Instant::now();
+        let (n, _) = nearest_embedded(client, skill, catalogue, K)
+            .await
+            .map_err(|f| anyhow::anyhow!("{f}"))?;
+        times.push(started.elapsed());
+        assert_eq!(n.len(), K);
+    }
+    Ok(times)
+}
+
 fn report(name: &str, mut times: Vec<Duration>) {
     times.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -127,16 +145,10 @@ async fn main() -> anyhow::Result<()> {
 
     let cold: Arc<dyn ResponseCache> = Arc::new(NoCache);
     let client = LlmClient::new(config.clone(), None)?.with_cache(cold);
-    let mut times = Vec::new();
-    for _ in 0..ROUNDS {
-        let started = Instant::now();
-        let (n, _) = nearest_embedded(&client, &skill, &catalogue, K)
-            .await
-            .map_err(|f| anyhow::anyhow!("{f}"))?;
-        times.push(started.elapsed());
-        assert_eq!(n.len(), K);
-    }
-    report("embedding cold", times);
+    report(
+        "embedding cold",
+        embedded_rounds(&client, &skill, &catalogue).await?,
+    );
 
     let cache_dir = tempfile::tempdir()?;
     let warm: Arc<dyn ResponseCache> = Arc::new(DirCache::new(cache_dir.path().to_path_buf()));
@@ -144,16 +156,10 @@ async fn main() -> anyhow::Result<()> {
     nearest_embedded(&client, &skill, &catalogue, K)
         .await
         .map_err(|f| anyhow::anyhow!("{f}"))?;
-    let mut times = Vec::new();
-    for _ in 0..ROUNDS {
-        let started = Instant::now();
-        let (n, _) = nearest_embedded(&client, &skill, &catalogue, K)
-            .await
-            .map_err(|f| anyhow::anyhow!("{f}"))?;
-        times.push(started.elapsed());
-        assert_eq!(n.len(), K);
-    }
-    report("embedding warm", times);
+    report(
+        "embedding warm",
+        embedded_rounds(&client, &skill, &catalogue).await?,
+    );
     server.abort();
     Ok(())
 }

@@ -4,13 +4,13 @@
 //! is a neighbour of Alice's near-duplicate and its queries never reach Alice; Bob's private
 //! skill is never a neighbour of hers.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::Router;
 use reqwest::Method;
 use serde_json::{json, Value};
+use skilleval_execution::triggers::fixtures::pick_by_word_overlap;
 
 use crate::helpers::{
     local_provider, only_provider, serve_local, spawn_app_configured, AppOptions, TestApp,
@@ -23,34 +23,6 @@ const PDF: &str = "Extracts tables from invoice PDF files into spreadsheets";
 /// A word only Bob's queries carry: it must never reach Alice.
 const BOB_SECRET: &str = "zebraquartz";
 
-fn words(text: &str) -> BTreeSet<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| w.len() > 3)
-        .map(str::to_lowercase)
-        .collect()
-}
-
-fn pick(prompt: &str) -> String {
-    let query = prompt
-        .split("<query>")
-        .nth(1)
-        .and_then(|q| q.split("</query>").next())
-        .unwrap_or_default();
-    let q = words(query);
-    let (mut best, mut most, mut name) = ("none".to_string(), 0, String::new());
-    for line in prompt.lines() {
-        if let Some(n) = line.strip_prefix("- name: ") {
-            name = n.trim().to_string();
-        } else if let Some(d) = line.trim().strip_prefix("description: ") {
-            let overlap = words(d).intersection(&q).count();
-            if overlap > most {
-                (best, most) = (name.clone(), overlap);
-            }
-        }
-    }
-    best
-}
-
 async fn overlap_model(body: Bytes) -> axum::Json<Value> {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let prompt: String = body["messages"]
@@ -60,7 +32,7 @@ async fn overlap_model(body: Bytes) -> axum::Json<Value> {
         .filter(|m| m["role"] == "user")
         .filter_map(|m| m["content"].as_str())
         .collect();
-    let answer = json!({"skill": pick(&prompt), "reason": "overlap"}).to_string();
+    let answer = json!({"skill": pick_by_word_overlap(&prompt), "reason": "overlap"}).to_string();
     axum::Json(json!({
         "model": "overlap",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],

@@ -520,3 +520,42 @@ mod tests {
         assert!(chosen(&json!({"skill": "other"}), &decoys).is_err());
     }
 }
+
+/// For tests of crates above (`test-util`): a model that answers a trigger prompt as one that
+/// reads descriptions would, by word overlap.
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixtures {
+    use std::collections::BTreeSet;
+
+    /// The words of `text` longer than three characters, lower-cased.
+    pub fn content_words(text: &str) -> BTreeSet<String> {
+        text.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| w.len() > 3)
+            .map(str::to_lowercase)
+            .collect()
+    }
+
+    /// The skill of a trigger prompt's list whose description shares the most words with the
+    /// prompt's `<query>` (the first listed on a tie, so near-duplicates split the picks as the
+    /// lineup rotates); `none` when no description shares a word.
+    pub fn pick_by_word_overlap(prompt: &str) -> String {
+        let query = prompt
+            .split("<query>")
+            .nth(1)
+            .and_then(|q| q.split("</query>").next())
+            .unwrap_or_default();
+        let q = content_words(query);
+        let (mut best, mut most, mut name) = ("none".to_string(), 0, String::new());
+        for line in prompt.lines() {
+            if let Some(n) = line.strip_prefix("- name: ") {
+                name = n.trim().to_string();
+            } else if let Some(d) = line.trim().strip_prefix("description: ") {
+                let overlap = content_words(d).intersection(&q).count();
+                if overlap > most {
+                    (best, most) = (name.clone(), overlap);
+                }
+            }
+        }
+        best
+    }
+}
