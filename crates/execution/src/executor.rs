@@ -164,20 +164,29 @@ impl Executor {
     }
 
     /// The dependencies the package at `package_root` declares, with the job's
-    /// `setup.dependencies` (read once per package).
-    fn declared(&self, job: &Job, package_root: &Path) -> Arc<Dependencies> {
+    /// `setup.dependencies` (read once per package; the walk of its files runs off the
+    /// runtime's threads).
+    async fn declared(&self, job: &Job, package_root: &Path) -> Result<Arc<Dependencies>, Fault> {
         let key = (job.package_hash.clone(), package_root.to_path_buf());
         if let Some(d) = self.declared.lock().ok().and_then(|m| m.get(&key).cloned()) {
-            return d;
+            return Ok(d);
         }
-        let deps = Arc::new(read_from_dir(package_root, &job.dependencies));
+        let (root, setup) = (package_root.to_path_buf(), job.dependencies.clone());
+        let deps = tokio::task::spawn_blocking(move || read_from_dir(&root, &setup))
+            .await
+            .map(Arc::new)
+            .map_err(|e| {
+                Fault::host(format!(
+                    "reading the package's declared dependencies did not finish: {e}"
+                ))
+            })?;
         if let Ok(mut m) = self.declared.lock() {
             if m.len() >= GRADER_CACHE_CAPACITY {
                 m.clear();
             }
             m.insert(key, deps.clone());
         }
-        deps
+        Ok(deps)
     }
 
     /// The sandbox a job's package code runs in: the executor's, with the package's
@@ -189,7 +198,7 @@ impl Executor {
         job: &Job,
         package_root: &Path,
     ) -> Result<(Arc<Sandbox>, Option<Value>), Fault> {
-        let deps = self.declared(job, package_root);
+        let deps = self.declared(job, package_root).await?;
         if deps.is_empty() {
             return Ok((self.sandbox.clone(), None));
         }
