@@ -28,6 +28,8 @@ pub mod catalogue;
 pub mod draft;
 pub mod environment;
 pub mod executor;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixtures;
 pub mod monitor;
 pub mod plan;
 pub mod result;

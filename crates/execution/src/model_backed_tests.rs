@@ -18,15 +18,14 @@ use axum::Router;
 use serde_json::{json, Value};
 
 use crate::executor::ExecutorBuilder;
-use crate::plan::{plan, CaseFilter};
+use crate::fixtures::planned_jobs;
 use crate::result::CaseStatus;
 use crate::triggers::{evaluate_triggers, SkillCard, TriggerOptions};
-use crate::validate::validate;
 use skilleval_grading::comparator::{compare, default_criteria, CompareInput};
 use skilleval_grading::{CompileContext, GradeEnv, GradeInput, StrategyRegistry};
 use skilleval_model::definition::{Profile, TestCase};
 use skilleval_model::grade::{Fault, Grade};
-use skilleval_model::package::{Package, PackageLimits, TriggerCase};
+use skilleval_model::package::TriggerCase;
 use skilleval_providers::cache::MemoryCache;
 use skilleval_providers::chat::{ChatRequest, Message, OutputSchema};
 use skilleval_providers::client::{CallRetry, LlmClient};
@@ -318,22 +317,12 @@ async fn the_llm_runner_sends_skill_md_and_the_templated_prompt_and_the_judge_gr
 
     let clients = clients_with(server.client(ProviderKind::Openai));
     let executor = ExecutorBuilder::new().providers(Some(clients)).build();
-    let package = Package::open(dir.path(), &PackageLimits::default()).unwrap();
-    let validation = validate(&package, executor.strategies());
-    assert!(validation.is_ok(), "{:?}", validation.problems);
-    let jobs = plan(
-        &package.config,
-        &package.content_hash,
-        uuid::Uuid::nil(),
-        &CaseFilter::default(),
-        None,
-    )
-    .unwrap();
+    let jobs = planned_jobs(dir.path(), executor.strategies());
     assert!(
         executor.needs_missing_model(&jobs[0]).is_none(),
         "a configured provider is not missing"
     );
-    let result = executor.execute(&jobs[0], package.root()).await;
+    let result = executor.execute(&jobs[0], dir.path()).await;
     assert_eq!(result.status, CaseStatus::Passed, "{:?}", result.error);
 
     let reqs = server.requests();

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 use skilleval_execution::executor::ExecutorBuilder;
-use skilleval_execution::plan::{plan, CaseFilter};
+use skilleval_execution::fixtures::planned_jobs;
 use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_execution::validate::validate;
 use skilleval_model::package::{Package, PackageLimits};
@@ -107,17 +107,7 @@ fn sandbox() -> Sandbox {
 
 async fn run(root: &Path, executor: ExecutorBuilder) -> Vec<JobResult> {
     let executor = executor.sandbox(sandbox()).build();
-    let package = Package::open(root, &PackageLimits::default()).unwrap();
-    let validation = validate(&package, executor.strategies());
-    assert!(validation.is_ok(), "{:?}", validation.problems);
-    let jobs = plan(
-        &package.config,
-        &package.content_hash,
-        uuid::Uuid::nil(),
-        &CaseFilter::default(),
-        None,
-    )
-    .unwrap();
+    let jobs = planned_jobs(root, executor.strategies());
     let mut out = Vec::new();
     for j in &jobs {
         out.push(executor.execute(j, root).await);

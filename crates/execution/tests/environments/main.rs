@@ -15,11 +15,9 @@ use serde_json::{json, Value};
 use skilleval_execution::environment::fixtures as index;
 use skilleval_execution::environment::{EnvironmentConfig, Environments};
 use skilleval_execution::executor::{Executor, ExecutorBuilder};
-use skilleval_execution::plan::{plan, CaseFilter};
+use skilleval_execution::fixtures::planned_jobs;
 use skilleval_execution::result::{CaseStatus, JobResult};
-use skilleval_execution::validate::validate;
 use skilleval_model::grade::Fault;
-use skilleval_model::package::{Package, PackageLimits};
 use skilleval_sandbox::fixtures;
 use skilleval_sandbox::{Sandbox, SandboxPolicy};
 
@@ -86,17 +84,7 @@ fn executor(python_index: &str, npm_registry: &str) -> (Executor, tempfile::Temp
 
 /// Every case of the package at `root`, run at once.
 async fn run_all(executor: &Executor, root: &Path) -> Vec<JobResult> {
-    let package = Package::open(root, &PackageLimits::default()).unwrap();
-    let validation = validate(&package, executor.strategies());
-    assert!(validation.is_ok(), "{:?}", validation.problems);
-    let jobs = plan(
-        &package.config,
-        &package.content_hash,
-        uuid::Uuid::nil(),
-        &CaseFilter::default(),
-        None,
-    )
-    .unwrap();
+    let jobs = planned_jobs(root, executor.strategies());
     futures::future::join_all(jobs.iter().map(|job| executor.execute(job, root))).await
 }
 
