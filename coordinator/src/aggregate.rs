@@ -14,7 +14,9 @@
 //! [`crate::webhook`]), so a finalised run's webhook is never lost to a crash.
 //!
 //! A run its budget stopped is finalised like any other, but its verdict is `fail` with the
-//! stop as the first reason.
+//! stop as the first reason. An upload run whose upload asked for `gate=no_collision` waits,
+//! once complete, for its version's collision eval (`crate::collisions`): a failed gate, or
+//! one the eval could not decide, makes its verdict `fail` with the reason first.
 
 use std::sync::Arc;
 
@@ -22,6 +24,7 @@ use anyhow::Context as _;
 use serde_json::{json, Value};
 use skilleval_analysis::benchmark::{BenchmarkMetadata, Extras};
 use skilleval_analysis::budget::mark_stopped;
+use skilleval_analysis::collisions::CollisionGate;
 use skilleval_analysis::summary::{Summarizer, Verdict};
 use skilleval_execution::result::NO_BASELINE;
 use skilleval_execution::result::{CaseStatus, JobResult};
@@ -29,8 +32,9 @@ use skilleval_execution::runner::trigger::{is_trigger_result, trigger_report, Tr
 use skilleval_execution::triggers::{self, SkillCard};
 use skilleval_execution::variant::Configuration;
 pub use skilleval_infra::messages::{CaseFinished, CasesFinished};
+use skilleval_infra::store::catalogue::{CollisionStatus, GateState};
 use skilleval_infra::store::lifecycle::{
-    Finalising, RunState, RunStatus, StopReason, TransitionError,
+    Finalising, RunKind, RunState, RunStatus, StopReason, TransitionError,
 };
 use skilleval_infra::store::outbox::NewWebhook;
 use skilleval_infra::store::runs::RunRow;
@@ -170,16 +174,35 @@ impl RunAggregator {
         if run.finalised || run.counters.completed < run.counters.total {
             return Ok(false);
         }
+        // An upload that asked for `gate=no_collision`: its run waits for the version's
+        // collision eval (the catalogue lane finalises it once the eval is recorded).
+        let collision_gate = if run.kind == RunKind::Upload && run.status != RunStatus::Cancelled {
+            self.store.collision_gate_of(run.version_id).await?
+        } else {
+            None
+        };
+        if collision_gate
+            .as_ref()
+            .is_some_and(|g| g.status == CollisionStatus::Pending)
+        {
+            return Ok(false);
+        }
         let span = tracing::info_span!(
             "finalise run",
             skilleval.run_id = %run_id,
             skilleval.verdict = tracing::field::Empty,
         );
         skilleval_infra::telemetry::set_parent(&span, run.traceparent.as_deref());
-        self.finalise_run(run).instrument(span).await
+        self.finalise_run(run, collision_gate)
+            .instrument(span)
+            .await
     }
 
-    async fn finalise_run(&self, run: RunRow) -> anyhow::Result<bool> {
+    async fn finalise_run(
+        &self,
+        run: RunRow,
+        collision_gate: Option<GateState>,
+    ) -> anyhow::Result<bool> {
         let run_id = run.id;
         let announce = match run.kind.finalising() {
             Finalising::Verdict => true,
@@ -239,6 +262,17 @@ impl RunAggregator {
             }
             _ => None,
         };
+        let collision_gate = match collision_gate {
+            Some(state) if run.status != RunStatus::Cancelled => {
+                let record = collision_gate_record(state)?;
+                if let Some(reason) = &record.reason {
+                    summary.verdict = Verdict::Fail;
+                    summary.verdict_reasons.insert(0, reason.clone());
+                }
+                Some(record.json)
+            }
+            _ => None,
+        };
         let mut summary_json = serde_json::to_value(&summary).context("serialising the summary")?;
         if variants {
             // A baseline, repeats or trigger evals: skill-creator's benchmark.json and the
@@ -259,6 +293,9 @@ impl RunAggregator {
                     map.insert("triggers".into(), triggers);
                 }
             }
+        }
+        if let (Some(record), Value::Object(map)) = (collision_gate, &mut summary_json) {
+            map.insert("collision_gate".into(), record);
         }
         if let (Some(report), Value::Object(map)) = (gate, &mut summary_json) {
             map.insert(
@@ -326,6 +363,41 @@ impl RunAggregator {
             outbox.nudge(vec![id]);
         }
         Ok(true)
+    }
+}
+
+/// A decided `no_collision` gate as the run's summary records it (`summary.collision_gate`),
+/// and the reason it fails the run, if it does.
+struct CollisionGateRecord {
+    json: Value,
+    reason: Option<String>,
+}
+
+/// The gate's verdict from a recorded eval: the stored `CollisionGate` when the eval
+/// completed; when it failed (the providers failed every attempt), the gate is undecided and
+/// the run fails with the eval's error, which says it is a configuration problem or a host
+/// fault, not the skill's collision.
+fn collision_gate_record(state: GateState) -> anyhow::Result<CollisionGateRecord> {
+    match (state.status, state.gate) {
+        (CollisionStatus::Completed, Some(gate)) => {
+            let decided: CollisionGate =
+                serde_json::from_value(gate.clone()).context("stored collision gate")?;
+            Ok(CollisionGateRecord {
+                reason: decided.reason(),
+                json: gate,
+            })
+        }
+        (status, _) => {
+            let error = state
+                .error
+                .unwrap_or_else(|| format!("the collision eval is {status:?} without a gate"));
+            Ok(CollisionGateRecord {
+                reason: Some(format!(
+                    "gate no_collision could not be decided: the collision eval failed: {error}"
+                )),
+                json: json!({ "passed": Value::Null, "error": error }),
+            })
+        }
     }
 }
 

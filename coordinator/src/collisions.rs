@@ -1,13 +1,15 @@
 //! The catalogue lane: after an upload has answered, its version's collision eval
-//! (docs/catalogue.md). The version's catalogue card is stored, the nearest `neighbours`
-//! skills of the uploader's catalogue (its own skills and public ones: [`Store::catalogue_for`]
-//! filters in SQL) are found by the configured embeddings provider or the lexical fallback, the
-//! catalogue trigger eval runs with the judge provider, and the matrix (another publisher's
-//! queries left out before it is stored) is written with the version. At most
-//! `coordinator.catalogue.concurrency` evals run at once in a coordinator; they are tasks of
-//! the coordinator, not broker jobs, so an eval in flight when the coordinator stops stays
-//! `pending` until the version is uploaded again.
-//!
+//! (docs/catalogue.md). The upload commits the version's catalogue card and a `pending` eval
+//! with the version; the lane then finds the nearest `neighbours` skills of the uploader's
+//! catalogue (its own skills and public ones: [`Store::catalogue_for`] filters in SQL) by the
+//! configured embeddings provider or the lexical fallback, runs the catalogue trigger eval
+//! with the judge provider, and writes the matrix (another publisher's queries left out) with
+//! the version. At most `coordinator.catalogue.concurrency` evals run at once in a
+//! coordinator. An eval is claimed with a lease it renews while it runs: one whose
+//! coordinator stopped, or that hit a host fault, is claimed again by any coordinator's
+//! sweep ([`CollisionLane::resume`]), up to `max_attempts`. An upload that asked for
+//! `gate=no_collision` has its run wait for the eval, whose gate is then part of the run's
+//! verdict (`crate::aggregate`).
 //!
 //! [`collisions_view`] is what `GET /v1/skills/{name}/collisions` and the skill page show: the
 //! stored matrix is already the uploader's view (another publisher's queries were never
@@ -16,7 +18,8 @@
 //!
 //! [`Store::catalogue_for`]: skilleval_infra::store::Store::catalogue_for
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -27,80 +30,212 @@ use skilleval_analysis::stats::proportion::Interval;
 use skilleval_execution::catalogue::{self, CatalogueSkill};
 use skilleval_execution::triggers::SkillCard;
 use skilleval_infra::config::CatalogueSettings;
-use skilleval_infra::store::catalogue::CollisionStatus;
+use skilleval_infra::store::catalogue::{ClaimedEval, CollisionStatus};
 use skilleval_infra::store::Store;
 use skilleval_model::package::TriggerCase;
 use skilleval_providers::{ProviderClients, Purpose};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
+use crate::aggregate::RunAggregator;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::state::AppState;
 
-/// What the lane needs of an upload.
-#[derive(Debug, Clone)]
-pub(crate) struct CollisionJob {
-    pub version_id: Uuid,
-    pub skill_id: Uuid,
-    pub publisher_id: Uuid,
-    pub name: String,
-    pub description: String,
-    /// The should-trigger queries.
-    pub queries: Vec<String>,
-    pub public: bool,
-    /// The upload asked for `gate=no_collision`.
-    pub gate: bool,
+/// Why an eval did not produce a matrix, which decides what happens to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EvalError {
+    /// The coordinator cannot run collision evals as configured (no judge provider, the lane
+    /// disabled): recorded `failed` at once; retrying would not help.
+    Configuration(String),
+    /// The judge, the embeddings provider or the store failed: retried until
+    /// `max_attempts`.
+    Host(String),
 }
 
-fn lane(settings: &CatalogueSettings) -> Arc<Semaphore> {
-    static LANE: OnceLock<Arc<Semaphore>> = OnceLock::new();
-    LANE.get_or_init(|| Arc::new(Semaphore::new(settings.concurrency.max(1))))
-        .clone()
-}
+/// The catalogue lane: runs each version's collision eval after its upload has answered, at
+/// most `coordinator.catalogue.concurrency` at once, and resumes the evals nobody holds.
+/// The eval's lifecycle (`pending` → `completed` | `failed`, claims, attempts) is kept in
+/// the store; the lane only claims, evaluates and records, then finalises the upload runs
+/// that waited for the `no_collision` gate.
+#[derive(Clone)]
+pub struct CollisionLane(Arc<Lane>);
 
-/// Stores the card and starts the eval in the background; returns at once.
-pub(crate) fn spawn(
+/// What the lane's clones share (one pointer in the app's state).
+struct Lane {
     store: Store,
     providers: Option<Arc<ProviderClients>>,
     settings: CatalogueSettings,
-    job: CollisionJob,
-) {
-    let lane = lane(&settings);
-    tokio::spawn(async move {
-        let version_id = job.version_id;
-        if let Err(e) = store
-            .put_catalogue_card(
-                job.version_id,
-                job.skill_id,
-                &job.description,
-                &job.queries,
-                job.public,
-            )
-            .await
-        {
-            tracing::warn!(error = %e, %version_id, "the catalogue card was not stored");
-            return;
+    aggregator: RunAggregator,
+    permits: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for CollisionLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CollisionLane")
+            .field("settings", &self.0.settings)
+            .field("providers", &self.0.providers.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CollisionLane {
+    pub fn new(
+        store: Store,
+        providers: Option<Arc<ProviderClients>>,
+        settings: CatalogueSettings,
+        aggregator: RunAggregator,
+    ) -> Self {
+        CollisionLane(Arc::new(Lane {
+            store,
+            providers,
+            permits: Arc::new(Semaphore::new(settings.concurrency.max(1))),
+            settings,
+            aggregator,
+        }))
+    }
+
+    pub fn settings(&self) -> &CatalogueSettings {
+        &self.0.settings
+    }
+
+    /// Why this coordinator cannot decide `gate=no_collision` (an upload asking for it is
+    /// refused with this rule), or `None`.
+    pub fn gate_unavailable(&self) -> Option<&'static str> {
+        if !self.0.settings.enabled {
+            return Some(
+                "needs the catalogue lane, which coordinator.catalogue.enabled turns off here",
+            );
         }
-        let Ok(_permit) = lane.acquire_owned().await else {
+        let judge = self
+            .0
+            .providers
+            .as_deref()
+            .map(|p| p.pick(None, Purpose::Judge));
+        match judge {
+            Some(Ok(_)) => None,
+            _ => Some(
+                "needs a model provider on the coordinator (llm.providers) to pick skills, and none is configured",
+            ),
+        }
+    }
+
+    /// Starts the version's eval in the background (its card and `pending` row are committed
+    /// with the upload); returns at once.
+    pub fn start(&self, version_id: Uuid) {
+        let lane = self.clone();
+        tokio::spawn(Box::pin(lane.run(version_id)));
+    }
+
+    /// Starts the pending evals nobody holds (never started, their coordinator stopped, or
+    /// due again after a host fault), as many as the lane has room for; returns how many.
+    pub async fn resume(&self) -> anyhow::Result<usize> {
+        let room = self.0.permits.available_permits();
+        if room == 0 {
+            return Ok(0);
+        }
+        let due = self
+            .0
+            .store
+            .unclaimed_collisions(i64::try_from(room).unwrap_or(i64::MAX))
+            .await?;
+        for version_id in &due {
+            self.start(*version_id);
+        }
+        Ok(due.len())
+    }
+
+    /// Claims the eval (another coordinator may hold it: then nothing happens), evaluates it
+    /// while renewing the claim, records the outcome, and finalises the runs that waited.
+    async fn run(self, version_id: Uuid) {
+        let Ok(_permit) = self.0.permits.clone().acquire_owned().await else {
             return;
         };
-        let outcome = evaluate(&store, providers.as_deref(), &settings, &job).await;
+        let lease = Duration::from_secs(self.0.settings.lease_secs.max(3));
+        let claimed = match self.0.store.claim_collisions(version_id, lease).await {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => return,
+            Err(e) => {
+                // Unclaimed, so the next sweep tries again.
+                tracing::warn!(error = %e, %version_id, "claiming the collision eval failed");
+                return;
+            }
+        };
+        let outcome = {
+            let eval = evaluate(
+                &self.0.store,
+                self.0.providers.as_deref(),
+                &self.0.settings,
+                &claimed,
+            );
+            tokio::pin!(eval);
+            let mut renew = tokio::time::interval(lease / 3);
+            renew.tick().await;
+            loop {
+                tokio::select! {
+                    outcome = &mut eval => break outcome,
+                    _ = renew.tick() => {
+                        if let Err(e) = self.0.store.renew_collisions(version_id, lease).await {
+                            tracing::warn!(error = %e, %version_id, "renewing the collision eval's claim failed");
+                        }
+                    }
+                }
+            }
+        };
         let stored = match outcome {
             Ok((matrix, gate, neighbours)) => {
-                store
+                self.0
+                    .store
                     .finish_collisions(version_id, &matrix, gate.as_ref(), &neighbours)
                     .await
             }
-            Err(reason) => {
+            Err(EvalError::Host(reason)) if claimed.attempt < self.0.settings.max_attempts => {
+                tracing::warn!(%version_id, attempt = claimed.attempt, reason, "the collision eval hit a host fault; it is retried");
+                let retry = Duration::from_secs(self.0.settings.retry_after_secs);
+                if let Err(e) = self
+                    .0
+                    .store
+                    .release_collisions(version_id, &reason, retry)
+                    .await
+                {
+                    tracing::warn!(error = %e, %version_id, "releasing the collision eval failed; its claim lapses instead");
+                }
+                return;
+            }
+            Err(error) => {
+                let reason = match &error {
+                    EvalError::Configuration(m) => format!("configuration: {m}"),
+                    EvalError::Host(m) => {
+                        format!("{m} (after {} attempts)", claimed.attempt)
+                    }
+                };
                 tracing::warn!(%version_id, reason, "the collision eval did not run");
-                store.fail_collisions(version_id, &reason).await
+                self.0.store.fail_collisions(version_id, &reason).await
             }
         };
         if let Err(e) = stored {
+            // The claim lapses and another sweep runs the eval again.
             tracing::warn!(error = %e, %version_id, "the collision eval was not recorded");
+            return;
         }
-    });
+        self.finalise_waiting(version_id).await;
+    }
+
+    /// Finalises the version's upload runs that had every case recorded and waited for the
+    /// gate (a run finishing later is finalised by its last event as usual).
+    async fn finalise_waiting(&self, version_id: Uuid) {
+        let runs = match self.0.store.runs_awaiting_collisions(version_id).await {
+            Ok(runs) => runs,
+            Err(e) => {
+                tracing::warn!(error = %e, %version_id, "listing the runs waiting on the collision gate failed; the finalisation sweep finds them");
+                return;
+            }
+        };
+        for run_id in runs {
+            if let Err(e) = self.0.aggregator.finalise(run_id).await {
+                tracing::warn!(error = ?e, %run_id, "finalising the gated run failed; the finalisation sweep retries");
+            }
+        }
+    }
 }
 
 type Evaluated = (serde_json::Value, Option<serde_json::Value>, Vec<Uuid>);
@@ -109,14 +244,21 @@ async fn evaluate(
     store: &Store,
     providers: Option<&ProviderClients>,
     settings: &CatalogueSettings,
-    job: &CollisionJob,
-) -> Result<Evaluated, String> {
+    job: &ClaimedEval,
+) -> Result<Evaluated, EvalError> {
     if !settings.enabled {
-        return Err("coordinator.catalogue.enabled is false".into());
+        return Err(EvalError::Configuration(
+            "coordinator.catalogue.enabled is false".into(),
+        ));
     }
-    let providers =
-        providers.ok_or("no model provider is configured (llm.providers) to pick skills")?;
-    let judge = providers.pick(None, Purpose::Judge)?;
+    let providers = providers.ok_or_else(|| {
+        EvalError::Configuration(
+            "no model provider is configured (llm.providers) to pick skills".into(),
+        )
+    })?;
+    let judge = providers
+        .pick(None, Purpose::Judge)
+        .map_err(EvalError::Configuration)?;
     let embedder = providers
         .pick(None, Purpose::Embed)
         .ok()
@@ -124,7 +266,7 @@ async fn evaluate(
     let catalogue = store
         .catalogue_for(job.publisher_id, job.skill_id)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| EvalError::Host(e.to_string()))?;
     let cards: Vec<SkillCard> = catalogue
         .iter()
         .map(|c| SkillCard::new(&c.name, &c.description))
@@ -140,7 +282,7 @@ async fn evaluate(
         settings.neighbours.clamp(1, 50),
     )
     .await
-    .map_err(|f| format!("embedding the descriptions: {f}"))?;
+    .map_err(|f| EvalError::Host(format!("embedding the descriptions: {f}")))?;
     let chosen: Vec<_> = neighbours
         .iter()
         .filter_map(|n| catalogue.iter().find(|c| c.name == n.name))
@@ -160,6 +302,7 @@ async fn evaluate(
         4,
     )
     .await;
+    judge_answered(&run).map_err(EvalError::Host)?;
     let foreign = |name: &str| {
         chosen
             .iter()
@@ -167,13 +310,33 @@ async fn evaluate(
     };
     let matrix = collisions::matrix(&run, &neighbours, method, foreign);
     let gate = job
-        .gate
+        .gated
         .then(|| collisions::gate(&matrix, settings.max_share));
-    let matrix = serde_json::to_value(&matrix).map_err(|e| e.to_string())?;
+    let matrix = serde_json::to_value(&matrix).map_err(|e| EvalError::Host(e.to_string()))?;
     let gate = gate
-        .map(|g| serde_json::to_value(&g).map_err(|e| e.to_string()))
+        .map(|g| serde_json::to_value(&g).map_err(|e| EvalError::Host(e.to_string())))
         .transpose()?;
     Ok((matrix, gate, chosen.iter().map(|c| c.skill_id).collect()))
+}
+
+/// A matrix is only as good as the runs that answered: when more than half of them failed
+/// (the judge down, rate limited), the eval is a host fault to retry, not a matrix whose
+/// empty pairs would pass the gate.
+fn judge_answered(run: &catalogue::CatalogueRun) -> Result<(), String> {
+    let failed: usize = run.queries.iter().map(|q| q.errors.len()).sum();
+    let answered: usize = run.queries.iter().map(|q| q.picks.len()).sum();
+    if failed == 0 || failed * 2 <= failed + answered {
+        return Ok(());
+    }
+    let first = run
+        .queries
+        .iter()
+        .find_map(|q| q.errors.first())
+        .map_or("", String::as_str);
+    Err(format!(
+        "the judge failed {failed} of {} runs (first: {first})",
+        failed + answered
+    ))
 }
 
 fn cases(queries: &[String]) -> Vec<TriggerCase> {
@@ -242,16 +405,15 @@ impl From<PairRate> for Rate {
 
 /// The view of a skill's collisions for `viewer_publisher` (`None`: an admin sees names).
 pub async fn collisions_view(
-    state: &AppState,
+    store: &Store,
     principal: &Principal,
     name: &str,
 ) -> Result<CollisionsView, ApiError> {
-    let skill_id = state
-        .store
+    let skill_id = store
         .visible_skill(principal.viewer(), name)
         .await?
         .ok_or_else(|| ApiError::not_found("skill", name))?;
-    let latest = match state.store.latest_collisions(skill_id).await? {
+    let latest = match store.latest_collisions(skill_id).await? {
         Some(row) => Some(LatestCollisions {
             version_id: row.version_id,
             version: row.version,
@@ -273,7 +435,7 @@ pub async fn collisions_view(
         None => None,
     };
     let mut reported_by_others = Vec::new();
-    for row in state.store.collisions_naming(skill_id).await? {
+    for row in store.collisions_naming(skill_id).await? {
         let matrix: CollisionMatrix = serde_json::from_value(row.matrix)
             .map_err(|e| ApiError::internal(anyhow::Error::from(e)))?;
         let Some(report) = for_neighbour(&matrix, name) else {

@@ -23,6 +23,7 @@ use crate::aggregate::RunAggregator;
 use crate::alerts::AlertScheduler;
 use crate::auth::{AuthConfig, Tokens};
 use crate::broker::{consume, consume_events, BrokerJobSink};
+use crate::collisions::CollisionLane;
 use crate::jobs::JobSink;
 use crate::metrics::Metrics;
 use crate::parked::{ParkingDrain, PARKING_PREFETCH};
@@ -120,6 +121,13 @@ impl Application {
             Some(webhooks.clone()),
             Duration::from_secs(settings.coordinator.sampling.alert_interval_secs.max(1) / 2),
         );
+        let comparator = comparator_clients(&settings);
+        let collisions = CollisionLane::new(
+            store.clone(),
+            comparator.clone(),
+            settings.coordinator.catalogue,
+            aggregator.clone(),
+        );
         let state = AppState {
             store,
             sink,
@@ -152,8 +160,8 @@ impl Application {
                 settings.coordinator.quotas.clone(),
             )),
             risk_policy: settings.coordinator.risk,
-            comparator: comparator_clients(&settings),
-            catalogue: settings.coordinator.catalogue,
+            comparator,
+            collisions,
         };
         let listener = TcpListener::bind(&settings.coordinator.bind)
             .await
@@ -260,6 +268,7 @@ fn spawn_background(
     let interval = Duration::from_secs(settings.coordinator.sweep_interval_secs.max(1));
     let sweeper = state.sweeper.clone();
     let aggregator = state.aggregator.clone();
+    let collisions = state.collisions.clone();
     let store = state.store.clone();
     let metrics = state.metrics.clone();
     let retention_days = settings.coordinator.sampling.retention_days;
@@ -276,6 +285,10 @@ fn spawn_background(
             }
             if let Err(e) = sweeper.sweep_unpublished().await {
                 tracing::warn!(error = ?e, "publish sweep failed");
+            }
+            // Before the finalisation sweep: a gated run whose eval is due waits for it.
+            if let Err(e) = collisions.resume().await {
+                tracing::warn!(error = ?e, "resuming collision evals failed");
             }
             match aggregator.sweep().await {
                 Ok(0) => {}

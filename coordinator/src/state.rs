@@ -53,9 +53,9 @@ pub struct AppState {
     /// The model providers (`llm.providers`) the blind comparator of `POST /v1/comparisons`
     /// judges with; `None` when none is configured.
     pub comparator: Option<Arc<skilleval_providers::ProviderClients>>,
-    /// `coordinator.catalogue`: the collision eval after each upload (with `comparator`'s
-    /// providers).
-    pub catalogue: skilleval_infra::config::CatalogueSettings,
+    /// The catalogue lane (`coordinator.catalogue`): the collision eval after each upload
+    /// (with `comparator`'s providers).
+    pub collisions: crate::collisions::CollisionLane,
 }
 
 impl std::fmt::Debug for AppState {

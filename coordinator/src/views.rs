@@ -68,6 +68,10 @@ pub struct SummaryView {
     /// What the regression gate decided, when the run asked for one (docs/comparing.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub regression_gate: Option<GateRecord>,
+    /// What the `no_collision` gate decided, when the upload asked for it
+    /// (docs/catalogue.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub collision_gate: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -109,6 +113,11 @@ impl RunView {
                 benchmark: r.summary.as_ref().and_then(|v| v.get("benchmark")).cloned(),
                 triggers: r.summary.as_ref().and_then(|v| v.get("triggers")).cloned(),
                 regression_gate: stored_gate(r.summary.as_ref()),
+                collision_gate: r
+                    .summary
+                    .as_ref()
+                    .and_then(|v| v.get("collision_gate"))
+                    .cloned(),
             })
         } else {
             None

@@ -639,6 +639,15 @@ pub struct CatalogueSettings {
     pub max_share: f64,
     /// Collision evals running at once in this coordinator (its catalogue lane).
     pub concurrency: usize,
+    /// Attempts of an eval whose judge or embeddings provider fails (a host fault) before it
+    /// is recorded `failed`.
+    pub max_attempts: u32,
+    /// Seconds before a coordinator claims an eval again after a host fault.
+    pub retry_after_secs: u64,
+    /// Seconds a coordinator's claim on a running eval lasts without renewal (renewed every
+    /// third of it): an eval whose coordinator stopped is claimed again by another
+    /// coordinator's sweep once it lapses.
+    pub lease_secs: u64,
 }
 
 impl Default for CatalogueSettings {
@@ -649,6 +658,9 @@ impl Default for CatalogueSettings {
             runs_per_query: 3,
             max_share: 0.2,
             concurrency: 2,
+            max_attempts: 3,
+            retry_after_secs: 30,
+            lease_secs: 120,
         }
     }
 }

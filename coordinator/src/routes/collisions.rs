@@ -15,5 +15,7 @@ pub async fn get_collisions(
     Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<CollisionsView>, ApiError> {
-    Ok(Json(collisions_view(&state, &principal, &name).await?))
+    Ok(Json(
+        collisions_view(&state.store, &principal, &name).await?,
+    ))
 }

@@ -114,6 +114,7 @@ fn summary_view(summary: Option<&Value>) -> Value {
         "verdict",
         "verdict_reasons",
         "regression_gate",
+        "collision_gate",
     ] {
         if let Some(v) = s.get(key) {
             out.insert(key.to_string(), v.clone());

@@ -31,6 +31,7 @@ use crate::extract::ApiQuery;
 use crate::runs::plan::{PlannedVersion, RunRequest};
 use crate::state::AppState;
 use crate::views::{UploadResponse, VersionList, VersionView};
+use skilleval_infra::store::catalogue::NewCard;
 use skilleval_infra::store::lifecycle::RunKind;
 
 /// The upload's gate from its query parameters; thresholds without `gate` are refused (they
@@ -126,6 +127,18 @@ pub async fn upload(
         check_callback_url("callback_url", url)?;
     }
     let gate = upload_gate(&query)?;
+    let collision_gate = query.gate == Some(GateRule::NoCollision);
+    if let Some(rule) = state
+        .collisions
+        .gate_unavailable()
+        .filter(|_| collision_gate)
+    {
+        return Err(ApiError::unprocessable_field(
+            "gate_unavailable",
+            "gate",
+            format!("no_collision {rule}"),
+        ));
+    }
     let repeats = check_repeats("repeats", query.repeats)?;
     let trigger_runs = check_trigger_runs("trigger_runs", query.trigger_runs)?;
     let headers = request.headers().clone();
@@ -242,6 +255,29 @@ pub async fn upload(
             )
             .await?;
     }
+    // The catalogue card and its pending collision eval commit with the version, so a run
+    // gated on the eval never exists without it, and a coordinator that stops before the
+    // eval starts leaves it for another one's sweep.
+    let queries: Vec<String> = package
+        .triggers
+        .iter()
+        .filter(|t| t.should_trigger)
+        .map(|t| t.query.clone())
+        .collect();
+    state
+        .store
+        .put_catalogue_card(
+            &mut tx,
+            &NewCard {
+                version_id: stored.version_id,
+                skill_id: stored.skill_id,
+                description: &manifest.description,
+                queries: &queries,
+                public: query.public,
+                gated: collision_gate,
+            },
+        )
+        .await?;
     let inserted = if query.run {
         let request = RunRequest {
             version_id: stored.version_id,
@@ -287,26 +323,7 @@ pub async fn upload(
         drop(state.publisher.start(prepared, inserted));
     }
     // The catalogue lane: the collision eval runs after the answer.
-    crate::collisions::spawn(
-        state.store.clone(),
-        state.comparator.clone(),
-        state.catalogue,
-        crate::collisions::CollisionJob {
-            version_id: stored.version_id,
-            skill_id: stored.skill_id,
-            publisher_id: principal.publisher_id,
-            name: manifest.name.clone(),
-            description: manifest.description.clone(),
-            queries: package
-                .triggers
-                .iter()
-                .filter(|t| t.should_trigger)
-                .map(|t| t.query.clone())
-                .collect(),
-            public: query.public,
-            gate: query.gate == Some(GateRule::NoCollision),
-        },
-    );
+    state.collisions.start(stored.version_id);
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
         skill = %manifest.name,

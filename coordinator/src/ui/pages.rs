@@ -152,7 +152,7 @@ pub async fn skill(
     let Some((_, history)) = state.store.history(&name, None, 50).await? else {
         return Err(ApiError::not_found("skill", &name).into());
     };
-    let collisions = crate::collisions::collisions_view(&state, &principal, &name).await?;
+    let collisions = crate::collisions::collisions_view(&state.store, &principal, &name).await?;
     let reviews = state.store.reviews_of_skill(&name).await?;
     let agreement = agreement_rows(&reviews);
     let has_monitor = match state.store.skill_id(&name).await? {
@@ -286,6 +286,7 @@ fn optional_sections(summary: Option<&Value>) -> Markup {
         ),
         ("triggers", "Trigger evals (precision, recall, F1)"),
         ("regression_gate", "Regression gate"),
+        ("collision_gate", "Catalogue collision gate (no_collision)"),
     ];
     html! {
         @if let Some(s) = summary {

@@ -2,18 +2,24 @@
 //! listed skill whose description shares the most words with it (the first listed on a tie, so
 //! near-duplicates split the runs as the lineup rotates). Two publishers: Bob's public skill
 //! is a neighbour of Alice's near-duplicate and its queries never reach Alice; Bob's private
-//! skill is never a neighbour of hers.
+//! skill is never a neighbour of hers. The `no_collision` gate decides an upload's run, which
+//! waits for the eval; the eval survives host faults and a coordinator that stopped.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::Router;
 use reqwest::Method;
 use serde_json::{json, Value};
+use skilleval_execution::result::CaseStatus;
 use skilleval_execution::triggers::fixtures::pick_by_word_overlap;
+use uuid::Uuid;
 
 use crate::helpers::{
-    local_provider, only_provider, serve_local, spawn_app_configured, AppOptions, TestApp,
+    local_provider, only_provider, record_as_worker, serve_local, spawn_app_configured, AppOptions,
+    TestApp,
 };
 use crate::packages::{given_tests, zip_of};
 
@@ -281,5 +287,355 @@ async fn a_near_duplicate_collides_across_publishers_without_leaking_queries() {
     .await;
     assert_eq!(status, 404);
     model.abort();
+    app.cleanup().await;
+}
+
+/// A model server answering as [`overlap_model`] while `open` holds true (requests wait
+/// meanwhile), and refusing every request with a 400 while `failing` holds true.
+#[derive(Clone)]
+struct Switches {
+    open: tokio::sync::watch::Sender<bool>,
+    failing: Arc<AtomicBool>,
+}
+
+async fn switched_model(
+    axum::extract::State(switches): axum::extract::State<Switches>,
+    body: Bytes,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let mut open = switches.open.subscribe();
+    let _ = open.wait_for(|open| *open).await;
+    if switches.failing.load(Ordering::SeqCst) {
+        return (
+            axum::http::StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": {"message": "the judge is refusing requests", "type": "invalid_request_error"}})),
+        )
+            .into_response();
+    }
+    overlap_model(body).await.into_response()
+}
+
+/// A gated app beside a switchable model server.
+async fn gated_app(
+    configure: impl FnOnce(&mut skilleval_infra::config::Settings),
+) -> (TestApp, Switches, tokio::task::JoinHandle<()>) {
+    let switches = Switches {
+        open: tokio::sync::watch::channel(true).0,
+        failing: Arc::new(AtomicBool::new(false)),
+    };
+    let router = Router::new()
+        .fallback(switched_model)
+        .with_state(switches.clone());
+    let (addr, model) = serve_local(router).await;
+    let app = spawn_app_configured(
+        AppOptions {
+            providers: Some(only_provider(local_provider(addr, "overlap", "overlap"))),
+            ..AppOptions::default()
+        },
+        |s| {
+            s.coordinator.auth_tokens = vec![skilleval_infra::config::Secret::new(ROOT)];
+            s.coordinator.catalogue.max_share = 0.2;
+            configure(s);
+        },
+    )
+    .await;
+    (app, switches, model)
+}
+
+/// Uploads with a run and records its one case passed, as a worker would; returns the
+/// version and the run.
+async fn upload_run_and_pass(
+    app: &TestApp,
+    token: &str,
+    zip: Vec<u8>,
+    query: &str,
+) -> (Uuid, Uuid) {
+    let (status, body) = send(
+        app,
+        Method::POST,
+        &format!("/v1/skills?run=true{query}"),
+        token,
+        Some(zip),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let version: Uuid = v["version_id"].as_str().unwrap().parse().unwrap();
+    let run: Uuid = v["run_id"].as_str().unwrap().parse().unwrap();
+    app.wait_created(run).await;
+    record_as_worker(app, run, &[("case-000", CaseStatus::Passed, 1.0)]).await;
+    (version, run)
+}
+
+/// The run once it has a verdict.
+async fn verdict_of(app: &TestApp, token: &str, run: Uuid) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, body) = send(app, Method::GET, &format!("/v1/runs/{run}"), token, None).await;
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        if !v["verdict"].is_null() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no verdict yet: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn eval_row(app: &TestApp, version: Uuid) -> (String, i32, Option<String>) {
+    sqlx::query_as("SELECT status, attempts, error FROM version_collisions WHERE version_id = $1")
+        .bind(version)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+const TWIN_QUERY: &str = "extract the invoice PDF tables";
+const OWN_QUERY: &str = "turn the invoice PDF tables into spreadsheets";
+
+#[tokio::test]
+async fn the_no_collision_gate_fails_the_colliding_uploads_run_which_waits_for_it() {
+    let (app, switches, model) = gated_app(|_| {}).await;
+    let alice = token(&app, "alice").await;
+    upload(
+        &app,
+        &alice,
+        package("invoice-tables", PDF, &[TWIN_QUERY]),
+        "",
+    )
+    .await;
+    settled(&app, &alice, "invoice-tables").await;
+
+    // The judge holds its answers: the run's one case passes, and the run still waits.
+    switches.open.send_replace(false);
+    let (_, run) = upload_run_and_pass(
+        &app,
+        &alice,
+        package("pdf-tables", PDF, &[OWN_QUERY]),
+        "&gate=no_collision",
+    )
+    .await;
+    assert!(
+        !app.state.aggregator.finalise(run).await.unwrap(),
+        "a gated run is not finalised before its collision eval"
+    );
+    assert_eq!(
+        app.state.aggregator.sweep().await.unwrap(),
+        0,
+        "nor by the sweep"
+    );
+    let (_, waiting) = app.get_json(&format!("/v1/runs/{run}")).await;
+    assert!(waiting["verdict"].is_null(), "{waiting}");
+
+    switches.open.send_replace(true);
+    let done = verdict_of(&app, &alice, run).await;
+    let summary = &done["summary"];
+    assert_eq!(done["verdict"], "fail", "{done}");
+    assert_eq!(summary["pass_rate"], 1.0, "only the gate fails it: {done}");
+    let reason = summary["verdict_reasons"][0].as_str().unwrap();
+    assert!(
+        reason.starts_with("gate no_collision failed") && reason.contains("`invoice-tables`"),
+        "{reason}"
+    );
+    assert_eq!(summary["collision_gate"]["passed"], false, "{done}");
+    assert_eq!(
+        summary["collision_gate"]["collisions"][0]["neighbour"],
+        "invoice-tables"
+    );
+
+    // A distinct skill passes the same gate.
+    let (_, run) = upload_run_and_pass(
+        &app,
+        &alice,
+        package(
+            "weather",
+            "Tells the weather forecast for a city",
+            &["what is the weather forecast for Paris"],
+        ),
+        "&gate=no_collision",
+    )
+    .await;
+    app.state.aggregator.finalise(run).await.unwrap();
+    let done = verdict_of(&app, &alice, run).await;
+    assert_eq!(done["verdict"], "pass", "{done}");
+    assert_eq!(done["summary"]["collision_gate"]["passed"], true, "{done}");
+
+    // Without the gate the twin's run is the cases' verdict alone.
+    let (_, run) =
+        upload_run_and_pass(&app, &alice, package("pdf-tables-2", PDF, &[OWN_QUERY]), "").await;
+    assert!(app.state.aggregator.finalise(run).await.unwrap());
+    let done = verdict_of(&app, &alice, run).await;
+    assert_eq!(done["verdict"], "pass", "{done}");
+    assert!(done["summary"].get("collision_gate").is_none(), "{done}");
+    model.abort();
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_collision_eval_survives_host_faults_and_its_coordinator_and_fails_only_after_its_attempts(
+) {
+    let (app, switches, model) = gated_app(|s| {
+        s.coordinator.catalogue.max_attempts = 2;
+        s.coordinator.catalogue.retry_after_secs = 0;
+    })
+    .await;
+    let alice = token(&app, "alice").await;
+    upload(
+        &app,
+        &alice,
+        package("invoice-tables", PDF, &[TWIN_QUERY]),
+        "",
+    )
+    .await;
+    settled(&app, &alice, "invoice-tables").await;
+
+    // The judge refuses every request: the first attempt is a host fault, the eval stays
+    // pending with the fault recorded, and the run waits.
+    switches.failing.store(true, Ordering::SeqCst);
+    let (version, run) = upload_run_and_pass(
+        &app,
+        &alice,
+        package("pdf-tables", PDF, &[OWN_QUERY]),
+        "&gate=no_collision",
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let (status, attempts, error) = loop {
+        let row = eval_row(&app, version).await;
+        if row.2.is_some() {
+            break row;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no attempt recorded: {row:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!((status.as_str(), attempts), ("pending", 1));
+    assert!(
+        error.unwrap().contains("the judge failed"),
+        "the fault is kept"
+    );
+    assert!(!app.state.aggregator.finalise(run).await.unwrap());
+
+    // The judge answers again: the next sweep resumes the eval, which decides the run.
+    switches.failing.store(false, Ordering::SeqCst);
+    assert_eq!(app.state.collisions.resume().await.unwrap(), 1);
+    let done = verdict_of(&app, &alice, run).await;
+    assert_eq!(done["verdict"], "fail", "{done}");
+    assert_eq!(done["summary"]["collision_gate"]["passed"], false, "{done}");
+    let (status, attempts, error) = eval_row(&app, version).await;
+    assert_eq!((status.as_str(), attempts, error), ("completed", 2, None));
+
+    // A coordinator that stopped mid-eval: its claim lapses and another sweep takes it over.
+    switches.open.send_replace(false);
+    let (version, run) = upload_run_and_pass(
+        &app,
+        &alice,
+        package(
+            "weather",
+            "Tells the weather forecast for a city",
+            &["what is the weather forecast for Paris"],
+        ),
+        "&gate=no_collision",
+    )
+    .await;
+    let lease = Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while eval_row(&app, version).await.1 == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upload's eval never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        app.state
+            .store
+            .claim_collisions(version, lease)
+            .await
+            .unwrap()
+            .is_none(),
+        "a held eval is not claimed twice"
+    );
+    assert_eq!(app.state.collisions.resume().await.unwrap(), 0);
+    sqlx::query("UPDATE version_collisions SET lease_until = now() - interval '1 second' WHERE version_id = $1")
+        .bind(version)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        app.state.collisions.resume().await.unwrap(),
+        1,
+        "the lapsed claim is resumed"
+    );
+    switches.open.send_replace(true);
+    let done = verdict_of(&app, &alice, run).await;
+    assert_eq!(done["verdict"], "pass", "{done}");
+    assert_eq!(eval_row(&app, version).await.0, "completed");
+
+    // Every attempt faulted: the eval fails, and the run with it, saying the gate was not
+    // decided (not that the skill collided).
+    switches.failing.store(true, Ordering::SeqCst);
+    let (version, run) = upload_run_and_pass(
+        &app,
+        &alice,
+        package("pdf-tables-3", PDF, &[OWN_QUERY]),
+        "&gate=no_collision",
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, attempts, _) = eval_row(&app, version).await;
+        if status == "failed" {
+            assert_eq!(attempts, 2);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the eval never failed"
+        );
+        app.state.collisions.resume().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let done = verdict_of(&app, &alice, run).await;
+    assert_eq!(done["verdict"], "fail", "{done}");
+    let reason = done["summary"]["verdict_reasons"][0].as_str().unwrap();
+    assert!(
+        reason.starts_with("gate no_collision could not be decided")
+            && reason.contains("after 2 attempts"),
+        "{reason}"
+    );
+    assert!(
+        done["summary"]["collision_gate"]["passed"].is_null(),
+        "{done}"
+    );
+    model.abort();
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_no_collision_gate_is_refused_where_no_model_can_decide_it() {
+    let app = spawn_app_configured(AppOptions::default(), |s| {
+        s.coordinator.auth_tokens = vec![skilleval_infra::config::Secret::new(ROOT)];
+    })
+    .await;
+    let alice = token(&app, "alice").await;
+    let (status, body) = send(
+        &app,
+        Method::POST,
+        "/v1/skills?gate=no_collision",
+        &alice,
+        Some(package("pdf-tables", PDF, &[OWN_QUERY])),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["details"]["field"], "gate", "{body}");
+    assert!(body.contains("llm.providers"), "{body}");
+    assert_eq!(app.count("skill_versions").await, 0, "nothing is stored");
     app.cleanup().await;
 }

@@ -182,6 +182,34 @@ pub struct CollisionGate {
     pub collisions: Vec<Collision>,
 }
 
+impl CollisionGate {
+    /// Why the gate failed, naming each neighbour whose queries the skill takes, for a run's
+    /// verdict reasons; `None` when it passed.
+    pub fn reason(&self) -> Option<String> {
+        if self.passed {
+            return None;
+        }
+        let taken: Vec<String> = self
+            .collisions
+            .iter()
+            .map(|c| {
+                format!(
+                    "{:.0}% of `{}`'s trigger query runs ({} of {})",
+                    c.share * 100.0,
+                    c.neighbour,
+                    c.hits,
+                    c.runs
+                )
+            })
+            .collect();
+        Some(format!(
+            "gate no_collision failed: the skill took {}; at most {:.0}% is allowed",
+            taken.join("; "),
+            self.max_share * 100.0
+        ))
+    }
+}
+
 /// Fails when the skill takes more than `max_share` of some neighbour's query runs.
 pub fn gate(matrix: &CollisionMatrix, max_share: f64) -> CollisionGate {
     let collisions: Vec<Collision> = matrix
@@ -386,6 +414,12 @@ mod tests {
         assert_eq!(g.collisions.len(), 1);
         assert_eq!(g.collisions[0].neighbour, "twin");
         assert!(gate(&m, 0.5).passed, "0.5 is not more than 0.5");
+        assert_eq!(
+            g.reason().unwrap(),
+            "gate no_collision failed: the skill took 50% of `twin`'s trigger query runs \
+             (4 of 8); at most 20% is allowed"
+        );
+        assert_eq!(gate(&m, 0.5).reason(), None);
     }
 
     #[test]

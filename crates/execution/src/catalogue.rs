@@ -178,11 +178,13 @@ pub struct CatalogueRun {
 /// One run's pick and what asking cost, or why it failed.
 type RunAnswer = Result<(String, Usage), String>;
 
-/// The lineup of run `run`: every skill, rotated so positions vary between runs.
+/// The lineup of run `run`: every skill, rotated by the run's number so that consecutive
+/// runs put a different skill first, whatever the lineup's length (a skill and one
+/// neighbour alternate).
 fn rotated(cards: &[SkillCard], run: u32) -> Vec<SkillCard> {
     let mut all = cards.to_vec();
     if !all.is_empty() {
-        let shift = (run as usize * 2 + 1) % all.len();
+        let shift = run as usize % all.len();
         all.rotate_left(shift);
     }
     all
@@ -330,7 +332,10 @@ mod tests {
         let firsts: Vec<String> = (1..=3)
             .map(|r| rotated(&cards, r)[0].name.clone())
             .collect();
-        assert_eq!(firsts, ["a", "c", "b"]);
+        assert_eq!(firsts, ["b", "c", "a"]);
+        let pair = vec![card("a", ""), card("b", "")];
+        let firsts: Vec<String> = (1..=3).map(|r| rotated(&pair, r)[0].name.clone()).collect();
+        assert_eq!(firsts, ["b", "a", "b"], "two skills alternate");
         assert_eq!(
             pick_of(&serde_json::json!({"skill": "B"}), &cards).unwrap(),
             "b"

@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::Row;
+use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use super::{Store, StoreError};
@@ -53,22 +53,57 @@ pub struct NamingRow {
     pub public: bool,
 }
 
+/// A version's catalogue card as an upload stores it.
+#[derive(Debug, Clone, Copy)]
+pub struct NewCard<'a> {
+    pub version_id: Uuid,
+    pub skill_id: Uuid,
+    pub description: &'a str,
+    /// The should-trigger queries.
+    pub queries: &'a [String],
+    pub public: bool,
+    /// The upload asked for `gate=no_collision`: its runs wait for the eval.
+    pub gated: bool,
+}
+
+/// A pending eval a coordinator claimed: everything the eval reads, from the store, so a
+/// coordinator other than the upload's can run it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedEval {
+    pub version_id: Uuid,
+    pub skill_id: Uuid,
+    pub publisher_id: Uuid,
+    pub name: String,
+    pub description: String,
+    pub queries: Vec<String>,
+    pub public: bool,
+    pub gated: bool,
+    /// This claim's attempt, from 1.
+    pub attempt: u32,
+}
+
+/// What a gated upload run's finalisation reads of its version's eval.
+#[derive(Debug, Clone)]
+pub struct GateState {
+    pub status: CollisionStatus,
+    /// The `no_collision` verdict (`CollisionGate` as JSON) once completed.
+    pub gate: Option<Value>,
+    pub error: Option<String>,
+}
+
+fn seconds(d: std::time::Duration) -> f64 {
+    d.as_secs_f64()
+}
+
 impl Store {
-    /// Stores a version's card and its collision eval as `pending`, in one statement each;
-    /// a second upload of the same version replaces both.
+    /// Stores a version's card and starts its collision eval as `pending`, in the upload's
+    /// transaction (so a gated run never exists without the eval it waits for); a second
+    /// upload of the same version replaces both and starts the eval again.
     pub async fn put_catalogue_card(
         &self,
-        version_id: Uuid,
-        skill_id: Uuid,
-        description: &str,
-        queries: &[String],
-        public: bool,
+        conn: &mut PgConnection,
+        card: &NewCard<'_>,
     ) -> Result<(), StoreError> {
-        let mut tx = self
-            .pool()
-            .begin()
-            .await
-            .map_err(StoreError::query("storing a catalogue card"))?;
         sqlx::query(
             "INSERT INTO catalogue_cards (version_id, skill_id, description, queries, public)
              VALUES ($1, $2, $3, $4, $5)
@@ -76,27 +111,160 @@ impl Store {
                SET description = EXCLUDED.description, queries = EXCLUDED.queries,
                    public = EXCLUDED.public, created_at = now()",
         )
-        .bind(version_id)
-        .bind(skill_id)
-        .bind(description)
-        .bind(serde_json::json!(queries))
-        .bind(public)
-        .execute(&mut *tx)
+        .bind(card.version_id)
+        .bind(card.skill_id)
+        .bind(card.description)
+        .bind(serde_json::json!(card.queries))
+        .bind(card.public)
+        .execute(&mut *conn)
         .await
         .map_err(StoreError::query("storing a catalogue card"))?;
         sqlx::query(
-            "INSERT INTO version_collisions (version_id, status) VALUES ($1, 'pending')
+            "INSERT INTO version_collisions (version_id, status, gated) VALUES ($1, 'pending', $2)
              ON CONFLICT (version_id) DO UPDATE
                SET status = 'pending', matrix = NULL, gate = NULL, neighbours = '{}',
-                   error = NULL, created_at = now(), finished_at = NULL",
+                   error = NULL, created_at = now(), finished_at = NULL,
+                   gated = EXCLUDED.gated, attempts = 0, lease_until = NULL",
         )
-        .bind(version_id)
-        .execute(&mut *tx)
+        .bind(card.version_id)
+        .bind(card.gated)
+        .execute(&mut *conn)
         .await
         .map_err(StoreError::query("starting a collision eval"))?;
-        tx.commit()
-            .await
-            .map_err(StoreError::query("storing a catalogue card"))
+        Ok(())
+    }
+
+    /// Claims the version's eval for `lease` when it is pending and nobody holds it (never
+    /// claimed, or its holder's lease lapsed); `None` otherwise. Each claim is an attempt.
+    pub async fn claim_collisions(
+        &self,
+        version_id: Uuid,
+        lease: std::time::Duration,
+    ) -> Result<Option<ClaimedEval>, StoreError> {
+        let row = sqlx::query(
+            "WITH claimed AS (
+                 UPDATE version_collisions
+                    SET lease_until = now() + make_interval(secs => $2), attempts = attempts + 1
+                  WHERE version_id = $1 AND status = 'pending'
+                    AND (lease_until IS NULL OR lease_until < now())
+              RETURNING version_id, gated, attempts)
+             SELECT claimed.version_id, claimed.gated, claimed.attempts, c.skill_id,
+                    c.description, c.queries, c.public, s.name, s.publisher_id
+               FROM claimed
+               JOIN catalogue_cards c ON c.version_id = claimed.version_id
+               JOIN skills s ON s.id = c.skill_id",
+        )
+        .bind(version_id)
+        .bind(seconds(lease))
+        .fetch_optional(self.pool())
+        .await
+        .map_err(StoreError::query("claiming a collision eval"))?;
+        Ok(row.map(|row| {
+            let queries: Value = row.get("queries");
+            ClaimedEval {
+                version_id: row.get("version_id"),
+                skill_id: row.get("skill_id"),
+                publisher_id: row.get("publisher_id"),
+                name: row.get("name"),
+                description: row.get("description"),
+                queries: serde_json::from_value(queries).unwrap_or_default(),
+                public: row.get("public"),
+                gated: row.get("gated"),
+                attempt: u32::try_from(row.get::<i32, _>("attempts")).unwrap_or(0),
+            }
+        }))
+    }
+
+    /// Extends a held claim; `false` when the eval is no longer pending.
+    pub async fn renew_collisions(
+        &self,
+        version_id: Uuid,
+        lease: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE version_collisions SET lease_until = now() + make_interval(secs => $2)
+              WHERE version_id = $1 AND status = 'pending'",
+        )
+        .bind(version_id)
+        .bind(seconds(lease))
+        .execute(self.pool())
+        .await
+        .map_err(StoreError::query("renewing a collision eval's claim"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Gives a claimed eval back after a host fault: it stays `pending` and no coordinator
+    /// claims it again before `retry_after`; `error` says what failed meanwhile.
+    pub async fn release_collisions(
+        &self,
+        version_id: Uuid,
+        error: &str,
+        retry_after: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE version_collisions
+                SET lease_until = now() + make_interval(secs => $3), error = $2
+              WHERE version_id = $1 AND status = 'pending'",
+        )
+        .bind(version_id)
+        .bind(error)
+        .bind(seconds(retry_after))
+        .execute(self.pool())
+        .await
+        .map_err(StoreError::query("releasing a collision eval"))?;
+        Ok(())
+    }
+
+    /// Pending evals nobody holds: never claimed, or whose holder's lease lapsed (the
+    /// coordinator stopped), oldest first.
+    pub async fn unclaimed_collisions(&self, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT version_id FROM version_collisions
+              WHERE status = 'pending' AND (lease_until IS NULL OR lease_until < now())
+              ORDER BY created_at LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(StoreError::query("listing unclaimed collision evals"))
+    }
+
+    /// The version's eval as a gated run's finalisation needs it; `None` when the version's
+    /// upload did not ask for the gate (or it has no eval).
+    pub async fn collision_gate_of(
+        &self,
+        version_id: Uuid,
+    ) -> Result<Option<GateState>, StoreError> {
+        let row = sqlx::query(
+            "SELECT status, gate, error FROM version_collisions
+              WHERE version_id = $1 AND gated",
+        )
+        .bind(version_id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(StoreError::query("reading a collision gate"))?;
+        Ok(row.map(|row| GateState {
+            status: row.get("status"),
+            gate: row.get("gate"),
+            error: row.get("error"),
+        }))
+    }
+
+    /// The version's upload runs that have every case recorded and wait for its eval.
+    pub async fn runs_awaiting_collisions(
+        &self,
+        version_id: Uuid,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT id FROM runs
+              WHERE version_id = $1 AND kind = 'upload' AND NOT finalised AND completed >= total",
+        )
+        .bind(version_id)
+        .fetch_all(self.pool())
+        .await
+        .map_err(StoreError::query(
+            "listing runs waiting on a collision eval",
+        ))
     }
 
     /// The catalogue `publisher_id`'s upload is compared with: the latest card of every other
@@ -150,8 +318,8 @@ impl Store {
         sqlx::query(
             "UPDATE version_collisions
                 SET status = 'completed', matrix = $2, gate = $3, neighbours = $4,
-                    finished_at = now()
-              WHERE version_id = $1",
+                    error = NULL, finished_at = now(), lease_until = NULL
+              WHERE version_id = $1 AND status = 'pending'",
         )
         .bind(version_id)
         .bind(matrix)
@@ -163,11 +331,13 @@ impl Store {
         Ok(())
     }
 
-    /// Records why the eval could not run (a host fault: no provider answered).
+    /// Records why the eval could not run: a configuration problem (no provider), or a host
+    /// fault that outlasted every attempt.
     pub async fn fail_collisions(&self, version_id: Uuid, error: &str) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE version_collisions SET status = 'failed', error = $2, finished_at = now()
-              WHERE version_id = $1",
+            "UPDATE version_collisions
+                SET status = 'failed', error = $2, finished_at = now(), lease_until = NULL
+              WHERE version_id = $1 AND status = 'pending'",
         )
         .bind(version_id)
         .bind(error)

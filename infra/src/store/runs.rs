@@ -226,10 +226,14 @@ async fn progress(pool: &PgPool, run_id: Uuid) -> Result<Option<RunProgress>, sq
     }))
 }
 
-/// Runs whose counters are complete but that are not finalised yet (the aggregator's sweep).
+/// Runs whose counters are complete but that are not finalised yet (the aggregator's sweep),
+/// leaving out an upload run whose version's `no_collision` gate is still being evaluated.
 async fn runs_ready_to_finalise(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT id FROM runs WHERE NOT finalised AND completed >= total
+        "SELECT id FROM runs r WHERE NOT finalised AND completed >= total
+            AND NOT (kind = 'upload' AND EXISTS (
+                SELECT 1 FROM version_collisions c
+                 WHERE c.version_id = r.version_id AND c.gated AND c.status = 'pending'))
          ORDER BY created_at LIMIT $1",
     )
     .bind(limit)
