@@ -3,7 +3,11 @@
 //! skills of the uploader's catalogue (its own skills and public ones: [`Store::catalogue_for`]
 //! filters in SQL) are found by the configured embeddings provider or the lexical fallback, the
 //! catalogue trigger eval runs with the judge provider, and the matrix (another publisher's
-//! queries left out before it is stored) is written with the version. At most
+//! queries left out before it is stored) is written with the version. With
+//! `coordinator.catalogue.mode = "agent"` the eval's runs give each query to the `agent`
+//! runner instead, in the coordinator's sandbox, with the version's package (read from the
+//! store and extracted as a worker does) at `/skill`; a coordinator without a working sandbox
+//! fails the eval as a configuration problem. At most
 //! `coordinator.catalogue.concurrency` evals run at once in a coordinator; they are tasks of
 //! the coordinator, not broker jobs, so an eval in flight when the coordinator stops stays
 //! `pending` until the version is uploaded again.
@@ -24,13 +28,16 @@ use skilleval_analysis::collisions::{
     self, for_neighbour, CollisionGate, CollisionMatrix, PairRate,
 };
 use skilleval_analysis::stats::proportion::Interval;
+use skilleval_execution::catalogue::Picker;
 use skilleval_execution::catalogue::{self, CatalogueSkill};
+use skilleval_execution::triggers::AgentTriggers;
 use skilleval_execution::triggers::SkillCard;
-use skilleval_infra::config::CatalogueSettings;
+use skilleval_infra::config::{CatalogueMode, CatalogueSettings, Settings};
 use skilleval_infra::store::catalogue::CollisionStatus;
 use skilleval_infra::store::Store;
-use skilleval_model::package::TriggerCase;
+use skilleval_model::package::{Package, PackageLimits, TriggerCase};
 use skilleval_providers::{ProviderClients, Purpose};
+use skilleval_sandbox::{Sandbox, SandboxMode};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
@@ -51,6 +58,68 @@ pub(crate) struct CollisionJob {
     pub public: bool,
     /// The upload asked for `gate=no_collision`.
     pub gate: bool,
+    /// The version's package (agent mode reads it from the store).
+    pub package_hash: String,
+    pub limits: Arc<PackageLimits>,
+    /// The coordinator's sandbox in agent mode ([`agent_sandbox`]).
+    pub sandbox: Option<Arc<Sandbox>>,
+}
+
+/// The sandbox agent-mode evals run in, detected once at start from `sandbox` (as a worker's
+/// executor does) when `coordinator.catalogue.mode = "agent"`; `None` in model mode. A
+/// coordinator without one starts anyway (uploads and runs need none) and says so; each eval
+/// then fails as a configuration problem.
+pub(crate) fn agent_sandbox(settings: &Settings) -> Option<Arc<Sandbox>> {
+    let catalogue = &settings.coordinator.catalogue;
+    if !catalogue.enabled || catalogue.mode != CatalogueMode::Agent {
+        return None;
+    }
+    let sandbox = Sandbox::detect(settings.sandbox.clone());
+    if let Some(problem) = sandbox_problem(&sandbox) {
+        tracing::warn!(problem, "collision evals in agent mode will fail");
+    }
+    Some(Arc::new(sandbox))
+}
+
+/// Why agent mode cannot run in `sandbox`: a configuration problem of the coordinator's host.
+fn sandbox_problem(sandbox: &Sandbox) -> Option<String> {
+    (sandbox.mode() == SandboxMode::Refusing).then(|| {
+        format!(
+            "configuration problem: coordinator.catalogue.mode = \"agent\" runs the agent in a sandbox, and this coordinator has no working sandbox ({}); install bubblewrap on the coordinator's host (Debian/Ubuntu: `apt-get install bubblewrap`) or set coordinator.catalogue.mode = \"model\"",
+            sandbox
+                .unavailable_reason()
+                .unwrap_or_else(|| "bubblewrap is not usable".to_string())
+        )
+    })
+}
+
+/// The version's package extracted into a folder of its own (removed when the returned
+/// `TempDir` is dropped), as a worker's package cache extracts it; and its root.
+async fn package_on_disk(
+    store: &Store,
+    hash: &str,
+    limits: &PackageLimits,
+) -> Result<(tempfile::TempDir, std::path::PathBuf), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let bytes = store
+        .package_bytes(hash)
+        .await
+        .map_err(|e| format!("reading the version's package: {e}"))?
+        .ok_or_else(|| format!("the version's package {hash} is not stored"))?;
+    let dir = tempfile::Builder::new()
+        .prefix("skilleval-catalogue-")
+        .tempdir()
+        .map_err(|e| format!("a folder for the version's package: {e}"))?;
+    // The sandbox's uid must pass through to the package.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| format!("a folder for the version's package: {e}"))?;
+    let dest = dir.path().join("package");
+    let limits = limits.clone();
+    let root = tokio::task::spawn_blocking(move || Package::extract_files(&bytes, &limits, &dest))
+        .await
+        .map_err(|e| format!("extracting the version's package: {e}"))?
+        .map_err(|e| format!("extracting the version's package: {e}"))?;
+    Ok((dir, root))
 }
 
 fn lane(settings: &CatalogueSettings) -> Arc<Semaphore> {
@@ -116,7 +185,32 @@ async fn evaluate(
     }
     let providers =
         providers.ok_or("no model provider is configured (llm.providers) to pick skills")?;
-    let judge = providers.pick(None, Purpose::Judge)?;
+    // Agent mode: the sandbox first (a configuration problem), then the package on disk,
+    // which lives (`_package`) until the eval is done.
+    let (picker, _package) = match settings.mode {
+        CatalogueMode::Model => (Picker::Model, None),
+        CatalogueMode::Agent => {
+            let sandbox = job.sandbox.clone().ok_or(
+                "configuration problem: coordinator.catalogue.mode = \"agent\" but this coordinator set up no sandbox for it",
+            )?;
+            if let Some(problem) = sandbox_problem(&sandbox) {
+                return Err(problem);
+            }
+            let (dir, root) = package_on_disk(store, &job.package_hash, &job.limits).await?;
+            let agent = AgentTriggers {
+                sandbox,
+                package_root: root,
+                max_turns: settings.agent_max_turns.clamp(1, 20),
+                timeout: std::time::Duration::from_secs(settings.agent_timeout_secs.max(1)),
+            };
+            (Picker::Agent(agent), Some(dir))
+        }
+    };
+    // The agent produces (the `agent` runner's provider); the model mode's pick is a judgement.
+    let judge = match picker {
+        Picker::Model => providers.pick(None, Purpose::Judge)?,
+        Picker::Agent(_) => providers.pick(None, Purpose::Produce)?,
+    };
     let embedder = providers
         .pick(None, Purpose::Embed)
         .ok()
@@ -158,6 +252,7 @@ async fn evaluate(
         &decoys,
         settings.runs_per_query.clamp(1, 10),
         4,
+        &picker,
     )
     .await;
     let foreign = |name: &str| {

@@ -305,6 +305,9 @@ pub async fn upload(
                 .collect(),
             public: query.public,
             gate: query.gate == Some(GateRule::NoCollision),
+            package_hash: package.content_hash.clone(),
+            limits: state.limits.clone(),
+            sandbox: state.catalogue_sandbox.clone(),
         },
     );
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
