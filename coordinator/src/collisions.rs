@@ -30,18 +30,17 @@ use skilleval_analysis::collisions::{
 use skilleval_analysis::stats::proportion::Interval;
 use skilleval_execution::catalogue::Picker;
 use skilleval_execution::catalogue::{self, CatalogueSkill};
-use skilleval_execution::triggers::AgentTriggers;
 use skilleval_execution::triggers::SkillCard;
-use skilleval_infra::config::{CatalogueMode, CatalogueSettings, Settings};
+use skilleval_infra::config::CatalogueSettings;
 use skilleval_infra::store::catalogue::CollisionStatus;
 use skilleval_infra::store::Store;
-use skilleval_model::package::{Package, PackageLimits, TriggerCase};
+use skilleval_model::package::TriggerCase;
 use skilleval_providers::{ProviderClients, Purpose};
-use skilleval_sandbox::{Sandbox, SandboxMode};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
 use crate::auth::Principal;
+use crate::catalogue_agent::{picker_for, CatalogueAgent};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -58,68 +57,8 @@ pub(crate) struct CollisionJob {
     pub public: bool,
     /// The upload asked for `gate=no_collision`.
     pub gate: bool,
-    /// The version's package (agent mode reads it from the store).
-    pub package_hash: String,
-    pub limits: Arc<PackageLimits>,
-    /// The coordinator's sandbox in agent mode ([`agent_sandbox`]).
-    pub sandbox: Option<Arc<Sandbox>>,
-}
-
-/// The sandbox agent-mode evals run in, detected once at start from `sandbox` (as a worker's
-/// executor does) when `coordinator.catalogue.mode = "agent"`; `None` in model mode. A
-/// coordinator without one starts anyway (uploads and runs need none) and says so; each eval
-/// then fails as a configuration problem.
-pub(crate) fn agent_sandbox(settings: &Settings) -> Option<Arc<Sandbox>> {
-    let catalogue = &settings.coordinator.catalogue;
-    if !catalogue.enabled || catalogue.mode != CatalogueMode::Agent {
-        return None;
-    }
-    let sandbox = Sandbox::detect(settings.sandbox.clone());
-    if let Some(problem) = sandbox_problem(&sandbox) {
-        tracing::warn!(problem, "collision evals in agent mode will fail");
-    }
-    Some(Arc::new(sandbox))
-}
-
-/// Why agent mode cannot run in `sandbox`: a configuration problem of the coordinator's host.
-fn sandbox_problem(sandbox: &Sandbox) -> Option<String> {
-    (sandbox.mode() == SandboxMode::Refusing).then(|| {
-        format!(
-            "configuration problem: coordinator.catalogue.mode = \"agent\" runs the agent in a sandbox, and this coordinator has no working sandbox ({}); install bubblewrap on the coordinator's host (Debian/Ubuntu: `apt-get install bubblewrap`) or set coordinator.catalogue.mode = \"model\"",
-            sandbox
-                .unavailable_reason()
-                .unwrap_or_else(|| "bubblewrap is not usable".to_string())
-        )
-    })
-}
-
-/// The version's package extracted into a folder of its own (removed when the returned
-/// `TempDir` is dropped), as a worker's package cache extracts it; and its root.
-async fn package_on_disk(
-    store: &Store,
-    hash: &str,
-    limits: &PackageLimits,
-) -> Result<(tempfile::TempDir, std::path::PathBuf), String> {
-    use std::os::unix::fs::PermissionsExt;
-    let bytes = store
-        .package_bytes(hash)
-        .await
-        .map_err(|e| format!("reading the version's package: {e}"))?
-        .ok_or_else(|| format!("the version's package {hash} is not stored"))?;
-    let dir = tempfile::Builder::new()
-        .prefix("skilleval-catalogue-")
-        .tempdir()
-        .map_err(|e| format!("a folder for the version's package: {e}"))?;
-    // The sandbox's uid must pass through to the package.
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
-        .map_err(|e| format!("a folder for the version's package: {e}"))?;
-    let dest = dir.path().join("package");
-    let limits = limits.clone();
-    let root = tokio::task::spawn_blocking(move || Package::extract_files(&bytes, &limits, &dest))
-        .await
-        .map_err(|e| format!("extracting the version's package: {e}"))?
-        .map_err(|e| format!("extracting the version's package: {e}"))?;
-    Ok((dir, root))
+    /// The coordinator's agent-mode setup (`coordinator.catalogue.mode = "agent"`).
+    pub agent: Option<CatalogueAgent>,
 }
 
 fn lane(settings: &CatalogueSettings) -> Arc<Semaphore> {
@@ -185,27 +124,10 @@ async fn evaluate(
     }
     let providers =
         providers.ok_or("no model provider is configured (llm.providers) to pick skills")?;
-    // Agent mode: the sandbox first (a configuration problem), then the package on disk,
-    // which lives (`_package`) until the eval is done.
-    let (picker, _package) = match settings.mode {
-        CatalogueMode::Model => (Picker::Model, None),
-        CatalogueMode::Agent => {
-            let sandbox = job.sandbox.clone().ok_or(
-                "configuration problem: coordinator.catalogue.mode = \"agent\" but this coordinator set up no sandbox for it",
-            )?;
-            if let Some(problem) = sandbox_problem(&sandbox) {
-                return Err(problem);
-            }
-            let (dir, root) = package_on_disk(store, &job.package_hash, &job.limits).await?;
-            let agent = AgentTriggers {
-                sandbox,
-                package_root: root,
-                max_turns: settings.agent_max_turns.clamp(1, 20),
-                timeout: std::time::Duration::from_secs(settings.agent_timeout_secs.max(1)),
-            };
-            (Picker::Agent(agent), Some(dir))
-        }
-    };
+    // The package on disk (agent mode) lives until the eval is done.
+    let (picker, _package) = picker_for(store, settings, job.agent.as_ref(), job.version_id)
+        .await
+        .map_err(|e| e.to_string())?;
     // The agent produces (the `agent` runner's provider); the model mode's pick is a judgement.
     let judge = match picker {
         Picker::Model => providers.pick(None, Purpose::Judge)?,

@@ -154,7 +154,7 @@ impl Application {
             risk_policy: settings.coordinator.risk,
             comparator: comparator_clients(&settings),
             catalogue: settings.coordinator.catalogue,
-            catalogue_sandbox: crate::collisions::agent_sandbox(&settings),
+            catalogue_agent: crate::catalogue_agent::CatalogueAgent::from_settings(&settings),
         };
         let listener = TcpListener::bind(&settings.coordinator.bind)
             .await

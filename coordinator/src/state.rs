@@ -56,9 +56,9 @@ pub struct AppState {
     /// `coordinator.catalogue`: the collision eval after each upload (with `comparator`'s
     /// providers).
     pub catalogue: skilleval_infra::config::CatalogueSettings,
-    /// The sandbox agent-mode collision evals run the agent in (`coordinator.catalogue.mode =
-    /// "agent"`, configured by `sandbox`); `None` in model mode.
-    pub catalogue_sandbox: Option<Arc<skilleval_sandbox::Sandbox>>,
+    /// What agent-mode collision evals run the agent with (`coordinator.catalogue.mode =
+    /// "agent"`: the sandbox `sandbox` configures); `None` in model mode.
+    pub catalogue_agent: Option<crate::catalogue_agent::CatalogueAgent>,
 }
 
 impl std::fmt::Debug for AppState {

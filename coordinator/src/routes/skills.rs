@@ -305,9 +305,7 @@ pub async fn upload(
                 .collect(),
             public: query.public,
             gate: query.gate == Some(GateRule::NoCollision),
-            package_hash: package.content_hash.clone(),
-            limits: state.limits.clone(),
-            sandbox: state.catalogue_sandbox.clone(),
+            agent: state.catalogue_agent.clone(),
         },
     );
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
