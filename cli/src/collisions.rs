@@ -9,16 +9,23 @@
 //! [`skilleval_analysis::collisions`]. With `--max-share` it gates like the service's
 //! `gate=no_collision`: exit 1 when the skill takes more than that share of a neighbour's
 //! query runs.
+//!
+//! With `--agent` each run gives the query to the `agent` runner instead (the skill's package
+//! at `/skill`, the neighbours as decoys, in the sandbox) and the pick is the skill whose
+//! `SKILL.md` the agent opened first ([`catalogue::Picker::Agent`]). A machine without a
+//! working sandbox is a configuration problem (exit 2, naming what to install), checked before
+//! any model is asked.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use skilleval_analysis::collisions::{self, CollisionGate, CollisionMatrix};
-use skilleval_execution::catalogue::{self, CatalogueSkill, DEFAULT_NEIGHBOURS};
-use skilleval_execution::triggers::SkillCard;
+use skilleval_execution::catalogue::{self, CatalogueSkill, Picker, DEFAULT_NEIGHBOURS};
+use skilleval_execution::triggers::{AgentTriggers, SkillCard};
 use skilleval_model::package::skill_md::SKILL_MD;
 use skilleval_model::package::{Package, PackageLimits};
 use skilleval_providers::Purpose;
+use skilleval_sandbox::{Sandbox, SandboxMode, SandboxPolicy};
 
 use crate::providers::{self, ProviderOptions};
 use crate::{EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
@@ -55,7 +62,28 @@ pub struct CollisionsArgs {
     /// Response cache folder (default: ~/.cache/skilleval/llm).
     #[arg(long, value_name = "DIR", env = "SKILLEVAL_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Agent mode: give each query to the `agent` runner (the skill at /skill, the neighbours
+    /// as decoys, in the sandbox) and count the SKILL.md it opens first as its pick.
+    #[arg(long)]
+    pub agent: bool,
+    /// Agent mode: model requests per run (1 to 20); the agent only has to open a skill.
+    #[arg(long, default_value_t = AGENT_TURNS, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=20), requires = "agent")]
+    pub max_turns: u32,
+    /// Agent mode: seconds one run may take (1 to 600).
+    #[arg(long, default_value_t = 120, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=600), requires = "agent")]
+    pub run_timeout: u64,
+    /// Agent mode: run the agent's tools without bubblewrap when it is not installed (NOT
+    /// isolated).
+    #[arg(long, env = "SKILLEVAL_ALLOW_UNSANDBOXED")]
+    pub allow_unsandboxed: bool,
+    /// The bubblewrap binary (as for `run`).
+    #[arg(long, env = "SKILLEVAL_BWRAP", value_name = "PATH")]
+    pub bwrap: Option<PathBuf>,
 }
+
+/// Model turns of one agent-mode run when not set: enough to look around and open a skill
+/// (the same as `run --trigger-mode agent`).
+pub const AGENT_TURNS: u32 = 4;
 
 /// Runs `skilleval collisions`; returns the exit code.
 pub async fn collisions(args: &CollisionsArgs) -> u8 {
@@ -80,12 +108,18 @@ pub async fn collisions(args: &CollisionsArgs) -> u8 {
 }
 
 fn open(path: &Path) -> Result<CatalogueSkill, String> {
+    open_package(path).map(|(skill, _)| skill)
+}
+
+/// The skill and its package (which holds a ZIP's extracted files while it lives).
+fn open_package(path: &Path) -> Result<(CatalogueSkill, Package), String> {
     let package = Package::open(path, &PackageLimits::default())
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(CatalogueSkill {
+    let skill = CatalogueSkill {
         card: SkillCard::new(&package.manifest.name, &package.manifest.description),
-        queries: package.triggers,
-    })
+        queries: package.triggers.clone(),
+    };
+    Ok((skill, package))
 }
 
 /// Every skill folder directly under `dir` (a folder with a `SKILL.md`).
@@ -107,13 +141,44 @@ fn read_catalogue(dir: &Path) -> Result<Vec<CatalogueSkill>, String> {
     folders.iter().map(|p| open(p)).collect()
 }
 
+/// The picker the flags ask for; agent mode refuses a machine without a working sandbox.
+fn picker(args: &CollisionsArgs, package_root: &Path) -> Result<Picker, String> {
+    if !args.agent {
+        return Ok(Picker::Model);
+    }
+    let sandbox = Sandbox::detect(SandboxPolicy {
+        allow_unsandboxed: args.allow_unsandboxed,
+        bwrap: args.bwrap.clone(),
+        ..SandboxPolicy::default()
+    });
+    if sandbox.mode() == SandboxMode::Refusing {
+        let reason = sandbox
+            .unavailable_reason()
+            .unwrap_or_else(|| "bubblewrap is not usable".to_string());
+        return Err(format!(
+            "--agent runs the agent's tools in a sandbox, and this machine has no working sandbox: {reason}.\n\
+             Install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora: `sudo dnf install bubblewrap`), \
+             or pass --allow-unsandboxed to run them WITHOUT isolation."
+        ));
+    }
+    Ok(Picker::Agent(AgentTriggers {
+        sandbox: std::sync::Arc::new(sandbox),
+        package_root: package_root.to_path_buf(),
+        max_turns: args.max_turns,
+        timeout: std::time::Duration::from_secs(args.run_timeout),
+    }))
+}
+
 async fn steps(args: &CollisionsArgs) -> Result<(CollisionMatrix, Option<CollisionGate>), String> {
     if let Some(share) = args.max_share {
         if !(0.0..=1.0).contains(&share) {
             return Err("--max-share: must lie between 0 and 1".into());
         }
     }
-    let skill = open(&args.path)?;
+    // `package` lives until the eval is done: the agent reads a ZIP's files from it.
+    let (skill, package) = open_package(&args.path)?;
+    // Before any model is asked: agent mode needs the sandbox.
+    let picker = picker(args, package.root())?;
     if !skill.queries.iter().any(|q| q.should_trigger) {
         return Err(format!(
             "{}: has no should-trigger query (evals/triggers.json); a collision eval puts the skill's own queries to the model",
@@ -155,7 +220,12 @@ async fn steps(args: &CollisionsArgs) -> Result<(CollisionMatrix, Option<Collisi
         .iter()
         .filter_map(|n| catalogue.iter().find(|c| c.card.name == n.name).cloned())
         .collect();
-    let run = catalogue::evaluate_catalogue(&judge, &skill, &decoys, args.runs, 4).await;
+    // Agent mode produces (the `agent` runner's provider); model mode judges, as before.
+    let client = match &picker {
+        Picker::Agent(_) => setup.clients.pick(None, Purpose::Produce)?,
+        Picker::Model => judge,
+    };
+    let run = catalogue::evaluate_catalogue(&client, &skill, &decoys, args.runs, 4, &picker).await;
     let matrix = collisions::matrix(&run, &neighbours, method, |_| false);
     let gate = args.max_share.map(|s| collisions::gate(&matrix, s));
     Ok((matrix, gate))

@@ -1,6 +1,8 @@
 //! `skilleval collisions` against a local chat-completions server on 127.0.0.1:0 that picks,
 //! for each query, the listed skill whose description shares the most words with it (the
-//! first listed on a tie, so near-duplicates split the runs as the lineup rotates).
+//! first listed on a tie, so near-duplicates split the runs as the lineup rotates). Asked with
+//! tools (`--agent`), it is an agent that reads the `SKILL.md` of the skill of its catalogue
+//! whose description shares the most words with the query (the first by name on a tie).
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +12,9 @@ use std::process::{Command, Output};
 use axum::body::Bytes;
 use axum::Router;
 use serde_json::{json, Value};
-use skilleval_execution::triggers::fixtures::{content_words, pick_by_word_overlap};
+use skilleval_execution::triggers::fixtures::{
+    agent_reply_by_word_overlap, content_words, pick_by_word_overlap,
+};
 
 /// A bag-of-words vector over a small fixed vocabulary: texts sharing words point alike.
 fn embedding(text: &str) -> Vec<f32> {
@@ -41,6 +45,9 @@ async fn handle(body: Bytes) -> axum::Json<Value> {
         return axum::Json(
             json!({"model": "bow", "data": data, "usage": {"prompt_tokens": 10, "total_tokens": 10}}),
         );
+    }
+    if body.get("tools").is_some() {
+        return axum::Json(agent_reply_by_word_overlap(&body));
     }
     let prompt = body["messages"]
         .as_array()
@@ -118,6 +125,8 @@ fn collisions_with(
         "SKILLEVAL_PROVIDER_KIND",
         "SKILLEVAL_PROVIDER_API_KEY_ENV",
         "OPENAI_API_KEY",
+        "SKILLEVAL_ALLOW_UNSANDBOXED",
+        "SKILLEVAL_BWRAP",
     ] {
         cmd.env_remove(var);
     }
@@ -265,4 +274,111 @@ fn with_an_embedding_model_neighbours_are_found_by_embeddings() {
     assert_eq!(v["matrix"]["method"], "embedding");
     assert_eq!(v["matrix"]["neighbours"][0]["name"], "tabulator", "{v}");
     assert!(v["matrix"]["neighbours"][0]["similarity"].as_f64().unwrap() > 0.8);
+}
+
+#[test]
+fn in_agent_mode_a_near_duplicate_collides_and_a_distinct_skill_does_not() {
+    let addr = start();
+    let dir = tempfile::tempdir().unwrap();
+    let catalogue = dir.path().join("catalogue");
+    skill(
+        &catalogue,
+        "invoice-tables",
+        PDF,
+        &["extract tables from this invoice PDF"],
+    );
+    skill(
+        &catalogue,
+        "weather",
+        "Tells the weather forecast for a city",
+        &["what is the weather forecast for Paris"],
+    );
+    let new = dir.path().join("new");
+    // Named to come first in the agent's catalogue: on the tie it opens this one.
+    skill(
+        &new,
+        "a-pdf-tables",
+        PDF,
+        &["turn the invoice PDF tables into spreadsheets"],
+    );
+    let out = collisions(
+        addr,
+        &new.join("a-pdf-tables"),
+        &catalogue,
+        &[
+            "--agent",
+            "--neighbours",
+            "2",
+            "--runs",
+            "2",
+            "--max-share",
+            "0.2",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "the gate fails: {stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pair = |owner: &str, picked: &str| {
+        v["matrix"]["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["owner"] == owner && p["picked"] == picked)
+            .cloned()
+            .unwrap_or_else(|| panic!("no pair {owner} -> {picked}: {v}"))
+    };
+    // The agent opened the new skill's SKILL.md for the twin's query in every run.
+    let taken = pair("invoice-tables", "a-pdf-tables");
+    assert_eq!(
+        (taken["hits"].as_u64(), taken["runs"].as_u64()),
+        (Some(2), Some(2)),
+        "{taken}"
+    );
+    assert!(taken["interval"]["low"].as_f64().unwrap() > 0.0, "{taken}");
+    assert_eq!(
+        pair("weather", "a-pdf-tables")["hits"],
+        0,
+        "a distinct skill does not collide"
+    );
+    assert_eq!(pair("a-pdf-tables", "weather")["hits"], 0);
+    let query = |owner: &str| {
+        v["matrix"]["queries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["owner"] == owner)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(query("weather")["picks"]["weather"], 2, "{v}");
+    assert_eq!(query("a-pdf-tables")["picks"]["a-pdf-tables"], 2, "{v}");
+    assert_eq!(v["gate"]["passed"], false);
+    assert_eq!(v["gate"]["collisions"][0]["neighbour"], "invoice-tables");
+}
+
+#[test]
+fn agent_mode_without_a_sandbox_is_a_configuration_problem_not_a_collision() {
+    let addr = start();
+    let dir = tempfile::tempdir().unwrap();
+    skill(
+        &dir.path().join("catalogue"),
+        "other",
+        PDF,
+        &["invoice tables"],
+    );
+    skill(dir.path(), "s", PDF, &["invoice tables please"]);
+    let missing = dir.path().join("no-such-bwrap");
+    let out = collisions(
+        addr,
+        &dir.path().join("s"),
+        &dir.path().join("catalogue"),
+        &["--agent", "--bwrap", missing.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("bubblewrap") && stderr.contains("--agent"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no matrix is printed");
 }

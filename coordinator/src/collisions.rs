@@ -11,6 +11,11 @@
 //! `gate=no_collision` has its run wait for the eval, whose gate is then part of the run's
 //! verdict (`crate::aggregate`).
 //!
+//! With `coordinator.catalogue.mode = "agent"` the eval's runs give each query to the `agent`
+//! runner instead, in the coordinator's sandbox, with the version's package (read from the
+//! store and extracted as a worker does) at `/skill`; a coordinator without a working sandbox
+//! fails the eval as a configuration problem (`crate::catalogue_agent`).
+//!
 //! [`collisions_view`] is what `GET /v1/skills/{name}/collisions` and the skill page show: the
 //! stored matrix is already the uploader's view (another publisher's queries were never
 //! stored); what another skill's eval found about this skill is two rates with their counts,
@@ -27,9 +32,10 @@ use skilleval_analysis::collisions::{
     self, for_neighbour, CollisionGate, CollisionMatrix, PairRate,
 };
 use skilleval_analysis::stats::proportion::Interval;
+use skilleval_execution::catalogue::Picker;
 use skilleval_execution::catalogue::{self, CatalogueSkill};
 use skilleval_execution::triggers::SkillCard;
-use skilleval_infra::config::CatalogueSettings;
+use skilleval_infra::config::{CatalogueMode, CatalogueSettings};
 use skilleval_infra::store::catalogue::{ClaimedEval, CollisionStatus};
 use skilleval_infra::store::Store;
 use skilleval_model::package::TriggerCase;
@@ -39,6 +45,7 @@ use uuid::Uuid;
 
 use crate::aggregate::RunAggregator;
 use crate::auth::Principal;
+use crate::catalogue_agent::{picker_for, AgentSetupError, CatalogueAgent};
 use crate::error::ApiError;
 
 /// Why an eval did not produce a matrix, which decides what happens to it.
@@ -67,6 +74,8 @@ struct Lane {
     settings: CatalogueSettings,
     aggregator: RunAggregator,
     permits: Arc<Semaphore>,
+    /// Agent mode's sandbox and package limits (`coordinator.catalogue.mode = "agent"`).
+    agent: Option<CatalogueAgent>,
 }
 
 impl std::fmt::Debug for CollisionLane {
@@ -84,6 +93,7 @@ impl CollisionLane {
         providers: Option<Arc<ProviderClients>>,
         settings: CatalogueSettings,
         aggregator: RunAggregator,
+        agent: Option<CatalogueAgent>,
     ) -> Self {
         CollisionLane(Arc::new(Lane {
             store,
@@ -91,6 +101,7 @@ impl CollisionLane {
             permits: Arc::new(Semaphore::new(settings.concurrency.max(1))),
             settings,
             aggregator,
+            agent,
         }))
     }
 
@@ -100,22 +111,31 @@ impl CollisionLane {
 
     /// Why this coordinator cannot decide `gate=no_collision` (an upload asking for it is
     /// refused with this rule), or `None`.
-    pub fn gate_unavailable(&self) -> Option<&'static str> {
-        if !self.0.settings.enabled {
+    pub fn gate_unavailable(&self) -> Option<String> {
+        let lane = &self.0;
+        if !lane.settings.enabled {
             return Some(
-                "needs the catalogue lane, which coordinator.catalogue.enabled turns off here",
+                "needs the catalogue lane, which coordinator.catalogue.enabled turns off here"
+                    .into(),
             );
         }
-        let judge = self
-            .0
-            .providers
-            .as_deref()
-            .map(|p| p.pick(None, Purpose::Judge));
-        match judge {
-            Some(Ok(_)) => None,
-            _ => Some(
-                "needs a model provider on the coordinator (llm.providers) to pick skills, and none is configured",
-            ),
+        let purpose = match lane.settings.mode {
+            CatalogueMode::Model => Purpose::Judge,
+            CatalogueMode::Agent => Purpose::Produce,
+        };
+        let picker = lane.providers.as_deref().map(|p| p.pick(None, purpose));
+        if !matches!(picker, Some(Ok(_))) {
+            return Some(
+                "needs a model provider on the coordinator (llm.providers) to pick skills, and none is configured"
+                    .into(),
+            );
+        }
+        match (lane.settings.mode, &lane.agent) {
+            (CatalogueMode::Model, _) => None,
+            (CatalogueMode::Agent, Some(agent)) => agent.sandbox_problem(),
+            (CatalogueMode::Agent, None) => {
+                Some("needs the agent mode's sandbox, which this coordinator did not set up".into())
+            }
         }
     }
 
@@ -165,6 +185,7 @@ impl CollisionLane {
                 &self.0.store,
                 self.0.providers.as_deref(),
                 &self.0.settings,
+                self.0.agent.as_ref(),
                 &claimed,
             );
             tokio::pin!(eval);
@@ -203,7 +224,7 @@ impl CollisionLane {
             }
             Err(error) => {
                 let reason = match &error {
-                    EvalError::Configuration(m) => format!("configuration: {m}"),
+                    EvalError::Configuration(m) => format!("configuration problem: {m}"),
                     EvalError::Host(m) => {
                         format!("{m} (after {} attempts)", claimed.attempt)
                     }
@@ -244,6 +265,7 @@ async fn evaluate(
     store: &Store,
     providers: Option<&ProviderClients>,
     settings: &CatalogueSettings,
+    agent: Option<&CatalogueAgent>,
     job: &ClaimedEval,
 ) -> Result<Evaluated, EvalError> {
     if !settings.enabled {
@@ -256,8 +278,20 @@ async fn evaluate(
             "no model provider is configured (llm.providers) to pick skills".into(),
         )
     })?;
+    // The package on disk (agent mode) lives until the eval is done.
+    let (picker, _package) = picker_for(store, settings, agent, job.version_id)
+        .await
+        .map_err(|e| match e {
+            AgentSetupError::Configuration(m) => EvalError::Configuration(m),
+            AgentSetupError::Host(m) => EvalError::Host(m),
+        })?;
+    // The agent produces (the `agent` runner's provider); the model mode's pick is a judgement.
+    let purpose = match picker {
+        Picker::Model => Purpose::Judge,
+        Picker::Agent(_) => Purpose::Produce,
+    };
     let judge = providers
-        .pick(None, Purpose::Judge)
+        .pick(None, purpose)
         .map_err(EvalError::Configuration)?;
     let embedder = providers
         .pick(None, Purpose::Embed)
@@ -300,6 +334,7 @@ async fn evaluate(
         &decoys,
         settings.runs_per_query.clamp(1, 10),
         4,
+        &picker,
     )
     .await;
     judge_answered(&run).map_err(EvalError::Host)?;

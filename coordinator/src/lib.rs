@@ -6,6 +6,8 @@
 //! - [`startup`] builds the [`startup::Application`]: database pool and migrations, broker
 //!   topology and publisher, the router, and the background tasks (publish sweeper, events
 //!   consumer, finalisation sweep), all stopped by one cancellation token.
+//! - [`collisions`] is the catalogue lane (collision evals after uploads; [`catalogue_agent`] its
+//!   agent mode).
 //! - [`routes`] holds the API, one file per area, registered from one table that the OpenAPI
 //!   test compares with [`openapi`]'s document; what several areas take sits below them
 //!   ([`routes::fields`]: shared field checks; `routes::validation`: a package opened and
@@ -49,6 +51,7 @@ pub mod aggregate;
 pub mod alerts;
 pub mod auth;
 pub mod broker;
+pub mod catalogue_agent;
 pub mod collisions;
 pub mod comparing;
 pub mod error;

@@ -127,6 +127,7 @@ impl Application {
             comparator.clone(),
             settings.coordinator.catalogue,
             aggregator.clone(),
+            crate::catalogue_agent::CatalogueAgent::from_settings(&settings),
         );
         let state = AppState {
             store,

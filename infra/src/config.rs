@@ -648,6 +648,24 @@ pub struct CatalogueSettings {
     /// third of it): an eval whose coordinator stopped is claimed again by another
     /// coordinator's sweep once it lapses.
     pub lease_secs: u64,
+    /// How a run picks a skill: `model` (the judge names one) or `agent` (the `agent` runner,
+    /// in the coordinator's sandbox, opens one; the coordinator needs bubblewrap).
+    pub mode: CatalogueMode,
+    /// `agent` mode: model requests per run (1 to 20).
+    pub agent_max_turns: u32,
+    /// `agent` mode: seconds one run may take.
+    pub agent_timeout_secs: u64,
+}
+
+/// `coordinator.catalogue.mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CatalogueMode {
+    /// The judge model names one skill of the lineup.
+    #[default]
+    Model,
+    /// The `agent` runner gets the query; the skill whose `SKILL.md` it opens first is the pick.
+    Agent,
 }
 
 impl Default for CatalogueSettings {
@@ -661,6 +679,9 @@ impl Default for CatalogueSettings {
             max_attempts: 3,
             retry_after_secs: 30,
             lease_secs: 120,
+            mode: CatalogueMode::Model,
+            agent_max_turns: 4,
+            agent_timeout_secs: 120,
         }
     }
 }
@@ -1236,6 +1257,26 @@ mod tests {
         );
         assert_eq!(written.get("llm.providers"), Some(&serde_json::json!({})));
         assert!(!written.contains_key("worker.max_attempts"));
+    }
+
+    #[test]
+    fn the_catalogue_mode_is_model_unless_a_variable_says_agent() {
+        let s = Settings::load_from(&env(&[])).unwrap();
+        assert_eq!(s.coordinator.catalogue.mode, CatalogueMode::Model);
+        let s = Settings::load_from(&env(&[
+            ("SKILLEVAL__COORDINATOR__CATALOGUE__MODE", "agent"),
+            ("SKILLEVAL__COORDINATOR__CATALOGUE__AGENT_MAX_TURNS", "6"),
+        ]))
+        .unwrap();
+        assert_eq!(s.coordinator.catalogue.mode, CatalogueMode::Agent);
+        assert_eq!(s.coordinator.catalogue.agent_max_turns, 6);
+        let e = Settings::load_from(&env(&[(
+            "SKILLEVAL__COORDINATOR__CATALOGUE__MODE",
+            "robot",
+        )]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("mode") || e.contains("robot"), "{e}");
     }
 
     #[test]

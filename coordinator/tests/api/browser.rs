@@ -226,7 +226,7 @@ fn two_problem_package() -> Vec<u8> {
 
 #[tokio::test]
 async fn browser_upload_lists_problems_then_follows_the_calculator_live_to_its_verdict() {
-    let (app, _cache, stop, worker) = app_with_worker().await;
+    let (app, _cache, stop, worker) = Box::pin(app_with_worker()).await;
     let driver = start_driver().await;
     let c = browser(&driver).await;
     let files = tempfile::tempdir().unwrap();
@@ -382,7 +382,7 @@ const HOSTILE: &str = "<script>window.__xss = 1</script><img src=x onerror=\"win
 
 #[tokio::test]
 async fn browser_filters_failures_reviews_compares_and_never_runs_an_output() {
-    let (app, _cache, stop, worker) = app_with_worker().await;
+    let (app, _cache, stop, worker) = Box::pin(app_with_worker()).await;
     // Version 1: two failures, one of them the hostile output. Version 2: all pass.
     let v1 = app
         .upload_zip_as(given_zip("reviewed", &["ok", HOSTILE, "ok", "nope"]), TOKEN)
@@ -1193,7 +1193,7 @@ fn why_package() -> Vec<u8> {
 #[tokio::test]
 async fn browser_shows_why_a_case_failed_its_error_once_and_refuses_a_cross_site_form_with_a_page()
 {
-    let (app, _cache, stop, worker) = app_with_worker().await;
+    let (app, _cache, stop, worker) = Box::pin(app_with_worker()).await;
     let upload = app.upload_zip_as(why_package(), TOKEN).await;
     let run_id = upload["run_id"].as_str().expect("a run").to_string();
     let run = wait_for_verdict_as(&app, &run_id).await;

@@ -23,13 +23,13 @@ use crate::helpers::{
 };
 use crate::packages::{given_tests, zip_of};
 
-const ROOT: &str = "root-token-for-collisions";
+pub(crate) const ROOT: &str = "root-token-for-collisions";
 const WRITER: &[&str] = &["skills:write", "runs:write", "read"];
-const PDF: &str = "Extracts tables from invoice PDF files into spreadsheets";
+pub(crate) const PDF: &str = "Extracts tables from invoice PDF files into spreadsheets";
 /// A word only Bob's queries carry: it must never reach Alice.
 const BOB_SECRET: &str = "zebraquartz";
 
-async fn overlap_model(body: Bytes) -> axum::Json<Value> {
+pub(crate) async fn overlap_model(body: Bytes) -> axum::Json<Value> {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let prompt: String = body["messages"]
         .as_array()
@@ -46,7 +46,7 @@ async fn overlap_model(body: Bytes) -> axum::Json<Value> {
     }))
 }
 
-fn package(name: &str, description: &str, queries: &[&str]) -> Vec<u8> {
+pub(crate) fn package(name: &str, description: &str, queries: &[&str]) -> Vec<u8> {
     let md = format!("---\nname: {name}\ndescription: {description}\n---\n\nDo it.\n");
     let tests = serde_json::to_vec(&given_tests(&["ok"], json!({}))).unwrap();
     let triggers: Vec<Value> = queries
@@ -61,7 +61,7 @@ fn package(name: &str, description: &str, queries: &[&str]) -> Vec<u8> {
     ])
 }
 
-async fn send(
+pub(crate) async fn send(
     app: &TestApp,
     method: Method,
     path: &str,
@@ -79,7 +79,7 @@ async fn send(
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
-async fn token(app: &TestApp, publisher: &str) -> String {
+pub(crate) async fn token(app: &TestApp, publisher: &str) -> String {
     let (status, body) = app
         .client
         .post(format!("{}/v1/admin/tokens", app.address))
@@ -94,7 +94,7 @@ async fn token(app: &TestApp, publisher: &str) -> String {
     v["token"].as_str().unwrap().to_string()
 }
 
-async fn upload(app: &TestApp, token: &str, zip: Vec<u8>, query: &str) {
+pub(crate) async fn upload(app: &TestApp, token: &str, zip: Vec<u8>, query: &str) {
     let (status, body) = send(
         app,
         Method::POST,
@@ -107,7 +107,7 @@ async fn upload(app: &TestApp, token: &str, zip: Vec<u8>, query: &str) {
 }
 
 /// The skill's collisions once its latest eval is no longer pending (the raw body too).
-async fn settled(app: &TestApp, token: &str, skill: &str) -> (Value, String) {
+pub(crate) async fn settled(app: &TestApp, token: &str, skill: &str) -> (Value, String) {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
         let (status, body) = send(
@@ -132,7 +132,7 @@ async fn settled(app: &TestApp, token: &str, skill: &str) -> (Value, String) {
     }
 }
 
-fn pair<'a>(m: &'a Value, owner: &str, picked: &str) -> &'a Value {
+pub(crate) fn pair<'a>(m: &'a Value, owner: &str, picked: &str) -> &'a Value {
     m["pairs"]
         .as_array()
         .unwrap()

@@ -12,6 +12,7 @@ mod budget;
 mod cache_deletion;
 mod cache_sweep;
 mod collisions;
+mod collisions_agent;
 mod deploy;
 mod e2e;
 mod e2e_agent;

@@ -11,6 +11,10 @@
 //!    is put to the model `runs_per_query` times with all of them (the skill and its
 //!    neighbours, rotated per run) in the lineup, exactly as a trigger eval asks
 //!    ([`crate::triggers::selection_request`]); each run records which skill was picked.
+//!    In **agent mode** ([`Picker::Agent`]) each run instead gives the query to the `agent`
+//!    runner with the evaluated skill's real package at `/skill` and the neighbours as decoys
+//!    (`/skills/<name>/SKILL.md`, their name and description), and the pick is the skill whose
+//!    `SKILL.md` the agent opened first (`details.skill_opened`), or `none`.
 //!
 //! What the picks add up to (per pair confusion rates with their intervals, the gate) is
 //! `skilleval_analysis::collisions`.
@@ -23,7 +27,7 @@ use skilleval_model::package::TriggerCase;
 use skilleval_providers::ask::ask_json;
 use skilleval_providers::client::LlmClient;
 
-use crate::triggers::{selection_request, SkillCard};
+use crate::triggers::{observe_agent, selection_request, AgentTriggers, SkillCard};
 
 /// Neighbours kept when not configured.
 pub const DEFAULT_NEIGHBOURS: usize = 5;
@@ -178,6 +182,51 @@ pub struct CatalogueRun {
 /// One run's pick and what asking cost, or why it failed.
 type RunAnswer = Result<(String, Usage), String>;
 
+/// How a run picks a skill.
+#[derive(Debug, Clone, Default)]
+pub enum Picker {
+    /// The model names one skill of the lineup (the trigger eval's selection prompt).
+    #[default]
+    Model,
+    /// The `agent` runner gets the query with the skill and its neighbours in its catalogue;
+    /// the pick is the skill whose `SKILL.md` it opened first.
+    Agent(AgentTriggers),
+}
+
+impl Picker {
+    /// As `mode` names it in configuration and reports.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Picker::Model => "model",
+            Picker::Agent(_) => "agent",
+        }
+    }
+}
+
+/// One agent-mode run of `query`: the skill opened first (the evaluated one at `/skill`, a
+/// neighbour among the decoys) or `none`. A run that stopped on a fault before opening any
+/// skill made no pick: it is an error, as in a trigger eval's agent mode.
+async fn agent_pick(
+    client: &LlmClient,
+    agent: &AgentTriggers,
+    skill: &SkillCard,
+    neighbours: &[SkillCard],
+    query: &str,
+    run: u32,
+) -> RunAnswer {
+    let seen = observe_agent(client, agent, &skill.name, query, neighbours, run).await?;
+    let pick = match (&seen.opened_first, seen.stopped) {
+        (None, Some(fault)) => return Err(fault),
+        (None, None) => "none".to_string(),
+        // A decoy is listed by its card's name; any other entry is the package at /skill.
+        (Some(opened), _) => neighbours
+            .iter()
+            .find(|n| n.name.eq_ignore_ascii_case(opened))
+            .map_or_else(|| skill.name.clone(), |n| n.name.clone()),
+    };
+    Ok((pick, seen.usage))
+}
+
 /// The lineup of run `run`: every skill, rotated by the run's number so that consecutive
 /// runs put a different skill first, whatever the lineup's length (a skill and one
 /// neighbour alternate).
@@ -207,16 +256,18 @@ fn pick_of(v: &serde_json::Value, cards: &[SkillCard]) -> Result<String, String>
         .ok_or_else(|| format!("`{pick}` is not one of the listed skills"))
 }
 
-/// Puts every should-trigger query of `skill` and of `neighbours` to the model, `runs` times
-/// each (at least once), with all of them in the lineup; at most `concurrency` calls in
-/// flight. A run that fails is recorded with its query and left out of the picks.
-#[tracing::instrument(skip_all, fields(skill = %skill.card.name, neighbours = neighbours.len()))]
+/// Puts every should-trigger query of `skill` and of `neighbours` to the model (or, with
+/// [`Picker::Agent`], to the agent), `runs` times each (at least once), with all of them in
+/// the lineup; at most `concurrency` runs in flight. A run that fails is recorded with its
+/// query and left out of the picks.
+#[tracing::instrument(skip_all, fields(skill = %skill.card.name, neighbours = neighbours.len(), mode = picker.mode()))]
 pub async fn evaluate_catalogue(
     client: &LlmClient,
     skill: &CatalogueSkill,
     neighbours: &[CatalogueSkill],
     runs: u32,
     concurrency: usize,
+    picker: &Picker,
 ) -> CatalogueRun {
     let runs = runs.max(1);
     let mut cards = vec![skill.card.clone()];
@@ -243,8 +294,13 @@ pub async fn evaluate_catalogue(
             (1..=runs).map(move |run| (i, run, (*query).to_string(), rotated(cards, run)))
         })
         .collect();
+    let (own, others) = (&cards[0], &cards[1..]);
     let mut answers: Vec<(usize, u32, RunAnswer)> = stream::iter(asks)
         .map(|(i, run, query, lineup)| async move {
+            if let Picker::Agent(agent) = picker {
+                let answer = agent_pick(client, agent, own, others, &query, run).await;
+                return (i, run, answer);
+            }
             let req = selection_request(&query, &lineup, run);
             let answer = ask_json(client, &req, |v| pick_of(v, &lineup)).await;
             (

@@ -68,7 +68,8 @@ pub struct TriggerOptions {
     pub agent: Option<AgentTriggers>,
 }
 
-/// What agent-mode trigger runs need besides the model.
+/// What agent-mode trigger runs (and agent-mode catalogue evals,
+/// [`crate::catalogue::Picker::Agent`]) need besides the model.
 #[derive(Debug, Clone)]
 pub struct AgentTriggers {
     pub sandbox: std::sync::Arc<skilleval_sandbox::Sandbox>,
@@ -79,19 +80,33 @@ pub struct AgentTriggers {
     pub timeout: std::time::Duration,
 }
 
-/// One agent-mode run: the skill's name when the agent opened its `SKILL.md`, else `none`.
-async fn agent_run(
+/// What one agent-mode run observed (trigger evals and catalogue evals read it differently).
+#[derive(Debug, Clone)]
+pub(crate) struct AgentObservation {
+    /// The agent opened the skill's own `SKILL.md` (`details.skill_used`).
+    pub skill_used: bool,
+    /// The catalogue entry whose `SKILL.md` it opened first (`details.skill_opened`).
+    pub opened_first: Option<String>,
+    /// Why the loop stopped early, if it did (a fault in the middle of it).
+    pub stopped: Option<String>,
+    pub usage: Usage,
+}
+
+/// Gives `query` to the `agent` runner once, with the skill at `/skill` (its package on disk,
+/// `agent.package_root`) and `decoys` (leaving out any named like the skill, `skill_name`) as
+/// stub skills in its catalogue; `Err` when the run produced nothing at all.
+pub(crate) async fn observe_agent(
     client: &LlmClient,
     agent: &AgentTriggers,
-    skill: &SkillCard,
+    skill_name: &str,
     query: &str,
     decoys: &[SkillCard],
     run: u32,
-) -> RunOutcome {
+) -> Result<AgentObservation, String> {
     use crate::runner::agent::{agent_runner_config, run_agent};
     let decoys: Vec<Value> = decoys
         .iter()
-        .filter(|d| d.name != skill.name)
+        .filter(|d| !d.name.eq_ignore_ascii_case(skill_name))
         .map(|d| json!({"name": d.name, "description": d.description}))
         .collect();
     let runner = agent_runner_config(
@@ -128,18 +143,39 @@ async fn agent_run(
     let produced = run_agent(client, &req, &env)
         .await
         .map_err(|f| f.to_string())?;
-    let opened = produced.details.get("skill_used").and_then(Value::as_bool) == Some(true);
-    // `onLimit: grade` leaves only a fault in the middle of the loop to stop it: a run that
-    // failed before opening a skill made no pick.
-    if let (Some(fault), false) = (&produced.stopped, opened) {
-        return Err(fault.to_string());
+    Ok(AgentObservation {
+        skill_used: produced.details.get("skill_used").and_then(Value::as_bool) == Some(true),
+        opened_first: produced
+            .details
+            .get("skill_opened")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        // `onLimit: grade` leaves only a fault in the middle of the loop to stop it.
+        stopped: produced.stopped.map(|f| f.to_string()),
+        usage: produced.usage,
+    })
+}
+
+/// One agent-mode run: the skill's name when the agent opened its `SKILL.md`, else `none`.
+async fn agent_run(
+    client: &LlmClient,
+    agent: &AgentTriggers,
+    skill: &SkillCard,
+    query: &str,
+    decoys: &[SkillCard],
+    run: u32,
+) -> RunOutcome {
+    let seen = observe_agent(client, agent, &skill.name, query, decoys, run).await?;
+    // A run that failed before opening the skill made no pick.
+    if let (Some(fault), false) = (seen.stopped, seen.skill_used) {
+        return Err(fault);
     }
-    let pick = if opened {
+    let pick = if seen.skill_used {
         skill.name.clone()
     } else {
         "none".to_string()
     };
-    Ok((pick, produced.usage))
+    Ok((pick, seen.usage))
 }
 
 impl Default for TriggerOptions {
@@ -527,6 +563,8 @@ mod tests {
 pub mod fixtures {
     use std::collections::BTreeSet;
 
+    use serde_json::{json, Value};
+
     /// The words of `text` longer than three characters, lower-cased.
     pub fn content_words(text: &str) -> BTreeSet<String> {
         text.split(|c: char| !c.is_alphanumeric())
@@ -557,5 +595,63 @@ pub mod fixtures {
             }
         }
         best
+    }
+
+    /// The `SKILL.md` an agent that reads descriptions would open for `query`, given the
+    /// `agent` runner's system prompt: the location of the listed skill whose description
+    /// shares the most words with the query (the first listed on a tie: the runner lists
+    /// skills by name); `None` when no description shares a word.
+    pub fn agent_location_by_word_overlap(system: &str, query: &str) -> Option<String> {
+        let q = content_words(query);
+        let (mut best, mut most) = (None, 0);
+        for block in system.split("<skill>").skip(1) {
+            let field = |tag: &str| {
+                block
+                    .split(&format!("<{tag}>"))
+                    .nth(1)
+                    .and_then(|rest| rest.split(&format!("</{tag}>")).next())
+            };
+            let (Some(description), Some(location)) = (field("description"), field("location"))
+            else {
+                continue;
+            };
+            let overlap = content_words(description).intersection(&q).count();
+            if overlap > most {
+                (best, most) = (Some(location.trim().to_string()), overlap);
+            }
+        }
+        best
+    }
+
+    /// A chat-completions reply (OpenAI tool calls) of an agent that picks by word overlap:
+    /// at its first turn it reads the `SKILL.md` [`agent_location_by_word_overlap`] names
+    /// with `read_file` (or answers, opening none), and at the next it answers.
+    pub fn agent_reply_by_word_overlap(body: &Value) -> Value {
+        let messages: &[Value] = body["messages"].as_array().map_or(&[], Vec::as_slice);
+        let content_of = |role: &str| {
+            messages
+                .iter()
+                .find(|m| m["role"] == role)
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or_default()
+        };
+        let system = body["system"].as_str().unwrap_or(content_of("system"));
+        let first_turn = !messages.iter().any(|m| m["role"] == "assistant");
+        let usage = json!({"prompt_tokens": 100, "completion_tokens": 10});
+        match agent_location_by_word_overlap(system, content_of("user")) {
+            Some(location) if first_turn => json!({
+                "model": "overlap-agent",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [{
+                    "id": "call_1", "type": "function",
+                    "function": {"name": "read_file", "arguments": json!({"path": location}).to_string()}
+                }]}, "finish_reason": "tool_calls"}],
+                "usage": usage
+            }),
+            _ => json!({
+                "model": "overlap-agent",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Done."}, "finish_reason": "stop"}],
+                "usage": usage
+            }),
+        }
     }
 }

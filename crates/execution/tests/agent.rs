@@ -20,9 +20,11 @@ use axum::extract::State;
 use axum::http::Uri;
 use axum::Router;
 use serde_json::{json, Value};
+use skilleval_execution::catalogue::{evaluate_catalogue, CatalogueSkill, Picker};
 use skilleval_execution::executor::ExecutorBuilder;
 use skilleval_execution::plan::{plan, CaseFilter};
 use skilleval_execution::result::{CaseStatus, JobResult};
+use skilleval_execution::triggers::fixtures::agent_location_by_word_overlap;
 use skilleval_execution::triggers::{evaluate_triggers, AgentTriggers, SkillCard, TriggerOptions};
 use skilleval_execution::validate::validate;
 use skilleval_execution::variant::runner_for;
@@ -36,6 +38,8 @@ enum Step {
     /// Tool calls: (name, arguments).
     Call(Vec<(&'static str, Value)>),
     Answer(&'static str),
+    /// A body no protocol can read (the turn fails).
+    Garbage,
 }
 
 type Script = Arc<dyn Fn(&Value, usize) -> Step + Send + Sync>;
@@ -109,6 +113,7 @@ async fn answer(State(state): State<ServerState>, uri: Uri, body: Bytes) -> axum
         .unwrap()
         .push((uri.path().to_string(), body));
     let reply = match (step, anthropic) {
+        (Step::Garbage, _) => json!({"nothing": "useful"}),
         (Step::Answer(text), false) => json!({
             "model": "mock-model",
             "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
@@ -940,6 +945,146 @@ async fn agent_mode_triggers_count_an_opened_skill_md_and_nothing_else() {
     let system = system_of(&model.requests()[0].1);
     assert!(system.contains("<name>pdf-tools</name>"), "{system}");
     assert!(system.contains("<name>sales-report</name>"), "{system}");
+}
+
+fn should(queries: &[&str]) -> Vec<TriggerCase> {
+    queries
+        .iter()
+        .map(|q| TriggerCase {
+            query: (*q).to_string(),
+            should_trigger: true,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn agent_mode_catalogue_evals_pick_the_skill_md_opened_first() {
+    // The agent opens the SKILL.md whose description shares the most words with the query
+    // (the first listed, by name, on a tie). A query saying "explode" looks around and then
+    // gets a reply no protocol can read; one saying "twice" opens this skill and then a decoy.
+    let model = ScriptedModel::start(|body, turn| {
+        let user = body["messages"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["role"] == "user"))
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        if user.contains("explode") {
+            return match turn {
+                1 => Step::Call(vec![("list_files", json!({"path": "/skills"}))]),
+                _ => Step::Garbage,
+            };
+        }
+        if user.contains("twice") {
+            return match turn {
+                1 => Step::Call(vec![
+                    ("read_file", json!({"path": "/skill/SKILL.md"})),
+                    ("bash", json!({"command": "cat /skills/weather/SKILL.md"})),
+                ]),
+                _ => Step::Answer("ok"),
+            };
+        }
+        match (
+            turn,
+            agent_location_by_word_overlap(&system_of(body), &user),
+        ) {
+            (1, Some(location)) => Step::Call(vec![("read_file", json!({"path": location}))]),
+            _ => Step::Answer("ok"),
+        }
+    })
+    .await;
+    let pkg = package(json!({"version": "2.0", "testCases": []}));
+    let clients = model.clients(ProviderKind::Openai);
+    let client = clients.get("mock").unwrap().clone();
+    // The package's own description (SKILL_MD), and a near-duplicate of it.
+    let description =
+        "Builds a JSON sales report from a CSV of sales. Use when asked for a sales report.";
+    let skill = CatalogueSkill {
+        card: SkillCard::new("sales-report", description),
+        queries: should(&[
+            "a sales report from this CSV of sales",
+            "explode the report",
+            "twice the sales",
+        ]),
+    };
+    let neighbours = vec![
+        CatalogueSkill {
+            card: SkillCard::new("sales-summary", description),
+            queries: should(&["sales report for the CSV of last month's sales"]),
+        },
+        CatalogueSkill {
+            card: SkillCard::new("weather", "Tells the weather forecast for a city."),
+            queries: should(&["what is the weather forecast for Paris", "write a haiku"]),
+        },
+    ];
+    let agent = AgentTriggers {
+        sandbox: Arc::new(sandbox()),
+        package_root: pkg.path().to_path_buf(),
+        max_turns: 3,
+        timeout: Duration::from_secs(30),
+    };
+    let run = evaluate_catalogue(&client, &skill, &neighbours, 2, 4, &Picker::Agent(agent)).await;
+    assert_eq!(run.lineup, ["sales-report", "sales-summary", "weather"]);
+    let picks: Vec<(&str, &str, Vec<&str>, usize)> = run
+        .queries
+        .iter()
+        .map(|q| {
+            (
+                q.owner.as_str(),
+                q.query.as_str(),
+                q.picks.iter().map(String::as_str).collect(),
+                q.errors.len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        picks,
+        vec![
+            (
+                "sales-report",
+                "a sales report from this CSV of sales",
+                vec!["sales-report"; 2],
+                0
+            ),
+            // Looked around, then failed before opening any skill: no pick, an error.
+            ("sales-report", "explode the report", vec![], 2),
+            // The skill opened first is the pick, not the decoy opened after it.
+            (
+                "sales-report",
+                "twice the sales",
+                vec!["sales-report"; 2],
+                0
+            ),
+            // The near-duplicate's query went to the skill under test (listed first): a collision.
+            (
+                "sales-summary",
+                "sales report for the CSV of last month's sales",
+                vec!["sales-report"; 2],
+                0
+            ),
+            (
+                "weather",
+                "what is the weather forecast for Paris",
+                vec!["weather"; 2],
+                0
+            ),
+            ("weather", "write a haiku", vec!["none"; 2], 0),
+        ],
+        "{run:#?}"
+    );
+    assert!(run.usage.total_tokens() > 0);
+    let requests = model.requests();
+    // The neighbours were in the agent's catalogue as decoys, and a decoy's SKILL.md could be read.
+    let system = system_of(&requests[0].1);
+    for name in ["sales-report", "sales-summary", "weather"] {
+        assert!(system.contains(&format!("<name>{name}</name>")), "{system}");
+    }
+    let decoy_read = requests
+        .iter()
+        .flat_map(|(_, b)| tool_results(b))
+        .find(|(_, content, _)| content.contains("name: weather"))
+        .expect("the weather decoy's SKILL.md was read");
+    assert!(!decoy_read.1.contains("refused"), "{decoy_read:?}");
 }
 
 #[tokio::test]

@@ -7,9 +7,9 @@
 //!   the sandbox (`/skill` is an empty directory), so it measures the same agent without it.
 //! - **Tools.** `bash`, `read_file`, `write_file`, `list_files`, all run inside ONE sandbox per
 //!   case ([`SandboxSession`]): the skill read-only at `/skill`, a writable `/workspace` seeded
-//!   with the case's `input.files` (by file name), no network, the sandbox policy's
+//!   with the case's `input.files` (by file name), the decoys' stubs read-only at `/skills`, no network, the sandbox policy's
 //!   memory/CPU/file-size/process limits, a time limit and an output cap per call. The file
-//!   tools are confined to `/skill` and `/workspace` (writes to `/workspace` only) and also run
+//!   tools are confined to `/skill`, `/skills` and `/workspace` (writes to `/workspace` only) and also run
 //!   inside the sandbox, so a symlink the agent planted cannot reach the host.
 //! - **Limits per case:** `maxTurns` (model requests), `maxTokens` (input + output, summed over
 //!   the case), `wallTimeMs` (never past the case's own timeout). Hitting one ends the case
@@ -22,7 +22,9 @@
 //!   `details.transcript` is the `{output, tool_calls}` transcript shape with each call's
 //!   result, exit code and duration; `details.turns` the model turns; `details.skill_used`
 //!   whether the agent opened `/skill/SKILL.md` (by `read_file`, or a `bash` command naming
-//!   `/skill/SKILL.md`); `details.artifacts` the files left in `/workspace` with sizes and
+//!   `/skill/SKILL.md`); `details.skill_opened` which catalogue entry's `SKILL.md` the agent
+//!   opened first, by name (this skill's, or a decoy's at `/skills/<name>/SKILL.md`, recognised
+//!   the same way), or `null`; `details.artifacts` the files left in `/workspace` with sizes and
 //!   SHA-256, whose content (within [`ARTIFACTS_MAX_BYTES`]) is kept in `Produced.files`.
 
 use std::collections::BTreeMap;
@@ -56,6 +58,8 @@ pub const SKILL_MD_PATH: &str = "/skill/SKILL.md";
 pub const WORKSPACE_DIR: &str = "/workspace";
 /// Where decoy skills are mounted (`/skills/<name>/SKILL.md`).
 pub const DECOYS_DIR: &str = "/skills";
+/// Where the read-only tools may look: the skill, the decoys, the workspace.
+const READ_ROOTS: [&str; 3] = [SKILL_DIR, DECOYS_DIR, WORKSPACE_DIR];
 /// Total bytes of workspace files whose content is kept with the result.
 pub const ARTIFACTS_MAX_BYTES: u64 = 1 << 20;
 /// Files listed from the workspace at most.
@@ -275,7 +279,7 @@ pub fn tool_specs() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "read_file",
-            description: "Read a text file under /skill or /workspace.",
+            description: "Read a text file under /skill, /skills or /workspace.",
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
         },
         ToolSpec {
@@ -285,7 +289,7 @@ pub fn tool_specs() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "list_files",
-            description: "List the files under a directory of /skill or /workspace (default /workspace).",
+            description: "List the files under a directory of /skill, /skills or /workspace (default /workspace).",
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
         },
     ]
@@ -505,6 +509,33 @@ fn opens_skill_md(name: &str, arguments: &Value) -> bool {
     }
 }
 
+/// The catalogue entry whose `SKILL.md` a tool call opens, if any: a `read_file` of its
+/// location, or a `bash` command naming it (the one named first when it names several).
+fn opened_entry<'a>(
+    name: &str,
+    arguments: &Value,
+    entries: &'a [CatalogueEntry],
+) -> Option<&'a CatalogueEntry> {
+    match name {
+        "read_file" => {
+            let path = arguments
+                .get("path")
+                .and_then(Value::as_str)
+                .and_then(|p| confine(p, &READ_ROOTS).ok())?;
+            entries.iter().find(|e| e.location == path)
+        }
+        "bash" => {
+            let command = arguments.get("command").and_then(Value::as_str)?;
+            entries
+                .iter()
+                .filter_map(|e| command.find(&e.location).map(|at| (at, e)))
+                .min_by_key(|(at, _)| *at)
+                .map(|(_, e)| e)
+        }
+        _ => None,
+    }
+}
+
 /// Text for the model, cut at `limit` bytes (on a character boundary).
 fn cut(bytes: &[u8], limit: usize, truncated: bool) -> String {
     let text = String::from_utf8_lossy(bytes);
@@ -531,15 +562,12 @@ async fn run_tool(
             Some(c) => c.to_string(),
             None => return Ok(("`bash` needs a `command` string".into(), None, true)),
         },
-        "read_file" => match arg("path").map(|p| confine(p, &[SKILL_DIR, WORKSPACE_DIR])) {
+        "read_file" => match arg("path").map(|p| confine(p, &READ_ROOTS)) {
             Some(Ok(p)) => format!("cat -- {}", quote(&p)),
             Some(Err(e)) => return Ok((format!("read_file refused: {e}"), None, true)),
             None => return Ok(("`read_file` needs a `path` string".into(), None, true)),
         },
-        "list_files" => match confine(
-            arg("path").unwrap_or(WORKSPACE_DIR),
-            &[SKILL_DIR, WORKSPACE_DIR],
-        ) {
+        "list_files" => match confine(arg("path").unwrap_or(WORKSPACE_DIR), &READ_ROOTS) {
             Ok(p) => format!(
                 "find {} -maxdepth 4 -not -name '.*' | sort | head -n 500",
                 quote(&p)
@@ -691,6 +719,7 @@ pub async fn run_agent(
     let mut calls: Vec<CallRecord> = Vec::new();
     let mut turns: Vec<Value> = Vec::new();
     let mut skill_used_at: Option<u32> = None;
+    let mut skill_opened: Option<String> = None;
     let mut answer = String::new();
     let mut limit: Option<(AgentLimit, String)> = None;
     let mut model = String::new();
@@ -751,6 +780,10 @@ pub async fn run_agent(
                     && opens_skill_md(&call.name, &call.arguments)
                 {
                     skill_used_at = Some(turn);
+                }
+                if skill_opened.is_none() {
+                    skill_opened =
+                        opened_entry(&call.name, &call.arguments, &entries).map(|e| e.name.clone());
                 }
                 let t0 = Instant::now();
                 let (content, exit_code, is_error) = if Instant::now() >= deadline {
@@ -845,6 +878,7 @@ pub async fn run_agent(
             "catalogue": entries.iter().map(|e| e.name.clone()).collect::<Vec<_>>(),
             "skill_used": skill_used_at.is_some(),
             "skill_opened_at_turn": skill_used_at,
+            "skill_opened": skill_opened,
             "turns": turns,
             "transcript": {"output": answer, "tool_calls": transcript_calls},
             "artifacts": artifacts,
@@ -911,6 +945,74 @@ mod tests {
             "bash",
             &json!({"command": "cat /skills/other/SKILL.md"})
         ));
+    }
+
+    #[test]
+    fn the_first_catalogue_entry_opened_is_named() {
+        let entries = catalogue(
+            Path::new("/nonexistent"),
+            &[
+                Decoy {
+                    name: "pdf-tools".into(),
+                    description: "PDFs".into(),
+                },
+                Decoy {
+                    name: "pdf".into(),
+                    description: "Also PDFs".into(),
+                },
+            ],
+            false,
+        );
+        let opened =
+            |tool: &str, args: Value| opened_entry(tool, &args, &entries).map(|e| e.name.clone());
+        // The skill under test is listed under its manifest's name ("skill" without one).
+        assert_eq!(
+            opened("read_file", json!({"path": "/skill/SKILL.md"})).as_deref(),
+            Some("skill")
+        );
+        assert_eq!(
+            opened("read_file", json!({"path": "/skills/pdf-tools/./SKILL.md"})).as_deref(),
+            Some("pdf-tools")
+        );
+        assert_eq!(
+            opened(
+                "bash",
+                json!({"command": "head -n 20 /skills/pdf/SKILL.md"})
+            )
+            .as_deref(),
+            Some("pdf"),
+            "a name that prefixes another's is not confused with it"
+        );
+        assert_eq!(
+            opened(
+                "bash",
+                json!({"command": "cat /skills/pdf-tools/SKILL.md /skill/SKILL.md"})
+            )
+            .as_deref(),
+            Some("pdf-tools"),
+            "the first named in the command"
+        );
+        assert_eq!(
+            opened("read_file", json!({"path": "/skills/pdf-tools/notes.md"})),
+            None
+        );
+        assert_eq!(
+            opened("read_file", json!({"path": "/skills/../etc/passwd"})),
+            None
+        );
+        assert_eq!(opened("list_files", json!({"path": "/skills/pdf"})), None);
+        assert_eq!(
+            opened("write_file", json!({"path": "/skill/SKILL.md"})),
+            None
+        );
+        // Without the skill (the baseline), its SKILL.md is no entry.
+        let without = catalogue(Path::new("/nonexistent"), &[], true);
+        assert!(opened_entry("read_file", &json!({"path": "/skill/SKILL.md"}), &without).is_none());
+        assert_eq!(
+            confine("/skills/pdf/SKILL.md", &READ_ROOTS).unwrap(),
+            "/skills/pdf/SKILL.md",
+            "the decoys can be read"
+        );
     }
 
     #[test]
