@@ -38,7 +38,7 @@ use skilleval_execution::triggers::SkillCard;
 use skilleval_infra::config::{CatalogueMode, CatalogueSettings};
 use skilleval_infra::store::catalogue::{ClaimedEval, CollisionStatus};
 use skilleval_infra::store::Store;
-use skilleval_model::package::TriggerCase;
+use skilleval_model::package::{Package, PackageLimits, TriggerCase};
 use skilleval_providers::{ProviderClients, Purpose};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
@@ -76,6 +76,8 @@ struct Lane {
     permits: Arc<Semaphore>,
     /// Agent mode's sandbox and package limits (`coordinator.catalogue.mode = "agent"`).
     agent: Option<CatalogueAgent>,
+    /// The limits a stored package is opened under (the backfill reads trigger files).
+    limits: PackageLimits,
 }
 
 impl std::fmt::Debug for CollisionLane {
@@ -94,6 +96,7 @@ impl CollisionLane {
         settings: CatalogueSettings,
         aggregator: RunAggregator,
         agent: Option<CatalogueAgent>,
+        limits: PackageLimits,
     ) -> Self {
         CollisionLane(Arc::new(Lane {
             store,
@@ -102,6 +105,7 @@ impl CollisionLane {
             settings,
             aggregator,
             agent,
+            limits,
         }))
     }
 
@@ -162,6 +166,60 @@ impl CollisionLane {
             self.start(*version_id);
         }
         Ok(due.len())
+    }
+
+    /// Gives every skill uploaded before catalogue cards existed its card, from its latest
+    /// version (the description, and the should-trigger queries of its stored package), so
+    /// it is a neighbour like any other; returns how many cards this call added. Such a card
+    /// is private (only its own publisher's evals see it) until the skill is uploaded again
+    /// with `public=true`. A package that no longer opens under today's limits gives a card
+    /// with its description and no queries. Bounded per call (the periodic sweep calls it).
+    pub async fn backfill(&self) -> anyhow::Result<usize> {
+        const BATCH: i64 = 8;
+        const PER_CALL: usize = 400;
+        let mut added = 0;
+        let mut seen = 0;
+        while seen < PER_CALL {
+            let batch = self.0.store.uncatalogued_versions(BATCH).await?;
+            if batch.is_empty() {
+                break;
+            }
+            seen += batch.len();
+            for version in batch {
+                let limits = self.0.limits.clone();
+                let package = version.package;
+                let opened = tokio::task::spawn_blocking(move || {
+                    Package::from_zip_bytes_streamed(&package, &limits)
+                })
+                .await?;
+                let queries: Vec<String> = match opened {
+                    Ok(p) => p
+                        .triggers
+                        .iter()
+                        .filter(|t| t.should_trigger)
+                        .map(|t| t.query.clone())
+                        .collect(),
+                    Err(e) => {
+                        tracing::warn!(version_id = %version.version_id, error = %e, "a stored package did not open; its catalogue card has no queries");
+                        Vec::new()
+                    }
+                };
+                if self
+                    .0
+                    .store
+                    .backfill_card(
+                        version.version_id,
+                        version.skill_id,
+                        &version.description,
+                        &queries,
+                    )
+                    .await?
+                {
+                    added += 1;
+                }
+            }
+        }
+        Ok(added)
     }
 
     /// Claims the eval (another coordinator may hold it: then nothing happens), evaluates it

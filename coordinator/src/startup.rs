@@ -128,6 +128,7 @@ impl Application {
             settings.coordinator.catalogue,
             aggregator.clone(),
             crate::catalogue_agent::CatalogueAgent::from_settings(&settings),
+            settings.limits.clone(),
         );
         let state = AppState {
             store,
@@ -286,6 +287,11 @@ fn spawn_background(
             }
             if let Err(e) = sweeper.sweep_unpublished().await {
                 tracing::warn!(error = ?e, "publish sweep failed");
+            }
+            match collisions.backfill().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(cards = n, "catalogue cards added for skills uploaded before them"),
+                Err(e) => tracing::warn!(error = ?e, "the catalogue backfill failed; the next sweep retries"),
             }
             // Before the finalisation sweep: a gated run whose eval is due waits for it.
             if let Err(e) = collisions.resume().await {

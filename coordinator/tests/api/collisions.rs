@@ -639,3 +639,59 @@ async fn the_no_collision_gate_is_refused_where_no_model_can_decide_it() {
     assert_eq!(app.count("skill_versions").await, 0, "nothing is stored");
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn skills_uploaded_before_catalogue_cards_are_backfilled_and_become_neighbours() {
+    let (app, _switches, model) = gated_app(|_| {}).await;
+    let alice = token(&app, "alice").await;
+    upload(
+        &app,
+        &alice,
+        package("invoice-tables", PDF, &[TWIN_QUERY]),
+        "",
+    )
+    .await;
+    settled(&app, &alice, "invoice-tables").await;
+    // As a version stored before catalogue cards existed.
+    for delete in [
+        "DELETE FROM version_collisions",
+        "DELETE FROM catalogue_cards",
+    ] {
+        sqlx::query(delete).execute(&app.pool).await.unwrap();
+    }
+
+    assert_eq!(app.state.collisions.backfill().await.unwrap(), 1);
+    assert_eq!(app.state.collisions.backfill().await.unwrap(), 0, "once");
+    let (description, queries, public): (String, Value, bool) =
+        sqlx::query_as("SELECT description, queries, public FROM catalogue_cards")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(description, PDF);
+    assert_eq!(
+        queries,
+        json!([TWIN_QUERY]),
+        "the stored package's trigger queries"
+    );
+    assert!(!public, "a backfilled card is private");
+    assert_eq!(
+        app.count("version_collisions").await,
+        0,
+        "no eval for an old version"
+    );
+
+    // The near-duplicate's eval has the backfilled skill as a neighbour, queries and all.
+    upload(
+        &app,
+        &alice,
+        package("pdf-tables", PDF, &[OWN_QUERY]),
+        "&gate=no_collision",
+    )
+    .await;
+    let (v, body) = settled(&app, &alice, "pdf-tables").await;
+    let m = &v["latest"]["matrix"];
+    assert_eq!(pair(m, "invoice-tables", "pdf-tables")["runs"], 3, "{body}");
+    assert_eq!(v["latest"]["gate"]["passed"], false, "{body}");
+    model.abort();
+    app.cleanup().await;
+}

@@ -66,6 +66,16 @@ pub struct NewCard<'a> {
     pub gated: bool,
 }
 
+/// A skill's latest version that has no catalogue card, as the backfill reads it.
+#[derive(Debug, Clone)]
+pub struct UncataloguedVersion {
+    pub version_id: Uuid,
+    pub skill_id: Uuid,
+    pub description: String,
+    /// The stored ZIP (its trigger file gives the card's queries).
+    pub package: Vec<u8>,
+}
+
 /// A pending eval a coordinator claimed: everything the eval reads, from the store, so a
 /// coordinator other than the upload's can run it.
 #[derive(Debug, Clone, PartialEq)]
@@ -265,6 +275,61 @@ impl Store {
         .map_err(StoreError::query(
             "listing runs waiting on a collision eval",
         ))
+    }
+
+    /// Skills with no catalogue card at all (uploaded before cards existed): the latest
+    /// version of each, with its description and stored package, at most `limit`.
+    pub async fn uncatalogued_versions(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<UncataloguedVersion>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM (
+                 SELECT DISTINCT ON (v.skill_id) v.id, v.skill_id, v.description, v.package_bytes
+                   FROM skill_versions v
+                  WHERE NOT EXISTS (SELECT 1 FROM catalogue_cards c WHERE c.skill_id = v.skill_id)
+                  ORDER BY v.skill_id, v.created_at DESC) latest
+              LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(StoreError::query("listing skills without a catalogue card"))?;
+        Ok(rows
+            .into_iter()
+            .map(|row| UncataloguedVersion {
+                version_id: row.get("id"),
+                skill_id: row.get("skill_id"),
+                description: row.get("description"),
+                package: row.get("package_bytes"),
+            })
+            .collect())
+    }
+
+    /// Adds the card of a version uploaded before cards existed: private (its publisher never
+    /// said otherwise), and without a collision eval (it was not gated on one). A card
+    /// already there (another coordinator's backfill, or an upload meanwhile) is kept.
+    pub async fn backfill_card(
+        &self,
+        version_id: Uuid,
+        skill_id: Uuid,
+        description: &str,
+        queries: &[String],
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO catalogue_cards (version_id, skill_id, description, queries, public,
+                                          created_at)
+             SELECT $1, $2, $3, $4, false, v.created_at FROM skill_versions v WHERE v.id = $1
+             ON CONFLICT (version_id) DO NOTHING",
+        )
+        .bind(version_id)
+        .bind(skill_id)
+        .bind(description)
+        .bind(serde_json::json!(queries))
+        .execute(self.pool())
+        .await
+        .map_err(StoreError::query("backfilling a catalogue card"))?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// The catalogue `publisher_id`'s upload is compared with: the latest card of every other
