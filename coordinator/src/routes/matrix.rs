@@ -31,7 +31,7 @@ use skilleval_infra::store::lifecycle::{RunKind, RunStatus};
 use skilleval_infra::store::matrix::{
     MatrixInsert, MatrixScope, MatrixStatus, NewCell, NewMatrix, StoredCell, StoredMatrix,
 };
-use skilleval_infra::store::runs::RunRow;
+use skilleval_infra::store::runs::{RunInsert, RunRow};
 use skilleval_model::definition::{RunnerConfig, RunnerSpec};
 use uuid::Uuid;
 
@@ -541,6 +541,25 @@ async fn create_cells(
             .publisher
             .create(&cell.request(Some(cell_run_key(matrix_id, position))))
             .await?;
+        // A run found by the cell's key must be the one this cell planned (run keys are
+        // global, so a run someone else made with it is refused, never linked).
+        if let RunInsert::Existing(run_id) = inserted {
+            let same = state
+                .store
+                .get_run(run_id)
+                .await?
+                .is_some_and(|r| r.version_id == cell.version_id);
+            if !same {
+                return Err(ApiError::conflict(
+                    "idempotency_conflict",
+                    format!(
+                        "the run key `{}` of matrix {matrix_id}'s cell {position} belongs to \
+                         another run",
+                        cell_run_key(matrix_id, position)
+                    ),
+                ));
+            }
+        }
         state
             .store
             .insert_matrix_cell(

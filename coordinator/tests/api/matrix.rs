@@ -411,7 +411,7 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         max_cost: Some(cost * 10.0),
         max_tokens: None,
         dry_run: false,
-        idempotency_key: None,
+        idempotency_key: Some("cli-nightly".into()),
         no_wait: false,
         timeout: 300,
         json: false,
@@ -421,6 +421,18 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         skilleval_cli::EXIT_FAIL
     );
     assert_eq!(app.count("matrices").await, 2);
+    // The same command again with its `--idempotency-key`: the same matrix, no new run.
+    let runs_after_cli = app.count("runs").await;
+    let again = skilleval_cli::matrix::MatrixArgs {
+        no_wait: true,
+        ..cli_args.clone()
+    };
+    assert_eq!(
+        skilleval_cli::matrix::matrix(&again).await,
+        skilleval_cli::EXIT_PASS
+    );
+    assert_eq!(app.count("matrices").await, 2);
+    assert_eq!(app.count("runs").await, runs_after_cli);
 
     // Another publisher's token: the matrix and its page are not found, like a missing one.
     let (status, hidden) = send(&app, Method::GET, &format!("/v1/matrix/{id}"), &bob, None).await;
