@@ -42,6 +42,11 @@ pub struct MatrixArgs {
     /// Print the estimate; create nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// The server answers the matrix this key (per publisher) already created instead of
+    /// creating another, completing it if its creation stopped half-way: re-run the same
+    /// command safely after a failure.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
     /// Print the matrix id and return once it is created.
     #[arg(long)]
     pub no_wait: bool,
@@ -69,6 +74,9 @@ pub fn request_body(args: &MatrixArgs) -> Value {
             budget["max_tokens"] = json!(t);
         }
         body["budget"] = budget;
+    }
+    if let Some(key) = &args.idempotency_key {
+        body["idempotency_key"] = json!(key);
     }
     body
 }
@@ -175,7 +183,12 @@ async fn matrix_inner(args: &MatrixArgs) -> Result<u8, String> {
         .as_str()
         .ok_or_else(|| format!("{url} answered without `matrix_id`"))?
         .to_string();
-    eprintln!("matrix {id}: {} runs", created["cells"]);
+    let replayed = if created["created"] == false {
+        " (created before with this idempotency key)"
+    } else {
+        ""
+    };
+    eprintln!("matrix {id}: {} runs{replayed}", created["cells"]);
     if args.no_wait {
         println!("{id}");
         return Ok(EXIT_PASS);
@@ -221,6 +234,7 @@ mod tests {
             max_cost: Some(2.5),
             max_tokens: None,
             dry_run: false,
+            idempotency_key: None,
             no_wait: false,
             timeout: 1,
             json: false,
@@ -243,6 +257,16 @@ mod tests {
         assert_eq!(
             request_body(&by_publisher),
             json!({"publisher": "acme", "models": ["m1"], "versions": "latest"})
+        );
+        let keyed = MatrixArgs {
+            idempotency_key: Some("nightly-1".into()),
+            max_cost: None,
+            ..args()
+        };
+        assert_eq!(
+            request_body(&keyed),
+            json!({"skills": ["a", "b"], "models": ["m1"], "versions": "latest",
+                   "idempotency_key": "nightly-1"})
         );
     }
 

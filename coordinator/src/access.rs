@@ -246,6 +246,21 @@ pub async fn reserve_run(
     principal: &Principal,
     cases: i64,
 ) -> Result<RunSlot, ApiError> {
+    reserve_runs(state, principal, 1, cases).await
+}
+
+/// [`reserve_run`] for `runs` runs created together (a matrix's cells) of `cases` cases in
+/// all: refused unless every one of them fits (`concurrent_runs` counts them all, the cases
+/// are counted at once), so a refusal creates none. Keep the answer until all are created.
+pub async fn reserve_runs(
+    state: &AppState,
+    principal: &Principal,
+    runs: i64,
+    cases: i64,
+) -> Result<RunSlot, ApiError> {
+    if runs < 1 {
+        return Ok(RunSlot(None));
+    }
     let q = &state.access.quotas;
     let holder = principal.holder();
     let (pub_runs, tok_runs) = (
@@ -269,11 +284,16 @@ pub async fn reserve_run(
         slot = RunSlot(Some(lock));
         let (p, t) = state.store.unfinished_runs(holder).await?;
         for (side, used, limit) in [("publisher", p, pub_runs), ("token", t, tok_runs)] {
-            if limit.is_some_and(|l| used >= l) {
+            if limit.is_some_and(|l| used + runs > l) {
+                let message = if runs == 1 {
+                    format!("{used} runs are not finished yet")
+                } else {
+                    format!("{used} runs are not finished yet and {runs} more are asked together")
+                };
                 return Err(refuse(
                     state,
                     &format!("coordinator.quotas.{side}.concurrent_runs"),
-                    &format!("{used} runs are not finished yet"),
+                    &message,
                     CONCURRENT_RETRY_SECS,
                 ));
             }

@@ -9,6 +9,15 @@
 //! dry_run=true` forecasts one, from the reference run's spend) and bounded by `budget`: an
 //! estimate over it is refused, and each cell's run carries an equal share of it as its own
 //! budget, so the runs stop themselves if the estimate was low.
+//!
+//! Creation is all or nothing on the quotas and resumable: every cell's run is counted
+//! against the run quotas (`concurrent_runs`, `spend_usd_per_day`, `cases_per_day`) at once
+//! before anything is stored, so a refusal creates nothing; then the matrix is stored
+//! `creating` with its plan, each cell's run is created with an idempotency key derived from
+//! the matrix and the cell's position, and the matrix becomes `created` once every cell is
+//! linked. A replay with the same `idempotency_key` (per publisher) answers the same matrix
+//! (`created: false`) and, when its creation stopped half-way, creates the missing cells: the
+//! runs' keys make re-driving never run a cell twice.
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
@@ -19,8 +28,10 @@ use serde_json::{json, Value};
 use skilleval_analysis::stats::proportion::wilson_interval;
 use skilleval_execution::variant::Configuration;
 use skilleval_infra::store::lifecycle::{RunKind, RunStatus};
-use skilleval_infra::store::matrix::{MatrixScope, NewCell, NewMatrix, StoredCell};
-use skilleval_infra::store::runs::RunRow;
+use skilleval_infra::store::matrix::{
+    MatrixInsert, MatrixScope, MatrixStatus, NewCell, NewMatrix, StoredCell, StoredMatrix,
+};
+use skilleval_infra::store::runs::{RunInsert, RunRow};
 use skilleval_model::definition::{RunnerConfig, RunnerSpec};
 use uuid::Uuid;
 
@@ -28,7 +39,7 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::extract::{parse_uuid, ApiJson, ApiQuery};
 use crate::results::load_results;
-use crate::routes::runs::{dry_run, CreateRunQuery};
+use crate::routes::runs::{check_idempotency_key, dry_run, CreateRunQuery};
 use crate::runs::plan::RunRequest;
 use crate::state::AppState;
 
@@ -87,6 +98,10 @@ pub struct CreateMatrixBody {
     pub versions: Option<String>,
     #[serde(default)]
     pub budget: Option<MatrixBudget>,
+    /// The same key (per publisher) always answers the same matrix and never creates a
+    /// second one; a replay completes a matrix whose creation stopped half-way.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
 }
 
 /// A skill a matrix leaves out (publisher scope only; named skills are refused instead).
@@ -96,14 +111,43 @@ struct Skipped {
     reason: String,
 }
 
-/// One planned cell before its run exists.
+/// One planned cell: everything its run is created from, kept with the matrix (`plan`) so
+/// that a stopped creation is completed exactly as it was planned.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct PlannedCell {
     skill: String,
     version: String,
     version_id: Uuid,
     reference_run: Uuid,
     model: String,
-    request: RunRequest,
+    runner: RunnerConfig,
+    baseline: bool,
+    repeats: u32,
+    max_cost_usd: Option<f64>,
+    max_tokens: Option<i64>,
+    token_id: Option<Uuid>,
+}
+
+impl PlannedCell {
+    /// The cell's run request; `key` is its idempotency key once the matrix exists.
+    fn request(&self, key: Option<String>) -> RunRequest {
+        RunRequest {
+            runner: Some(RunnerSpec::Detailed(self.runner.clone())),
+            baseline: self.baseline,
+            repeats: self.repeats,
+            max_cost_usd: self.max_cost_usd,
+            max_tokens: self.max_tokens,
+            token_id: self.token_id,
+            idempotency_key: key,
+            ..RunRequest::all_cases(self.version_id, RunKind::Manual)
+        }
+    }
+}
+
+/// The idempotency key of the run of the matrix's cell at `position`: re-driving a matrix's
+/// creation finds the run instead of creating a second one.
+fn cell_run_key(matrix_id: Uuid, position: usize) -> String {
+    format!("matrix:{matrix_id}:{position}")
 }
 
 fn invalid(field: &str, rule: impl Into<String>) -> ApiError {
@@ -226,6 +270,18 @@ pub async fn create(
     }
     let budget = body.budget.clone().unwrap_or_default();
     check_budget(&budget)?;
+    let key = body.idempotency_key.as_deref();
+    check_idempotency_key("/idempotency_key", key)?;
+    // A replay: the matrix this key created, completed if its creation stopped half-way.
+    if let (Some(key), false) = (key, query.dry_run) {
+        if let Some(id) = state
+            .store
+            .matrix_by_key(principal.publisher_id, key)
+            .await?
+        {
+            return resume(&state, &principal, id).await;
+        }
+    }
 
     // Only the caller's skills (an admin's: anyone's); another publisher's is not found.
     let found = state.store.matrix_skills(principal.viewer(), scope).await?;
@@ -319,15 +375,12 @@ pub async fn create(
                 version_id: passing.version_id,
                 reference_run: reference.id,
                 model: provider.clone(),
-                request: RunRequest {
-                    runner: Some(RunnerSpec::Detailed(runner)),
-                    baseline,
-                    repeats,
-                    max_cost_usd: share(budget.max_cost_usd),
-                    max_tokens: token_share,
-                    token_id: principal.token_id,
-                    ..RunRequest::all_cases(passing.version_id, RunKind::Manual)
-                },
+                runner,
+                baseline,
+                repeats,
+                max_cost_usd: share(budget.max_cost_usd),
+                max_tokens: token_share,
+                token_id: principal.token_id,
             });
         }
     }
@@ -342,7 +395,7 @@ pub async fn create(
     let mut cells_estimate = Vec::new();
     let (mut tokens, mut cost, mut known) = (0u64, 0.0f64, true);
     for cell in &planned {
-        let forecast = dry_run(&state, &cell.request).await?;
+        let forecast = dry_run(&state, &cell.request(None)).await?;
         let t = forecast["estimated_tokens"].as_u64();
         let c = forecast["estimated_cost_usd"].as_f64();
         match (t, c) {
@@ -391,27 +444,122 @@ pub async fn create(
         .into_response());
     }
 
-    let matrix_id = Uuid::now_v7();
+    // Every cell's run counted against the run quotas at once: a refusal creates nothing.
+    let positions: Vec<usize> = (0..planned.len()).collect();
+    let slot = reserve_cells(&state, &principal, &planned, &positions, &[]).await?;
     let request = json!({
         "models": providers,
         "versions": "latest",
         "budget": budget,
         "skipped": skipped,
     });
-    state
+    let plan = serde_json::to_value(&planned).map_err(ApiError::internal)?;
+    let inserted = state
         .store
         .insert_matrix(&NewMatrix {
-            id: matrix_id,
+            id: Uuid::now_v7(),
             publisher_id: principal.publisher_id,
             request: &request,
             estimate: &estimate,
+            plan: &plan,
+            idempotency_key: key,
         })
         .await?;
-    for (position, cell) in planned.iter().enumerate() {
-        let cases = state.store.version_cases(cell.version_id).await?;
-        let slot = crate::access::reserve_run(&state, &principal, cases).await?;
-        let inserted = state.publisher.create(&cell.request).await?;
-        drop(slot);
+    let matrix_id = match inserted {
+        MatrixInsert::Created(id) => id,
+        // A request with the same key stored its matrix first: that one is the answer.
+        MatrixInsert::Existing(id) => {
+            drop(slot);
+            return resume(&state, &principal, id).await;
+        }
+    };
+    create_cells(&state, matrix_id, &planned, &positions).await?;
+    drop(slot);
+    Ok(created_answer(
+        matrix_id,
+        planned.len(),
+        &estimate,
+        &json!(skipped),
+        true,
+    ))
+}
+
+/// The answer to a creation or a replay.
+fn created_answer(
+    matrix_id: Uuid,
+    cells: usize,
+    estimate: &Value,
+    skipped: &Value,
+    created: bool,
+) -> Response {
+    (
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, format!("/v1/matrix/{matrix_id}"))],
+        Json(json!({
+            "matrix_id": matrix_id,
+            "created": created,
+            "cells": cells,
+            "estimate": estimate,
+            "skipped": skipped,
+        })),
+    )
+        .into_response()
+}
+
+/// Counts the runs of the cells at `positions` against the run quotas, all at once; a cell
+/// whose run already exists (its key in `existing`) is not counted again.
+async fn reserve_cells(
+    state: &AppState,
+    principal: &Principal,
+    planned: &[PlannedCell],
+    positions: &[usize],
+    existing: &[usize],
+) -> Result<crate::access::RunSlot, ApiError> {
+    let mut runs = 0i64;
+    let mut cases = 0i64;
+    for &position in positions.iter().filter(|p| !existing.contains(p)) {
+        runs += 1;
+        cases += state
+            .store
+            .version_cases(planned[position].version_id)
+            .await?;
+    }
+    crate::access::reserve_runs(state, principal, runs, cases).await
+}
+
+/// Creates (or, by its key, finds) the run of each cell at `positions` and links it, then
+/// marks the matrix `created`.
+async fn create_cells(
+    state: &AppState,
+    matrix_id: Uuid,
+    planned: &[PlannedCell],
+    positions: &[usize],
+) -> Result<(), ApiError> {
+    for &position in positions {
+        let cell = &planned[position];
+        let inserted = state
+            .publisher
+            .create(&cell.request(Some(cell_run_key(matrix_id, position))))
+            .await?;
+        // A run found by the cell's key must be the one this cell planned (run keys are
+        // global, so a run someone else made with it is refused, never linked).
+        if let RunInsert::Existing(run_id) = inserted {
+            let same = state
+                .store
+                .get_run(run_id)
+                .await?
+                .is_some_and(|r| r.version_id == cell.version_id);
+            if !same {
+                return Err(ApiError::conflict(
+                    "idempotency_conflict",
+                    format!(
+                        "the run key `{}` of matrix {matrix_id}'s cell {position} belongs to \
+                         another run",
+                        cell_run_key(matrix_id, position)
+                    ),
+                ));
+            }
+        }
         state
             .store
             .insert_matrix_cell(
@@ -426,17 +574,68 @@ pub async fn create(
             )
             .await?;
     }
-    Ok((
-        StatusCode::ACCEPTED,
-        [(header::LOCATION, format!("/v1/matrix/{matrix_id}"))],
-        Json(json!({
-            "matrix_id": matrix_id,
-            "cells": planned.len(),
-            "estimate": estimate,
-            "skipped": skipped,
-        })),
-    )
-        .into_response())
+    state.store.finish_matrix_creation(matrix_id).await?;
+    Ok(())
+}
+
+/// A replay of a matrix's creation: the stored matrix, its missing cells created first when
+/// its creation stopped half-way (counted against the quotas like a new matrix's, except for
+/// runs that exist already).
+async fn resume(
+    state: &AppState,
+    principal: &Principal,
+    matrix_id: Uuid,
+) -> Result<Response, ApiError> {
+    let matrix = state
+        .store
+        .get_matrix(matrix_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("matrix", matrix_id))?;
+    let planned = stored_plan(&matrix)?;
+    if matrix.status == MatrixStatus::Creating {
+        let missing: Vec<usize> = (0..planned.len())
+            .filter(|&p| {
+                !matrix
+                    .cells
+                    .iter()
+                    .any(|c| usize::try_from(c.position).is_ok_and(|c| c == p))
+            })
+            .collect();
+        let keys: Vec<String> = missing
+            .iter()
+            .map(|&p| cell_run_key(matrix_id, p))
+            .collect();
+        let used = state.store.used_run_keys(&keys).await?;
+        let existing: Vec<usize> = missing
+            .iter()
+            .copied()
+            .filter(|&p| used.contains(&cell_run_key(matrix_id, p)))
+            .collect();
+        let slot = reserve_cells(state, principal, &planned, &missing, &existing).await?;
+        create_cells(state, matrix_id, &planned, &missing).await?;
+        drop(slot);
+    }
+    Ok(created_answer(
+        matrix_id,
+        planned.len().max(matrix.cells.len()),
+        &matrix.estimate,
+        &matrix.request["skipped"],
+        false,
+    ))
+}
+
+/// A stored matrix's planned cells; a matrix stored before plans were kept has its cells
+/// (all of them: it is `created`) instead.
+fn stored_plan(matrix: &StoredMatrix) -> Result<Vec<PlannedCell>, ApiError> {
+    match &matrix.plan {
+        Some(plan) => serde_json::from_value(plan.clone()).map_err(|e| {
+            ApiError::internal(anyhow::anyhow!(
+                "the stored plan of matrix {} does not read: {e}",
+                matrix.id
+            ))
+        }),
+        None => Ok(Vec::new()),
+    }
 }
 
 fn over_budget(field: &str, estimate: &Value, limit: &Value) -> ApiError {
@@ -456,6 +655,27 @@ fn over_budget(field: &str, estimate: &Value, limit: &Value) -> ApiError {
         "limit": limit,
         "estimate": estimate,
     }))
+}
+
+/// Where a matrix is, as `GET /v1/matrix/{id}` says it: `creating` while some planned cells
+/// have no run yet (a creation stopped half-way stays so until a replay with its
+/// `idempotency_key` completes it), then `running` until every cell's run finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MatrixProgress {
+    Creating,
+    Running,
+    Completed,
+}
+
+impl MatrixProgress {
+    fn of(status: MatrixStatus, runs_done: bool) -> MatrixProgress {
+        match (status, runs_done) {
+            (MatrixStatus::Creating, _) => MatrixProgress::Creating,
+            (MatrixStatus::Created, false) => MatrixProgress::Running,
+            (MatrixStatus::Created, true) => MatrixProgress::Completed,
+        }
+    }
 }
 
 /// The significant change a comparison found, as the matrix colours it.
@@ -507,7 +727,7 @@ pub async fn matrix_view(state: &AppState, id: Uuid) -> Result<Option<Value>, Ap
     for cell in &matrix.cells {
         cells.push(cell_view(state, cell).await?);
     }
-    let done = cells.iter().all(|c| {
+    let runs_done = cells.iter().all(|c| {
         matches!(
             c.status,
             None | Some(RunStatus::Cancelled | RunStatus::Failed)
@@ -521,7 +741,12 @@ pub async fn matrix_view(state: &AppState, id: Uuid) -> Result<Option<Value>, Ap
     Ok(Some(json!({
         "matrix_id": matrix.id,
         "created_at": matrix.created_at,
-        "status": if done { "completed" } else { "running" },
+        "status": MatrixProgress::of(matrix.status, runs_done),
+        "cells_planned": matrix
+            .plan
+            .as_ref()
+            .and_then(Value::as_array)
+            .map_or(cells.len(), Vec::len),
         "models": matrix.request["models"],
         "budget": matrix.request["budget"],
         "skipped": matrix.request["skipped"],

@@ -119,15 +119,7 @@ pub async fn create(
     if let Some(url) = &body.callback_url {
         check_callback_url("/callback_url", url)?;
     }
-    if let Some(key) = &body.idempotency_key {
-        if key.is_empty() || key.len() > 200 {
-            return Err(ApiError::invalid_field(
-                "invalid_body",
-                "/idempotency_key",
-                "must be 1 to 200 characters",
-            ));
-        }
-    }
+    check_idempotency_key("/idempotency_key", body.idempotency_key.as_deref())?;
     if let Some(RunnerSpec::Name(name)) = &body.runner {
         if !matches!(name.as_str(), "agent" | "command" | "given" | "llm") {
             return Err(ApiError::invalid_field(
@@ -190,6 +182,18 @@ pub async fn create(
         }),
     )
         .into_response())
+}
+
+/// An idempotency key's rule (runs and matrices): 1 to 200 bytes.
+pub(crate) fn check_idempotency_key(field: &str, key: Option<&str>) -> Result<(), ApiError> {
+    match key {
+        Some(key) if key.is_empty() || key.len() > 200 => Err(ApiError::invalid_field(
+            "invalid_body",
+            field,
+            "must be 1 to 200 characters",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// What the run would cost and could detect: its jobs planned (filter and runner applied)

@@ -3,6 +3,11 @@
 //! wrongly. A real in-process worker runs every job. The matrix must flag exactly that skill ×
 //! model cell as significantly worse; a dry run estimates and creates nothing; an estimate
 //! over the budget is refused naming the field; another publisher cannot read the matrix.
+//!
+//! Creation is all or nothing on the quotas and resumable: a matrix whose cells do not all
+//! fit the concurrent-runs quota is refused whole; a replay with the same idempotency key
+//! answers the same matrix and creates no run; a matrix whose creation stopped half-way is
+//! completed by a replay without running any cell twice.
 
 use std::time::Duration;
 
@@ -14,7 +19,9 @@ use serde_json::{json, Value};
 use skilleval_providers::{ProviderConfig, Providers};
 
 use crate::e2e::start_worker_with_providers;
-use crate::helpers::{local_provider, serve_local, spawn_app_with, AppOptions, TestApp};
+use crate::helpers::{
+    local_provider, serve_local, spawn_app_configured, spawn_app_with, AppOptions, TestApp,
+};
 use crate::packages::{skill_md, zip_of};
 
 const ROOT: &str = "root-token-for-matrix-tests";
@@ -404,6 +411,7 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         max_cost: Some(cost * 10.0),
         max_tokens: None,
         dry_run: false,
+        idempotency_key: Some("cli-nightly".into()),
         no_wait: false,
         timeout: 300,
         json: false,
@@ -413,6 +421,18 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         skilleval_cli::EXIT_FAIL
     );
     assert_eq!(app.count("matrices").await, 2);
+    // The same command again with its `--idempotency-key`: the same matrix, no new run.
+    let runs_after_cli = app.count("runs").await;
+    let again = skilleval_cli::matrix::MatrixArgs {
+        no_wait: true,
+        ..cli_args.clone()
+    };
+    assert_eq!(
+        skilleval_cli::matrix::matrix(&again).await,
+        skilleval_cli::EXIT_PASS
+    );
+    assert_eq!(app.count("matrices").await, 2);
+    assert_eq!(app.count("runs").await, runs_after_cli);
 
     // Another publisher's token: the matrix and its page are not found, like a missing one.
     let (status, hidden) = send(&app, Method::GET, &format!("/v1/matrix/{id}"), &bob, None).await;
@@ -436,5 +456,168 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     let _ = worker.await;
     steady_task.abort();
     shaky_task.abort();
+    app.cleanup().await;
+}
+
+/// The cells of a matrix as `(position order) run ids`.
+fn cell_runs(matrix: &Value) -> Vec<String> {
+    matrix["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["run_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn matrix_creation_is_all_or_nothing_on_quotas_idempotent_and_resumable() {
+    let (addr, server) = model_server(None).await;
+    let mut providers = Providers::default();
+    providers.insert(priced(local_provider(addr, "steady", "steady-model")), true);
+    providers.insert(priced(local_provider(addr, "other", "other-model")), false);
+    let app = spawn_app_configured(
+        AppOptions {
+            background: true,
+            sweep_interval_secs: 1,
+            auth_tokens: vec![ROOT.to_string()],
+            ..AppOptions::default()
+        },
+        |s| {
+            s.coordinator.quotas.publisher.concurrent_runs = Some(3);
+        },
+    )
+    .await;
+    let cache = tempfile::tempdir().unwrap();
+    let (stop, worker) = start_worker_with_providers(&app, providers, cache.path()).await;
+    let alice = token(&app, "alice").await;
+    for name in ["alpha", "beta"] {
+        let upload = app.upload_zip_as(model_skill(name), &alice).await;
+        let run_id = upload["run_id"]
+            .as_str()
+            .expect("an upload run")
+            .to_string();
+        let run = wait_for_verdict(&app, &alice, &run_id).await;
+        assert_eq!(run["verdict"], "pass", "{name}: {run}");
+    }
+    let runs_before = app.count("runs").await;
+    let doc = crate::openapi::doc();
+
+    // Four cells, three concurrent runs allowed: refused whole, naming the quota; no matrix,
+    // no run (the loop used to create three cells before the fourth was refused).
+    let too_many = json!({ "skills": ["alpha", "beta"], "models": ["steady", "other"] });
+    let (status, refused) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&too_many)).await;
+    assert_eq!(status, 429, "{refused}");
+    assert_eq!(refused["error"]["code"], "quota_exceeded", "{refused}");
+    assert_eq!(
+        refused["error"]["details"]["limit"], "coordinator.quotas.publisher.concurrent_runs",
+        "{refused}"
+    );
+    assert_eq!(app.count("matrices").await, 0);
+    assert_eq!(app.count("matrix_runs").await, 0);
+    assert_eq!(app.count("runs").await, runs_before);
+
+    // Two cells with a key: created once.
+    let body = json!({
+        "skills": ["alpha"],
+        "models": ["steady", "other"],
+        "idempotency_key": "nightly-2026-11-30"
+    });
+    let (status, created) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&body)).await;
+    assert_eq!(status, 202, "{created}");
+    assert_eq!(created["created"], true, "{created}");
+    assert_eq!(created["cells"], 2, "{created}");
+    crate::openapi::check(&doc, "post", "/v1/matrix", 202, &created);
+    let id = created["matrix_id"].as_str().unwrap().to_string();
+    assert_eq!(app.count("runs").await, runs_before + 2);
+
+    // The replay: the same matrix, no new run, no second matrix.
+    let (status, replay) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&body)).await;
+    assert_eq!(status, 202, "{replay}");
+    assert_eq!(replay["matrix_id"], created["matrix_id"], "{replay}");
+    assert_eq!(replay["created"], false, "{replay}");
+    assert_eq!(replay["cells"], 2, "{replay}");
+    crate::openapi::check(&doc, "post", "/v1/matrix", 202, &replay);
+    assert_eq!(app.count("runs").await, runs_before + 2);
+    assert_eq!(app.count("matrices").await, 1);
+
+    let matrix = wait_for_matrix(&app, &alice, &id).await;
+    let runs = cell_runs(&matrix);
+    assert_eq!(runs.len(), 2, "{matrix}");
+    let matrix_uuid = uuid::Uuid::parse_str(&id).unwrap();
+
+    // Stopped after the last cell's run was created but before it was linked: the matrix says
+    // it is still being created, and a replay links the run that exists instead of a new one.
+    sqlx::query("DELETE FROM matrix_runs WHERE matrix_id = $1 AND position = 1")
+        .bind(matrix_uuid)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE matrices SET status = 'creating' WHERE id = $1")
+        .bind(matrix_uuid)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let (status, partial) =
+        send(&app, Method::GET, &format!("/v1/matrix/{id}"), &alice, None).await;
+    assert_eq!(status, 200, "{partial}");
+    assert_eq!(partial["status"], "creating", "{partial}");
+    assert_eq!(partial["cells_planned"], 2, "{partial}");
+    assert_eq!(partial["cells"].as_array().unwrap().len(), 1, "{partial}");
+    crate::openapi::check(&doc, "get", "/v1/matrix/{id}", 200, &partial);
+    let (status, replay) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&body)).await;
+    assert_eq!(
+        (status, &replay["created"]),
+        (202, &json!(false)),
+        "{replay}"
+    );
+    assert_eq!(replay["matrix_id"], created["matrix_id"], "{replay}");
+    assert_eq!(app.count("runs").await, runs_before + 2);
+    let matrix = wait_for_matrix(&app, &alice, &id).await;
+    assert_eq!(cell_runs(&matrix), runs, "the same runs, linked again");
+
+    // Stopped before the last cell's run was created: a replay creates exactly that run.
+    sqlx::query("DELETE FROM runs WHERE id = $1")
+        .bind(uuid::Uuid::parse_str(&runs[1]).unwrap())
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE matrices SET status = 'creating' WHERE id = $1")
+        .bind(matrix_uuid)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(app.count("runs").await, runs_before + 1);
+    let (status, replay) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&body)).await;
+    assert_eq!(
+        (status, &replay["created"]),
+        (202, &json!(false)),
+        "{replay}"
+    );
+    assert_eq!(replay["matrix_id"], created["matrix_id"], "{replay}");
+    assert_eq!(app.count("runs").await, runs_before + 2);
+    assert_eq!(app.count("matrices").await, 1);
+    let matrix = wait_for_matrix(&app, &alice, &id).await;
+    let completed = cell_runs(&matrix);
+    assert_eq!(completed.len(), 2, "{matrix}");
+    assert_eq!(completed[0], runs[0], "the cell that existed keeps its run");
+    assert_ne!(
+        completed[1], runs[1],
+        "the missing cell got a run of its own"
+    );
+    assert_eq!(matrix["cells"][1]["model"], "other", "{matrix}");
+
+    // An idempotency key breaks the runs' rule: refused naming the field.
+    let mut bad = body.clone();
+    bad["idempotency_key"] = json!("");
+    let (status, refused) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&bad)).await;
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(
+        refused["error"]["details"]["field"], "/idempotency_key",
+        "{refused}"
+    );
+
+    stop.cancel();
+    let _ = worker.await;
+    server.abort();
     app.cleanup().await;
 }

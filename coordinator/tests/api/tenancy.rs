@@ -177,6 +177,8 @@ async fn publish_objects(app: &TestApp, token: &str, skill: &str) -> Objects {
             publisher_id: publisher,
             request: &json!({ "models": ["m"] }),
             estimate: &json!({ "cells": [] }),
+            plan: &json!([]),
+            idempotency_key: None,
         })
         .await
         .unwrap();
@@ -192,6 +194,11 @@ async fn publish_objects(app: &TestApp, token: &str, skill: &str) -> Objects {
                 reference_run: run,
             },
         )
+        .await
+        .unwrap();
+    app.state
+        .store
+        .finish_matrix_creation(matrix)
         .await
         .unwrap();
     Objects {

@@ -40,13 +40,37 @@ pub enum MatrixScope<'a> {
     Publisher(&'a str),
 }
 
-/// A matrix to store, before its cells.
+/// How far a matrix's creation went (`matrices.status`): its row is written `creating` with
+/// every planned cell, and becomes `created` once every cell's run is created and linked. A
+/// matrix left `creating` (its creator stopped half-way) is completed by a replay of its
+/// request with the same idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum MatrixStatus {
+    Creating,
+    Created,
+}
+
+/// A matrix to store, `creating`, before its cells.
 #[derive(Debug)]
 pub struct NewMatrix<'a> {
     pub id: Uuid,
     pub publisher_id: Uuid,
     pub request: &'a Value,
     pub estimate: &'a Value,
+    /// Every planned cell, in position order, as the coordinator re-drives them.
+    pub plan: &'a Value,
+    /// The caller's key: the publisher's matrix with this key is answered instead of a new one.
+    pub idempotency_key: Option<&'a str>,
+}
+
+/// Whether [`Store::insert_matrix`] stored the matrix or found the publisher's matrix with the
+/// same idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixInsert {
+    Created(Uuid),
+    Existing(Uuid),
 }
 
 /// One cell to link: the run of `version_id` produced with `model`.
@@ -66,6 +90,9 @@ pub struct StoredMatrix {
     pub request: Value,
     pub estimate: Value,
     pub created_at: DateTime<Utc>,
+    pub status: MatrixStatus,
+    /// The planned cells (`None` for a matrix stored before plans were kept: all `created`).
+    pub plan: Option<Value>,
     pub cells: Vec<StoredCell>,
 }
 
@@ -141,22 +168,77 @@ impl Store {
             .map_err(StoreError::query("reading a matrix's skills"))
     }
 
-    /// Stores a matrix (its cells are linked as their runs are created).
-    pub async fn insert_matrix(&self, m: &NewMatrix<'_>) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO matrices (id, publisher_id, request, estimate) VALUES ($1, $2, $3, $4)",
+    /// Stores a matrix, `creating` (its cells are linked as their runs are created). With an
+    /// idempotency key the publisher already used, stores nothing and returns that matrix.
+    pub async fn insert_matrix(&self, m: &NewMatrix<'_>) -> Result<MatrixInsert, StoreError> {
+        let inserted: Option<Uuid> = sqlx::query_scalar(
+            "INSERT INTO matrices (id, publisher_id, request, estimate, plan, idempotency_key, status)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (publisher_id, idempotency_key) WHERE idempotency_key IS NOT NULL
+             DO NOTHING
+             RETURNING id",
         )
         .bind(m.id)
         .bind(m.publisher_id)
         .bind(m.request)
         .bind(m.estimate)
-        .execute(self.pool())
+        .bind(m.plan)
+        .bind(m.idempotency_key)
+        .bind(MatrixStatus::Creating)
+        .fetch_optional(self.pool())
         .await
         .map_err(StoreError::query("storing a matrix"))?;
+        if let Some(id) = inserted {
+            return Ok(MatrixInsert::Created(id));
+        }
+        let existing = match m.idempotency_key {
+            Some(key) => self.matrix_by_key(m.publisher_id, key).await?,
+            None => None,
+        };
+        existing
+            .map(MatrixInsert::Existing)
+            .ok_or_else(|| StoreError::query("storing a matrix")(sqlx::Error::RowNotFound))
+    }
+
+    /// The publisher's matrix stored with this idempotency key, if any.
+    pub async fn matrix_by_key(
+        &self,
+        publisher_id: Uuid,
+        key: &str,
+    ) -> Result<Option<Uuid>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT id FROM matrices WHERE publisher_id = $1 AND idempotency_key = $2",
+        )
+        .bind(publisher_id)
+        .bind(key)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(StoreError::query("finding a matrix by its idempotency key"))
+    }
+
+    /// Which of these run idempotency keys a run already has (a matrix's cells whose run was
+    /// created but not linked yet).
+    pub async fn used_run_keys(&self, keys: &[String]) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar("SELECT idempotency_key FROM runs WHERE idempotency_key = ANY($1)")
+            .bind(keys)
+            .fetch_all(self.pool())
+            .await
+            .map_err(StoreError::query("finding runs by their idempotency keys"))
+    }
+
+    /// Marks a matrix `created`: every planned cell is linked.
+    pub async fn finish_matrix_creation(&self, id: Uuid) -> Result<(), StoreError> {
+        sqlx::query("UPDATE matrices SET status = $2 WHERE id = $1")
+            .bind(id)
+            .bind(MatrixStatus::Created)
+            .execute(self.pool())
+            .await
+            .map_err(StoreError::query("marking a matrix created"))?;
         Ok(())
     }
 
-    /// Links a created run to its matrix as one cell.
+    /// Links a created run to its matrix as one cell (a position already linked stays as it
+    /// is: creation re-driven after a stop links each cell once).
     pub async fn insert_matrix_cell(
         &self,
         matrix_id: Uuid,
@@ -164,7 +246,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO matrix_runs (matrix_id, position, version_id, model, run_id, reference_run_id)
-             VALUES ($1, $2, $3, $4, $5, $6)",
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (matrix_id, position) DO NOTHING",
         )
         .bind(matrix_id)
         .bind(cell.position)
@@ -197,12 +280,13 @@ impl Store {
 
     /// A matrix with its cells in order; `None` when there is none with this id.
     pub async fn get_matrix(&self, id: Uuid) -> Result<Option<StoredMatrix>, StoreError> {
-        let Some(head) =
-            sqlx::query("SELECT id, request, estimate, created_at FROM matrices WHERE id = $1")
-                .bind(id)
-                .fetch_optional(self.pool())
-                .await
-                .map_err(StoreError::query("reading a matrix"))?
+        let Some(head) = sqlx::query(
+            "SELECT id, request, estimate, created_at, status, plan FROM matrices WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(StoreError::query("reading a matrix"))?
         else {
             return Ok(None);
         };
@@ -224,6 +308,8 @@ impl Store {
                 request: head.try_get(1)?,
                 estimate: head.try_get(2)?,
                 created_at: head.try_get(3)?,
+                status: head.try_get(4)?,
+                plan: head.try_get(5)?,
                 cells: cells
                     .iter()
                     .map(|r| {
