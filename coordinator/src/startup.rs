@@ -271,6 +271,7 @@ fn spawn_background(
     let sweeper = state.sweeper.clone();
     let aggregator = state.aggregator.clone();
     let collisions = state.collisions.clone();
+    let app = state.clone();
     let store = state.store.clone();
     let metrics = state.metrics.clone();
     let retention_days = settings.coordinator.sampling.retention_days;
@@ -296,6 +297,12 @@ fn spawn_background(
             // Before the finalisation sweep: a gated run whose eval is due waits for it.
             if let Err(e) = collisions.resume().await {
                 tracing::warn!(error = ?e, "resuming collision evals failed");
+            }
+            // A matrix whose creation stopped a minute ago or more is completed here.
+            match crate::routes::matrix::complete_stalled(&app, Duration::from_secs(60)).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(matrices = n, "completed matrices whose creation stopped"),
+                Err(e) => tracing::warn!(error = ?e, "completing stalled matrices failed; the next sweep retries"),
             }
             match aggregator.sweep().await {
                 Ok(0) => {}

@@ -593,14 +593,7 @@ async fn resume(
         .ok_or_else(|| ApiError::not_found("matrix", matrix_id))?;
     let planned = stored_plan(&matrix)?;
     if matrix.status == MatrixStatus::Creating {
-        let missing: Vec<usize> = (0..planned.len())
-            .filter(|&p| {
-                !matrix
-                    .cells
-                    .iter()
-                    .any(|c| usize::try_from(c.position).is_ok_and(|c| c == p))
-            })
-            .collect();
+        let missing = missing_positions(&matrix, planned.len());
         let keys: Vec<String> = missing
             .iter()
             .map(|&p| cell_run_key(matrix_id, p))
@@ -622,6 +615,45 @@ async fn resume(
         &matrix.request["skipped"],
         false,
     ))
+}
+
+/// The planned positions of `matrix` (of `planned` cells) that have no linked run yet.
+fn missing_positions(matrix: &StoredMatrix, planned: usize) -> Vec<usize> {
+    (0..planned)
+        .filter(|&p| {
+            !matrix
+                .cells
+                .iter()
+                .any(|c| usize::try_from(c.position).is_ok_and(|c| c == p))
+        })
+        .collect()
+}
+
+/// Completes the matrices whose creation stopped and that nobody replayed: `creating` for
+/// longer than `after` (the coordinator that accepted them stopped mid-request; a matrix
+/// created without an idempotency key has no other way back). Their missing cells are
+/// created from the stored plan, each run found again by its key rather than made twice;
+/// the quotas were checked for every cell when the matrix was accepted. The periodic sweep
+/// calls it; returns how many matrices it completed.
+pub async fn complete_stalled(
+    state: &AppState,
+    after: std::time::Duration,
+) -> anyhow::Result<usize> {
+    let stalled = state.store.stalled_matrices(after, 20).await?;
+    let mut completed = 0;
+    for matrix_id in stalled {
+        let Some(matrix) = state.store.get_matrix(matrix_id).await? else {
+            continue;
+        };
+        let planned =
+            stored_plan(&matrix).map_err(|e| anyhow::anyhow!("matrix {matrix_id}: {e:?}"))?;
+        let missing = missing_positions(&matrix, planned.len());
+        create_cells(state, matrix_id, &planned, &missing)
+            .await
+            .map_err(|e| anyhow::anyhow!("completing matrix {matrix_id}: {e:?}"))?;
+        completed += 1;
+    }
+    Ok(completed)
 }
 
 /// A stored matrix's planned cells; a matrix stored before plans were kept has its cells

@@ -606,6 +606,35 @@ async fn matrix_creation_is_all_or_nothing_on_quotas_idempotent_and_resumable() 
     );
     assert_eq!(matrix["cells"][1]["model"], "other", "{matrix}");
 
+    // Stopped before the last cell was linked, and nobody replays it (a matrix without a key
+    // could not be): the periodic sweep completes it once it has been `creating` a while,
+    // linking the run its key finds, and leaves a creation still in flight alone.
+    sqlx::query("DELETE FROM matrix_runs WHERE matrix_id = $1 AND position = 1")
+        .bind(matrix_uuid)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE matrices SET status = 'creating' WHERE id = $1")
+        .bind(matrix_uuid)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let sweep = |after| skilleval_coordinator::routes::matrix::complete_stalled(&app.state, after);
+    assert_eq!(
+        sweep(Duration::from_secs(3600)).await.unwrap(),
+        0,
+        "a matrix accepted within the hour is not stalled"
+    );
+    assert_eq!(sweep(Duration::ZERO).await.unwrap(), 1);
+    assert_eq!(
+        app.count("runs").await,
+        runs_before + 2,
+        "no run made twice"
+    );
+    let matrix = wait_for_matrix(&app, &alice, &id).await;
+    assert_eq!(cell_runs(&matrix), completed, "the same runs, linked again");
+    assert_eq!(sweep(Duration::ZERO).await.unwrap(), 0, "once");
+
     // An idempotency key breaks the runs' rule: refused naming the field.
     let mut bad = body.clone();
     bad["idempotency_key"] = json!("");

@@ -278,6 +278,26 @@ impl Store {
         .map_err(StoreError::query("finding a matrix"))
     }
 
+    /// Matrices still `creating` that were accepted more than `after` ago (a creation in
+    /// flight takes less): their coordinator stopped mid-request. Oldest first.
+    pub async fn stalled_matrices(
+        &self,
+        after: std::time::Duration,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT id FROM matrices
+              WHERE status = $1 AND created_at < now() - make_interval(secs => $2)
+              ORDER BY created_at LIMIT $3",
+        )
+        .bind(MatrixStatus::Creating)
+        .bind(after.as_secs_f64())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(StoreError::query("listing matrices whose creation stopped"))
+    }
+
     /// A matrix with its cells in order; `None` when there is none with this id.
     pub async fn get_matrix(&self, id: Uuid) -> Result<Option<StoredMatrix>, StoreError> {
         let Some(head) = sqlx::query(
