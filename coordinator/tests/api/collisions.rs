@@ -46,6 +46,27 @@ pub(crate) async fn overlap_model(body: Bytes) -> axum::Json<Value> {
     }))
 }
 
+/// A coordinator whose only model provider is the local server `router` (started here;
+/// abort the returned task at the end), with the root token and `configure`'s settings.
+pub(crate) async fn catalogue_app(
+    router: Router,
+    configure: impl FnOnce(&mut skilleval_infra::config::Settings),
+) -> (TestApp, tokio::task::JoinHandle<()>) {
+    let (addr, model) = serve_local(router).await;
+    let app = spawn_app_configured(
+        AppOptions {
+            providers: Some(only_provider(local_provider(addr, "overlap", "overlap"))),
+            ..AppOptions::default()
+        },
+        |s| {
+            s.coordinator.auth_tokens = vec![skilleval_infra::config::Secret::new(ROOT)];
+            configure(s);
+        },
+    )
+    .await;
+    (app, model)
+}
+
 pub(crate) fn package(name: &str, description: &str, queries: &[&str]) -> Vec<u8> {
     let md = format!("---\nname: {name}\ndescription: {description}\n---\n\nDo it.\n");
     let tests = serde_json::to_vec(&given_tests(&["ok"], json!({}))).unwrap();
@@ -143,17 +164,9 @@ pub(crate) fn pair<'a>(m: &'a Value, owner: &str, picked: &str) -> &'a Value {
 
 #[tokio::test]
 async fn a_near_duplicate_collides_across_publishers_without_leaking_queries() {
-    let (addr, model) = serve_local(Router::new().fallback(overlap_model)).await;
-    let app = spawn_app_configured(
-        AppOptions {
-            providers: Some(only_provider(local_provider(addr, "overlap", "overlap"))),
-            ..AppOptions::default()
-        },
-        |s| {
-            s.coordinator.auth_tokens = vec![skilleval_infra::config::Secret::new(ROOT)];
-            s.coordinator.catalogue.max_share = 0.2;
-        },
-    )
+    let (app, model) = catalogue_app(Router::new().fallback(overlap_model), |s| {
+        s.coordinator.catalogue.max_share = 0.2;
+    })
     .await;
     let alice = token(&app, "alice").await;
     let bob = token(&app, "bob").await;
@@ -326,18 +339,10 @@ async fn gated_app(
     let router = Router::new()
         .fallback(switched_model)
         .with_state(switches.clone());
-    let (addr, model) = serve_local(router).await;
-    let app = spawn_app_configured(
-        AppOptions {
-            providers: Some(only_provider(local_provider(addr, "overlap", "overlap"))),
-            ..AppOptions::default()
-        },
-        |s| {
-            s.coordinator.auth_tokens = vec![skilleval_infra::config::Secret::new(ROOT)];
-            s.coordinator.catalogue.max_share = 0.2;
-            configure(s);
-        },
-    )
+    let (app, model) = catalogue_app(router, |s| {
+        s.coordinator.catalogue.max_share = 0.2;
+        configure(s);
+    })
     .await;
     (app, switches, model)
 }
@@ -394,20 +399,26 @@ async fn eval_row(app: &TestApp, version: Uuid) -> (String, i32, Option<String>)
 }
 
 const TWIN_QUERY: &str = "extract the invoice PDF tables";
+
+/// Uploads `invoice-tables` (the twin every gated upload here collides with) and waits for its
+/// eval.
+async fn twin(app: &TestApp, token: &str) {
+    upload(
+        app,
+        token,
+        package("invoice-tables", PDF, &[TWIN_QUERY]),
+        "",
+    )
+    .await;
+    settled(app, token, "invoice-tables").await;
+}
 const OWN_QUERY: &str = "turn the invoice PDF tables into spreadsheets";
 
 #[tokio::test]
 async fn the_no_collision_gate_fails_the_colliding_uploads_run_which_waits_for_it() {
     let (app, switches, model) = gated_app(|_| {}).await;
     let alice = token(&app, "alice").await;
-    upload(
-        &app,
-        &alice,
-        package("invoice-tables", PDF, &[TWIN_QUERY]),
-        "",
-    )
-    .await;
-    settled(&app, &alice, "invoice-tables").await;
+    twin(&app, &alice).await;
 
     // The judge holds its answers: the run's one case passes, and the run still waits.
     switches.open.send_replace(false);
@@ -483,14 +494,7 @@ async fn a_collision_eval_survives_host_faults_and_its_coordinator_and_fails_onl
     })
     .await;
     let alice = token(&app, "alice").await;
-    upload(
-        &app,
-        &alice,
-        package("invoice-tables", PDF, &[TWIN_QUERY]),
-        "",
-    )
-    .await;
-    settled(&app, &alice, "invoice-tables").await;
+    twin(&app, &alice).await;
 
     // The judge refuses every request: the first attempt is a host fault, the eval stays
     // pending with the fault recorded, and the run waits.
@@ -644,14 +648,7 @@ async fn the_no_collision_gate_is_refused_where_no_model_can_decide_it() {
 async fn skills_uploaded_before_catalogue_cards_are_backfilled_and_become_neighbours() {
     let (app, _switches, model) = gated_app(|_| {}).await;
     let alice = token(&app, "alice").await;
-    upload(
-        &app,
-        &alice,
-        package("invoice-tables", PDF, &[TWIN_QUERY]),
-        "",
-    )
-    .await;
-    settled(&app, &alice, "invoice-tables").await;
+    twin(&app, &alice).await;
     // As a version stored before catalogue cards existed.
     for delete in [
         "DELETE FROM version_collisions",

@@ -14,10 +14,7 @@ use serde_json::Value;
 use skilleval_execution::triggers::fixtures::agent_reply_by_word_overlap;
 use skilleval_infra::config::CatalogueMode;
 
-use crate::collisions::{overlap_model, package, pair, settled, token, upload, PDF, ROOT};
-use crate::helpers::{
-    local_provider, only_provider, serve_local, spawn_app_configured, AppOptions,
-};
+use crate::collisions::{catalogue_app, overlap_model, package, pair, settled, token, upload, PDF};
 
 /// Answers agent turns (requests with tools) by word overlap, counting them; anything else as
 /// the model-mode picker does.
@@ -33,19 +30,11 @@ async fn agent_model(State(turns): State<Arc<AtomicUsize>>, body: Bytes) -> axum
 #[tokio::test]
 async fn in_agent_mode_the_skill_md_the_agent_opens_is_the_pick() {
     let turns = Arc::new(AtomicUsize::new(0));
-    let (addr, model) = serve_local(
+    let (app, model) = catalogue_app(
         Router::new()
             .fallback(agent_model)
             .with_state(turns.clone()),
-    )
-    .await;
-    let app = spawn_app_configured(
-        AppOptions {
-            providers: Some(only_provider(local_provider(addr, "overlap", "overlap"))),
-            ..AppOptions::default()
-        },
         |s| {
-            s.coordinator.auth_tokens = vec![skilleval_infra::config::Secret::new(ROOT)];
             s.coordinator.catalogue.mode = CatalogueMode::Agent;
             s.coordinator.catalogue.runs_per_query = 2;
         },
@@ -123,21 +112,13 @@ async fn in_agent_mode_the_skill_md_the_agent_opens_is_the_pick() {
 #[tokio::test]
 async fn agent_mode_without_a_sandbox_fails_the_eval_as_a_configuration_problem() {
     let turns = Arc::new(AtomicUsize::new(0));
-    let (addr, model) = serve_local(
+    let missing = tempfile::tempdir().unwrap();
+    let bwrap = missing.path().join("bwrap");
+    let (app, model) = catalogue_app(
         Router::new()
             .fallback(agent_model)
             .with_state(turns.clone()),
-    )
-    .await;
-    let missing = tempfile::tempdir().unwrap();
-    let bwrap = missing.path().join("bwrap");
-    let app = spawn_app_configured(
-        AppOptions {
-            providers: Some(only_provider(local_provider(addr, "overlap", "overlap"))),
-            ..AppOptions::default()
-        },
         |s| {
-            s.coordinator.auth_tokens = vec![skilleval_infra::config::Secret::new(ROOT)];
             s.coordinator.catalogue.mode = CatalogueMode::Agent;
             s.sandbox.bwrap = Some(bwrap);
             s.sandbox.allow_unsandboxed = false;
