@@ -67,6 +67,15 @@ pub(crate) async fn catalogue_app(
     (app, model)
 }
 
+/// A skill no other here resembles.
+pub(crate) fn weather() -> Vec<u8> {
+    package(
+        "weather",
+        "Tells the weather forecast for a city",
+        &["what is the weather forecast for Paris"],
+    )
+}
+
 pub(crate) fn package(name: &str, description: &str, queries: &[&str]) -> Vec<u8> {
     let md = format!("---\nname: {name}\ndescription: {description}\n---\n\nDo it.\n");
     let tests = serde_json::to_vec(&given_tests(&["ok"], json!({}))).unwrap();
@@ -190,17 +199,7 @@ async fn a_near_duplicate_collides_across_publishers_without_leaking_queries() {
     )
     .await;
     settled(&app, &bob, "bob-private-pdf").await;
-    upload(
-        &app,
-        &alice,
-        package(
-            "weather",
-            "Tells the weather forecast for a city",
-            &["what is the weather forecast for Paris"],
-        ),
-        "",
-    )
-    .await;
+    upload(&app, &alice, weather(), "").await;
     settled(&app, &alice, "weather").await;
 
     upload(
@@ -458,17 +457,7 @@ async fn the_no_collision_gate_fails_the_colliding_uploads_run_which_waits_for_i
     );
 
     // A distinct skill passes the same gate.
-    let (_, run) = upload_run_and_pass(
-        &app,
-        &alice,
-        package(
-            "weather",
-            "Tells the weather forecast for a city",
-            &["what is the weather forecast for Paris"],
-        ),
-        "&gate=no_collision",
-    )
-    .await;
+    let (_, run) = upload_run_and_pass(&app, &alice, weather(), "&gate=no_collision").await;
     app.state.aggregator.finalise(run).await.unwrap();
     let done = verdict_of(&app, &alice, run).await;
     assert_eq!(done["verdict"], "pass", "{done}");
@@ -536,17 +525,7 @@ async fn a_collision_eval_survives_host_faults_and_its_coordinator_and_fails_onl
 
     // A coordinator that stopped mid-eval: its claim lapses and another sweep takes it over.
     switches.open.send_replace(false);
-    let (version, run) = upload_run_and_pass(
-        &app,
-        &alice,
-        package(
-            "weather",
-            "Tells the weather forecast for a city",
-            &["what is the weather forecast for Paris"],
-        ),
-        "&gate=no_collision",
-    )
-    .await;
+    let (version, run) = upload_run_and_pass(&app, &alice, weather(), "&gate=no_collision").await;
     let lease = Duration::from_secs(60);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while eval_row(&app, version).await.1 == 0 {

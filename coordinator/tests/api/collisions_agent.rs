@@ -14,7 +14,9 @@ use serde_json::Value;
 use skilleval_execution::triggers::fixtures::agent_reply_by_word_overlap;
 use skilleval_infra::config::CatalogueMode;
 
-use crate::collisions::{catalogue_app, overlap_model, package, pair, settled, token, upload, PDF};
+use crate::collisions::{
+    catalogue_app, overlap_model, package, pair, settled, token, upload, weather, PDF,
+};
 
 /// Answers agent turns (requests with tools) by word overlap, counting them; anything else as
 /// the model-mode picker does.
@@ -53,17 +55,7 @@ async fn in_agent_mode_the_skill_md_the_agent_opens_is_the_pick() {
     )
     .await;
     settled(&app, &alice, "invoice-tables").await;
-    upload(
-        &app,
-        &alice,
-        package(
-            "weather",
-            "Tells the weather forecast for a city",
-            &["what is the weather forecast for Paris"],
-        ),
-        "",
-    )
-    .await;
+    upload(&app, &alice, weather(), "").await;
     settled(&app, &alice, "weather").await;
     // A near-duplicate named to come first in the agent's catalogue: on the tie the agent
     // opens it, for the twin's queries too.
