@@ -296,7 +296,10 @@ impl CollisionLane {
             tracing::warn!(error = %e, %version_id, "the collision eval was not recorded");
             return;
         }
-        self.finalise_waiting(version_id).await;
+        // Only a gated upload's runs wait for the eval; others are finalised as usual.
+        if claimed.gated {
+            self.finalise_waiting(version_id).await;
+        }
     }
 
     /// Finalises the version's upload runs that had every case recorded and waited for the

@@ -260,7 +260,8 @@ impl Store {
         }))
     }
 
-    /// The version's upload runs that have every case recorded and wait for its eval.
+    /// The version's upload runs that have every case recorded and are not finalised: those
+    /// that wait for its eval when its upload asked for `gate=no_collision`.
     pub async fn runs_awaiting_collisions(
         &self,
         version_id: Uuid,
