@@ -217,6 +217,7 @@ async fn a_near_duplicate_collides_across_publishers_without_leaking_queries() {
     let latest = &v["latest"];
     assert_eq!(latest["status"], "completed", "{body}");
     let m = &latest["matrix"];
+    assert_eq!(m["mode"], "model", "{body}");
     let neighbours: Vec<&str> = m["neighbours"]
         .as_array()
         .unwrap()

@@ -74,6 +74,7 @@ async fn in_agent_mode_the_skill_md_the_agent_opens_is_the_pick() {
     let latest = &v["latest"];
     assert_eq!(latest["status"], "completed", "{body}");
     let m = &latest["matrix"];
+    assert_eq!(m["mode"], "agent", "{body}");
     let taken = pair(m, "invoice-tables", "a-pdf-tables");
     assert_eq!(
         (taken["hits"].as_u64(), taken["runs"].as_u64()),

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use skilleval_execution::catalogue::{CatalogueRun, Neighbour, SimilarityMethod};
+use skilleval_execution::catalogue::{CatalogueRun, Neighbour, PickMode, SimilarityMethod};
 use skilleval_model::grade::Usage;
 
 use crate::stats::proportion::{wilson_interval, Interval};
@@ -64,6 +64,10 @@ pub struct PairRate {
 pub struct CollisionMatrix {
     pub skill: String,
     pub method: SimilarityMethod,
+    /// How the runs picked a skill: a model naming one, or an agent opening one (matrices
+    /// stored before agent mode read as `model`).
+    #[serde(default)]
+    pub mode: PickMode,
     pub runs_per_query: u32,
     pub confidence: f64,
     pub neighbours: Vec<NeighbourRow>,
@@ -154,6 +158,7 @@ pub fn matrix(
     CollisionMatrix {
         skill: run.skill.clone(),
         method,
+        mode: run.mode,
         runs_per_query: run.runs_per_query,
         confidence: CONFIDENCE,
         neighbours: rows.clone(),
@@ -274,7 +279,7 @@ pub fn markdown(matrix: &CollisionMatrix, gate: Option<&CollisionGate>) -> Strin
         })
     };
     let mut out = format!(
-        "## Catalogue collisions of `{}`\n\n{} neighbour(s) by {} similarity; {} run(s) per query; intervals are {:.0}% Wilson.\n\n\
+        "## Catalogue collisions of `{}`\n\n{} neighbour(s) by {} similarity; {} run(s) per query, each {}; intervals are {:.0}% Wilson.\n\n\
          | Neighbour | Similarity | Its queries picking `{}` | `{}`'s queries picking it |\n|---|---|---|---|\n",
         matrix.skill,
         matrix.neighbours.len(),
@@ -283,6 +288,10 @@ pub fn markdown(matrix: &CollisionMatrix, gate: Option<&CollisionGate>) -> Strin
             SimilarityMethod::Lexical => "lexical",
         },
         matrix.runs_per_query,
+        match matrix.mode {
+            PickMode::Model => "a model naming a skill",
+            PickMode::Agent => "an agent opening a skill",
+        },
         matrix.confidence * 100.0,
         matrix.skill,
         matrix.skill,
@@ -358,6 +367,7 @@ mod tests {
             skill: "new".into(),
             lineup: vec!["new".into(), "twin".into(), "far".into()],
             runs_per_query: 4,
+            mode: PickMode::Agent,
             queries: vec![
                 q("new", "mine 1", &["new", "new", "twin", "twin"]),
                 q("new", "mine 2", &["new", "new", "new", "new"]),
@@ -420,6 +430,21 @@ mod tests {
              (4 of 8); at most 20% is allowed"
         );
         assert_eq!(gate(&m, 0.5).reason(), None);
+        assert_eq!(
+            m.mode,
+            PickMode::Agent,
+            "the matrix says how the runs picked"
+        );
+        assert!(markdown(&m, None).contains("each an agent opening a skill"));
+        let stored = serde_json::json!({"skill": "new", "method": "lexical", "runs_per_query": 1,
+            "confidence": 0.95, "neighbours": [], "queries": [], "hidden_queries": 0, "pairs": [],
+            "usage": serde_json::to_value(Usage::default()).unwrap()});
+        let old: CollisionMatrix = serde_json::from_value(stored).unwrap();
+        assert_eq!(
+            old.mode,
+            PickMode::Model,
+            "a matrix stored before modes reads as model"
+        );
     }
 
     #[test]

@@ -167,6 +167,17 @@ pub struct QueryPicks {
     pub errors: Vec<String>,
 }
 
+/// How the eval's runs picked: what a matrix says it measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PickMode {
+    /// A model named one skill of the lineup.
+    #[default]
+    Model,
+    /// An agent opened one skill's `SKILL.md`.
+    Agent,
+}
+
 /// What the catalogue eval observed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CatalogueRun {
@@ -175,6 +186,9 @@ pub struct CatalogueRun {
     /// Every skill in the lineup: the evaluated one first, then its neighbours.
     pub lineup: Vec<String>,
     pub runs_per_query: u32,
+    /// How the runs picked (absent in matrices stored before agent mode: `model`).
+    #[serde(default)]
+    pub mode: PickMode,
     pub queries: Vec<QueryPicks>,
     pub usage: Usage,
 }
@@ -195,10 +209,10 @@ pub enum Picker {
 
 impl Picker {
     /// As `mode` names it in configuration and reports.
-    pub fn mode(&self) -> &'static str {
+    pub fn mode(&self) -> PickMode {
         match self {
-            Picker::Model => "model",
-            Picker::Agent(_) => "agent",
+            Picker::Model => PickMode::Model,
+            Picker::Agent(_) => PickMode::Agent,
         }
     }
 }
@@ -260,7 +274,7 @@ fn pick_of(v: &serde_json::Value, cards: &[SkillCard]) -> Result<String, String>
 /// [`Picker::Agent`], to the agent), `runs` times each (at least once), with all of them in
 /// the lineup; at most `concurrency` runs in flight. A run that fails is recorded with its
 /// query and left out of the picks.
-#[tracing::instrument(skip_all, fields(skill = %skill.card.name, neighbours = neighbours.len(), mode = picker.mode()))]
+#[tracing::instrument(skip_all, fields(skill = %skill.card.name, neighbours = neighbours.len(), mode = ?picker.mode()))]
 pub async fn evaluate_catalogue(
     client: &LlmClient,
     skill: &CatalogueSkill,
@@ -338,6 +352,7 @@ pub async fn evaluate_catalogue(
         skill: skill.card.name.clone(),
         lineup: cards.iter().map(|c| c.name.clone()).collect(),
         runs_per_query: runs,
+        mode: picker.mode(),
         queries,
         usage,
     }
