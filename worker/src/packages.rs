@@ -18,8 +18,14 @@ use skilleval_model::grade::Fault;
 use skilleval_model::package::{Package, PackageLimits};
 
 /// Folders of packages being extracted start with this; leftovers of a crash are removed at
-/// start.
+/// start once they are [`STALE_AFTER`] old.
 const TMP_PREFIX: &str = ".tmp-";
+
+/// How old a half-extracted folder must be before a starting worker removes it. Several
+/// worker processes may share one cache folder (a host's volume), so a folder of that prefix
+/// may be another live worker's extraction in progress, which takes seconds; a crash's
+/// leftover is only in the way of disk space, so waiting costs nothing.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 #[derive(Debug)]
 pub struct PackageCache {
@@ -48,11 +54,21 @@ impl PackageCache {
         self.fetches.load(Ordering::Relaxed)
     }
 
-    /// Creates the cache folder and removes half-extracted leftovers.
+    /// Creates the cache folder and removes half-extracted leftovers of crashed workers: the
+    /// ones untouched for [`STALE_AFTER`], never a sibling's extraction in progress.
     pub fn prepare(&self) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
         for entry in std::fs::read_dir(&self.dir)?.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            if !entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                continue;
+            }
+            let stale = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|modified| modified.elapsed().ok())
+                .is_some_and(|age| age >= STALE_AFTER);
+            if stale {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
@@ -153,5 +169,41 @@ where
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(e.to_string()),
         Err(e) => Err(format!("extraction task failed: {e}")),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_starting_worker_removes_a_crash_leftover_but_not_a_siblings_extraction_in_progress()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let leftover = dir.path().join(format!("{TMP_PREFIX}aaaa-1"));
+        let in_progress = dir.path().join(format!("{TMP_PREFIX}bbbb-2"));
+        let package = dir.path().join("cccc");
+        for d in [&leftover, &in_progress, &package] {
+            std::fs::create_dir_all(d.join("eval")).unwrap();
+        }
+        let old = std::time::SystemTime::now() - STALE_AFTER - std::time::Duration::from_secs(60);
+        std::fs::File::open(&leftover)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let store = Store::from_pool(
+            sqlx::postgres::PgPoolOptions::new()
+                .connect_lazy("postgres://127.0.0.1/unused")
+                .unwrap(),
+        );
+        let cache = PackageCache::new(dir.path().to_path_buf(), PackageLimits::default(), store);
+        cache.prepare().unwrap();
+        assert!(!leftover.exists(), "a crash's leftover is removed");
+        assert!(
+            in_progress.join("eval").is_dir(),
+            "a sibling's extraction in progress is left alone"
+        );
+        assert!(package.is_dir(), "extracted packages stay");
     }
 }
