@@ -7,10 +7,11 @@
 //!   the sandbox (`/skill` is an empty directory), so it measures the same agent without it.
 //! - **Tools.** `bash`, `read_file`, `write_file`, `list_files`, all run inside ONE sandbox per
 //!   case ([`SandboxSession`]): the skill read-only at `/skill`, a writable `/workspace` seeded
-//!   with the case's `input.files` (by file name), the decoys' stubs read-only at `/skills`, no network, the sandbox policy's
-//!   memory/CPU/file-size/process limits, a time limit and an output cap per call. The file
-//!   tools are confined to `/skill`, `/skills` and `/workspace` (writes to `/workspace` only) and also run
-//!   inside the sandbox, so a symlink the agent planted cannot reach the host.
+//!   with the case's `input.files` (by file name), the decoys' stubs read-only at `/skills`, no
+//!   network, the sandbox policy's memory/CPU/file-size/process limits, a time limit and an
+//!   output cap per call. The file tools are confined to `/skill`, `/skills` and `/workspace`
+//!   (writes to `/workspace` only) and also run inside the sandbox, so a symlink the agent
+//!   planted cannot reach the host.
 //! - **Limits per case:** `maxTurns` (model requests), `maxTokens` (input + output, summed over
 //!   the case), `wallTimeMs` (never past the case's own timeout). Hitting one ends the case
 //!   `errored` with the reason, or, with `onLimit: "grade"`, grades what the agent has. Either
