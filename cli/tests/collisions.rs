@@ -142,9 +142,9 @@ fn collisions_with(
 
 const PDF: &str = "Extracts tables from invoice PDF files into spreadsheets";
 
-#[test]
-fn a_near_duplicate_collides_and_a_distinct_skill_does_not() {
-    let addr = start();
+/// A catalogue folder of two skills: `invoice-tables` (every new skill here is its
+/// near-duplicate) and `weather` (distinct from all of them).
+fn twin_and_weather() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let catalogue = dir.path().join("catalogue");
     skill(
@@ -159,6 +159,13 @@ fn a_near_duplicate_collides_and_a_distinct_skill_does_not() {
         "Tells the weather forecast for a city",
         &["what is the weather forecast for Paris"],
     );
+    (dir, catalogue)
+}
+
+#[test]
+fn a_near_duplicate_collides_and_a_distinct_skill_does_not() {
+    let addr = start();
+    let (dir, catalogue) = twin_and_weather();
     let new = dir.path().join("new");
     skill(
         &new,
@@ -279,20 +286,7 @@ fn with_an_embedding_model_neighbours_are_found_by_embeddings() {
 #[test]
 fn in_agent_mode_a_near_duplicate_collides_and_a_distinct_skill_does_not() {
     let addr = start();
-    let dir = tempfile::tempdir().unwrap();
-    let catalogue = dir.path().join("catalogue");
-    skill(
-        &catalogue,
-        "invoice-tables",
-        PDF,
-        &["extract tables from this invoice PDF"],
-    );
-    skill(
-        &catalogue,
-        "weather",
-        "Tells the weather forecast for a city",
-        &["what is the weather forecast for Paris"],
-    );
+    let (dir, catalogue) = twin_and_weather();
     let new = dir.path().join("new");
     // Named to come first in the agent's catalogue: on the tie it opens this one.
     skill(

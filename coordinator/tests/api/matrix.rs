@@ -150,6 +150,25 @@ async fn wait_for_verdict(app: &TestApp, token: &str, run_id: &str) -> Value {
 }
 
 /// Polls the matrix until every cell's run finished and was compared.
+/// As if the matrix's creation had stopped before its last cell (position 1) was linked.
+async fn cut_short(app: &TestApp, matrix: uuid::Uuid) {
+    sqlx::query("DELETE FROM matrix_runs WHERE matrix_id = $1 AND position = 1")
+        .bind(matrix)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    mark_creating(app, matrix).await;
+}
+
+/// As if the matrix's creation had not finished.
+async fn mark_creating(app: &TestApp, matrix: uuid::Uuid) {
+    sqlx::query("UPDATE matrices SET status = 'creating' WHERE id = $1")
+        .bind(matrix)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+}
+
 async fn wait_for_matrix(app: &TestApp, token: &str, id: &str) -> Value {
     let mut last = Value::Null;
     for _ in 0..1_800 {
@@ -547,16 +566,7 @@ async fn matrix_creation_is_all_or_nothing_on_quotas_idempotent_and_resumable() 
 
     // Stopped after the last cell's run was created but before it was linked: the matrix says
     // it is still being created, and a replay links the run that exists instead of a new one.
-    sqlx::query("DELETE FROM matrix_runs WHERE matrix_id = $1 AND position = 1")
-        .bind(matrix_uuid)
-        .execute(&app.pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE matrices SET status = 'creating' WHERE id = $1")
-        .bind(matrix_uuid)
-        .execute(&app.pool)
-        .await
-        .unwrap();
+    cut_short(&app, matrix_uuid).await;
     let (status, partial) =
         send(&app, Method::GET, &format!("/v1/matrix/{id}"), &alice, None).await;
     assert_eq!(status, 200, "{partial}");
@@ -581,11 +591,7 @@ async fn matrix_creation_is_all_or_nothing_on_quotas_idempotent_and_resumable() 
         .execute(&app.pool)
         .await
         .unwrap();
-    sqlx::query("UPDATE matrices SET status = 'creating' WHERE id = $1")
-        .bind(matrix_uuid)
-        .execute(&app.pool)
-        .await
-        .unwrap();
+    mark_creating(&app, matrix_uuid).await;
     assert_eq!(app.count("runs").await, runs_before + 1);
     let (status, replay) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&body)).await;
     assert_eq!(
@@ -609,16 +615,7 @@ async fn matrix_creation_is_all_or_nothing_on_quotas_idempotent_and_resumable() 
     // Stopped before the last cell was linked, and nobody replays it (a matrix without a key
     // could not be): the periodic sweep completes it once it has been `creating` a while,
     // linking the run its key finds, and leaves a creation still in flight alone.
-    sqlx::query("DELETE FROM matrix_runs WHERE matrix_id = $1 AND position = 1")
-        .bind(matrix_uuid)
-        .execute(&app.pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE matrices SET status = 'creating' WHERE id = $1")
-        .bind(matrix_uuid)
-        .execute(&app.pool)
-        .await
-        .unwrap();
+    cut_short(&app, matrix_uuid).await;
     let sweep = |after| skilleval_coordinator::routes::matrix::complete_stalled(&app.state, after);
     assert_eq!(
         sweep(Duration::from_secs(3600)).await.unwrap(),
