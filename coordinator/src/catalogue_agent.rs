@@ -13,7 +13,6 @@ use skilleval_infra::config::{CatalogueMode, CatalogueSettings, Settings};
 use skilleval_infra::store::Store;
 use skilleval_model::package::{Package, PackageLimits};
 use skilleval_sandbox::{Sandbox, SandboxMode};
-use uuid::Uuid;
 
 /// What agent-mode collision evals need of the coordinator: the sandbox the agent runs in
 /// (detected once at start from `sandbox`, as a worker's executor does) and the limits a
@@ -90,7 +89,7 @@ pub(crate) async fn picker_for(
     store: &Store,
     settings: &CatalogueSettings,
     agent: Option<&CatalogueAgent>,
-    version_id: Uuid,
+    package_hash: &str,
 ) -> Result<(Picker, Option<tempfile::TempDir>), AgentSetupError> {
     use std::os::unix::fs::PermissionsExt;
     if settings.mode == CatalogueMode::Model {
@@ -108,7 +107,7 @@ pub(crate) async fn picker_for(
     let host =
         |what: &str, e: &dyn std::fmt::Display| AgentSetupError::Host(format!("{what}: {e}"));
     let bytes = store
-        .version_package_bytes(version_id)
+        .package_bytes(package_hash)
         .await
         .map_err(|e| host("reading the version's package", &e))?
         .ok_or_else(|| AgentSetupError::Host("the version's package is not stored".into()))?;

@@ -9,7 +9,8 @@
 //! coordinator stopped, or that hit a host fault, is claimed again by any coordinator's
 //! sweep ([`CollisionLane::resume`]), up to `max_attempts`. An upload that asked for
 //! `gate=no_collision` has its run wait for the eval, whose gate is then part of the run's
-//! verdict (`crate::aggregate`).
+//! verdict (`crate::aggregate`). Skills stored before catalogue cards existed get theirs at
+//! start ([`CollisionLane::backfill`]).
 //!
 //! With `coordinator.catalogue.mode = "agent"` the eval's runs give each query to the `agent`
 //! runner instead, in the coordinator's sandbox, with the version's package (read from the
@@ -109,10 +110,6 @@ impl CollisionLane {
         }))
     }
 
-    pub fn settings(&self) -> &CatalogueSettings {
-        &self.0.settings
-    }
-
     /// Why this coordinator cannot decide `gate=no_collision` (an upload asking for it is
     /// refused with this rule), or `None`.
     pub fn gate_unavailable(&self) -> Option<String> {
@@ -173,7 +170,8 @@ impl CollisionLane {
     /// it is a neighbour like any other; returns how many cards this call added. Such a card
     /// is private (only its own publisher's evals see it) until the skill is uploaded again
     /// with `public=true`. A package that no longer opens under today's limits gives a card
-    /// with its description and no queries. Bounded per call (the periodic sweep calls it).
+    /// with its description and no queries. Bounded per call; the coordinator calls it at
+    /// start until it adds nothing.
     pub async fn backfill(&self) -> anyhow::Result<usize> {
         const BATCH: i64 = 8;
         const PER_CALL: usize = 400;
@@ -340,7 +338,7 @@ async fn evaluate(
         )
     })?;
     // The package on disk (agent mode) lives until the eval is done.
-    let (picker, _package) = picker_for(store, settings, agent, job.version_id)
+    let (picker, _package) = picker_for(store, settings, agent, &job.package_hash)
         .await
         .map_err(|e| match e {
             AgentSetupError::Configuration(m) => EvalError::Configuration(m),

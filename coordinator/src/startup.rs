@@ -268,6 +268,33 @@ fn spawn_background(
         shutdown.clone(),
     ));
     let interval = Duration::from_secs(settings.coordinator.sweep_interval_secs.max(1));
+    // Every upload gives its version a catalogue card, so only skills stored before cards
+    // existed lack one: one pass at start (retried each interval until it succeeds), not a
+    // query every sweep.
+    let lane = state.collisions.clone();
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        loop {
+            let wait = match lane.backfill().await {
+                Ok(0) => return,
+                Ok(n) => {
+                    tracing::info!(
+                        cards = n,
+                        "catalogue cards added for skills uploaded before them"
+                    );
+                    Duration::ZERO
+                }
+                Err(e) => {
+                    tracing::warn!(error = ?e, "the catalogue backfill failed; it is tried again");
+                    interval
+                }
+            };
+            tokio::select! {
+                () = token.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    });
     let sweeper = state.sweeper.clone();
     let aggregator = state.aggregator.clone();
     let collisions = state.collisions.clone();
@@ -288,11 +315,6 @@ fn spawn_background(
             }
             if let Err(e) = sweeper.sweep_unpublished().await {
                 tracing::warn!(error = ?e, "publish sweep failed");
-            }
-            match collisions.backfill().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(cards = n, "catalogue cards added for skills uploaded before them"),
-                Err(e) => tracing::warn!(error = ?e, "the catalogue backfill failed; the next sweep retries"),
             }
             // Before the finalisation sweep: a gated run whose eval is due waits for it.
             if let Err(e) = collisions.resume().await {

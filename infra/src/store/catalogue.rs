@@ -88,6 +88,8 @@ pub struct ClaimedEval {
     pub queries: Vec<String>,
     pub public: bool,
     pub gated: bool,
+    /// The version's package, by content hash ([`Store::package_bytes`]).
+    pub package_hash: String,
     /// This claim's attempt, from 1.
     pub attempt: u32,
 }
@@ -159,10 +161,11 @@ impl Store {
                     AND (lease_until IS NULL OR lease_until < now())
               RETURNING version_id, gated, attempts)
              SELECT claimed.version_id, claimed.gated, claimed.attempts, c.skill_id,
-                    c.description, c.queries, c.public, s.name, s.publisher_id
+                    c.description, c.queries, c.public, s.name, s.publisher_id, v.package_hash
                FROM claimed
                JOIN catalogue_cards c ON c.version_id = claimed.version_id
-               JOIN skills s ON s.id = c.skill_id",
+               JOIN skills s ON s.id = c.skill_id
+               JOIN skill_versions v ON v.id = claimed.version_id",
         )
         .bind(version_id)
         .bind(seconds(lease))
@@ -180,6 +183,7 @@ impl Store {
                 queries: serde_json::from_value(queries).unwrap_or_default(),
                 public: row.get("public"),
                 gated: row.get("gated"),
+                package_hash: row.get("package_hash"),
                 attempt: u32::try_from(row.get::<i32, _>("attempts")).unwrap_or(0),
             }
         }))
@@ -285,12 +289,14 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<UncataloguedVersion>, StoreError> {
         let rows = sqlx::query(
-            "SELECT * FROM (
-                 SELECT DISTINCT ON (v.skill_id) v.id, v.skill_id, v.description, v.package_bytes
-                   FROM skill_versions v
-                  WHERE NOT EXISTS (SELECT 1 FROM catalogue_cards c WHERE c.skill_id = v.skill_id)
-                  ORDER BY v.skill_id, v.created_at DESC) latest
-              LIMIT $1",
+            "SELECT v.id, v.skill_id, v.description, v.package_bytes
+               FROM (SELECT DISTINCT ON (v.skill_id) v.id
+                       FROM skill_versions v
+                      WHERE NOT EXISTS
+                            (SELECT 1 FROM catalogue_cards c WHERE c.skill_id = v.skill_id)
+                      ORDER BY v.skill_id, v.created_at DESC
+                      LIMIT $1) latest
+               JOIN skill_versions v ON v.id = latest.id",
         )
         .bind(limit)
         .fetch_all(self.pool())

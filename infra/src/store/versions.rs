@@ -230,16 +230,6 @@ async fn package_bytes(pool: &PgPool, package_hash: &str) -> Result<Option<Vec<u
 }
 
 /// The stored ZIP of a version's package, by version id.
-async fn version_package_bytes(
-    pool: &PgPool,
-    version_id: Uuid,
-) -> Result<Option<Vec<u8>>, sqlx::Error> {
-    sqlx::query_scalar("SELECT package_bytes FROM skill_versions WHERE id = $1")
-        .bind(version_id)
-        .fetch_optional(pool)
-        .await
-}
-
 /// A version as the versions endpoint lists it, with its latest run.
 #[derive(Debug, Clone)]
 pub struct VersionRow {
@@ -362,17 +352,6 @@ impl Store {
         package_bytes(self.pool(), package_hash)
             .await
             .map_err(StoreError::query("reading a package"))
-    }
-
-    /// The stored ZIP of a version's package (an agent-mode collision eval extracts it);
-    /// `None` for an unknown version.
-    pub async fn version_package_bytes(
-        &self,
-        version_id: Uuid,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        version_package_bytes(self.pool(), version_id)
-            .await
-            .map_err(StoreError::query("reading a version's package"))
     }
 
     /// The skill's id and its versions, newest first; `None` for an unknown skill.
