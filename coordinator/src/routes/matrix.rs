@@ -550,14 +550,16 @@ async fn create_cells(
                 .await?
                 .is_some_and(|r| r.version_id == cell.version_id);
             if !same {
+                let rule = format!(
+                    "the run key `{}` of matrix {matrix_id}'s cell {position} names only that \
+                     cell's run, and a run of another version holds it",
+                    cell_run_key(matrix_id, position)
+                );
                 return Err(ApiError::conflict(
                     "idempotency_conflict",
-                    format!(
-                        "the run key `{}` of matrix {matrix_id}'s cell {position} belongs to \
-                         another run",
-                        cell_run_key(matrix_id, position)
-                    ),
-                ));
+                    format!("`idempotency_key`: {rule}"),
+                )
+                .with_details(json!({ "field": "idempotency_key", "rule": rule })));
             }
         }
         state

@@ -160,9 +160,10 @@ async fn cut_short(app: &TestApp, matrix: uuid::Uuid) {
     mark_creating(app, matrix).await;
 }
 
-/// As if the matrix's creation had not finished.
+/// As if the matrix's creation had not finished, and had started just now (so the
+/// background sweep, which completes creations stalled for a minute, leaves it to the test).
 async fn mark_creating(app: &TestApp, matrix: uuid::Uuid) {
-    sqlx::query("UPDATE matrices SET status = 'creating' WHERE id = $1")
+    sqlx::query("UPDATE matrices SET status = 'creating', created_at = now() WHERE id = $1")
         .bind(matrix)
         .execute(&app.pool)
         .await
@@ -391,13 +392,13 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
     }
 
     // The page: a table coloured by change, the one worse cell marked as such.
-    let page = app
-        .client
-        .get(format!("{}/ui/matrix/{id}", app.address))
-        .bearer_auth(&alice)
-        .send()
-        .await
-        .unwrap();
+    let page_as = |token: &str| {
+        app.client
+            .get(format!("{}/ui/matrix/{id}", app.address))
+            .bearer_auth(token)
+            .send()
+    };
+    let page = page_as(&alice).await.unwrap();
     assert_eq!(page.status(), 200);
     let html = page.text().await.unwrap();
     assert_eq!(html.matches("data-change=\"worse\"").count(), 1, "{html}");
@@ -410,14 +411,7 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
         html.contains("data-skill=\"gamma\" data-model=\"shaky\" data-change=\"worse\""),
         "{html}"
     );
-    let hidden_page = app
-        .client
-        .get(format!("{}/ui/matrix/{id}", app.address))
-        .bearer_auth(&bob)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(hidden_page.status(), 404);
+    assert_eq!(page_as(&bob).await.unwrap().status(), 404);
 
     // The CLI: `skilleval matrix --server URL --token T --skill … --model …` creates a matrix
     // like this one, waits for it and exits 1 because a cell got significantly worse.
@@ -509,8 +503,10 @@ async fn matrix_creation_is_all_or_nothing_on_quotas_idempotent_and_resumable() 
     let cache = tempfile::tempdir().unwrap();
     let (stop, worker) = start_worker_with_providers(&app, providers, cache.path()).await;
     let alice = token(&app, "alice").await;
+    let mut versions = Vec::new();
     for name in ["alpha", "beta"] {
         let upload = app.upload_zip_as(model_skill(name), &alice).await;
+        versions.push(upload["version_id"].as_str().unwrap().to_string());
         let run_id = upload["run_id"]
             .as_str()
             .expect("an upload run")
@@ -631,6 +627,35 @@ async fn matrix_creation_is_all_or_nothing_on_quotas_idempotent_and_resumable() 
     let matrix = wait_for_matrix(&app, &alice, &id).await;
     assert_eq!(cell_runs(&matrix), completed, "the same runs, linked again");
     assert_eq!(sweep(Duration::ZERO).await.unwrap(), 0, "once");
+
+    // A cell's run key held by a run of another version (made through `POST /v1/runs` with
+    // that key) is never linked: completing the matrix is refused, naming the key.
+    cut_short(&app, matrix_uuid).await;
+    sqlx::query("DELETE FROM runs WHERE id = $1")
+        .bind(uuid::Uuid::parse_str(&completed[1]).unwrap())
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let squatter =
+        json!({ "version_id": versions[1], "idempotency_key": format!("matrix:{id}:1") });
+    let (status, run) = send(&app, Method::POST, "/v1/runs", &alice, Some(&squatter)).await;
+    assert_eq!(status, 202, "{run}");
+    let (status, refused) = send(&app, Method::POST, "/v1/matrix", &alice, Some(&body)).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(
+        refused["error"]["code"], "idempotency_conflict",
+        "{refused}"
+    );
+    assert_eq!(
+        refused["error"]["details"]["field"], "idempotency_key",
+        "{refused}"
+    );
+    let linked: i64 = sqlx::query_scalar("SELECT count(*) FROM matrix_runs WHERE matrix_id = $1")
+        .bind(matrix_uuid)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(linked, 1, "the other version's run is not linked");
 
     // An idempotency key breaks the runs' rule: refused naming the field.
     let mut bad = body.clone();
