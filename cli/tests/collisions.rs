@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -66,19 +68,7 @@ async fn handle(body: Bytes) -> axum::Json<Value> {
 }
 
 fn start() -> std::net::SocketAddr {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            let _ = axum::serve(listener, Router::new().fallback(handle)).await;
-        });
-    });
-    rx.recv().unwrap()
+    support::serve_on_thread(Router::new().fallback(handle))
 }
 
 fn skill(dir: &Path, name: &str, description: &str, queries: &[&str]) {

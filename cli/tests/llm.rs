@@ -38,21 +38,8 @@ impl Mock {
             log: log.clone(),
             respond: Arc::new(respond),
         };
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                tx.send(listener.local_addr().unwrap()).unwrap();
-                let app = Router::new().fallback(handle).with_state(state);
-                let _ = axum::serve(listener, app).await;
-            });
-        });
         Mock {
-            addr: rx.recv().unwrap(),
+            addr: support::serve_on_thread(Router::new().fallback(handle).with_state(state)),
             log,
         }
     }

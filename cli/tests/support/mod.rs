@@ -40,3 +40,22 @@ pub fn example_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
         .status();
     (dir, root)
 }
+
+/// Serves `router` on a free port of 127.0.0.1 from a thread of its own (the CLI under test
+/// runs as a child process, so the server outlives each test's own runtime); returns its
+/// address.
+pub fn serve_on_thread(router: axum::Router) -> std::net::SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let _ = axum::serve(listener, router).await;
+        });
+    });
+    rx.recv().unwrap()
+}
