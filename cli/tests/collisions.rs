@@ -15,7 +15,7 @@ use axum::body::Bytes;
 use axum::Router;
 use serde_json::{json, Value};
 use skilleval_execution::triggers::fixtures::{
-    agent_reply_by_word_overlap, content_words, pick_by_word_overlap,
+    agent_reply_by_word_overlap, content_words, pick_reply_by_word_overlap,
 };
 
 /// A bag-of-words vector over a small fixed vocabulary: texts sharing words point alike.
@@ -51,20 +51,7 @@ async fn handle(body: Bytes) -> axum::Json<Value> {
     if body.get("tools").is_some() {
         return axum::Json(agent_reply_by_word_overlap(&body));
     }
-    let prompt = body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "user")
-        .filter_map(|m| m["content"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
-    let answer = json!({"skill": pick_by_word_overlap(&prompt), "reason": "overlap"}).to_string();
-    axum::Json(json!({
-        "model": "overlap",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 50, "completion_tokens": 5}
-    }))
+    axum::Json(pick_reply_by_word_overlap(&body))
 }
 
 fn start() -> std::net::SocketAddr {

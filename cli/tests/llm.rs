@@ -13,6 +13,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::Router;
 use serde_json::{json, Value};
+use skilleval_execution::fixtures::chat_user_text as user_text;
 
 mod support;
 use support::example_copy;
@@ -105,17 +106,6 @@ fn reply(content: &str, input_tokens: u64, output_tokens: u64) -> Value {
 fn schema_name(body: &Value) -> Option<&str> {
     body.pointer("/response_format/json_schema/name")
         .and_then(Value::as_str)
-}
-
-fn user_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "user")
-        .filter_map(|m| m["content"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 fn has_skill(body: &Value) -> bool {

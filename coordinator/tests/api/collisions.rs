@@ -14,7 +14,7 @@ use axum::Router;
 use reqwest::Method;
 use serde_json::{json, Value};
 use skilleval_execution::result::CaseStatus;
-use skilleval_execution::triggers::fixtures::pick_by_word_overlap;
+use skilleval_execution::triggers::fixtures::pick_reply_by_word_overlap;
 use uuid::Uuid;
 
 use crate::helpers::{
@@ -31,19 +31,7 @@ const BOB_SECRET: &str = "zebraquartz";
 
 pub(crate) async fn overlap_model(body: Bytes) -> axum::Json<Value> {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let prompt: String = body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "user")
-        .filter_map(|m| m["content"].as_str())
-        .collect();
-    let answer = json!({"skill": pick_by_word_overlap(&prompt), "reason": "overlap"}).to_string();
-    axum::Json(json!({
-        "model": "overlap",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 50, "completion_tokens": 5}
-    }))
+    axum::Json(pick_reply_by_word_overlap(&body))
 }
 
 /// A coordinator whose only model provider is the local server `router` (started here;

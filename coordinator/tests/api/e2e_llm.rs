@@ -25,14 +25,7 @@ use crate::packages::{skill_md, zip_of};
 /// The judge's answer to one chat request: rubric scores or assertion verdicts, decided by
 /// markers in the output under judgement (never in the prompts or the rubric).
 fn judge(body: &Value) -> Value {
-    let text: String = body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "user")
-        .filter_map(|m| m["content"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let text: String = skilleval_execution::fixtures::chat_user_text(body);
     let content = if body.to_string().contains("record_assertion_verdicts") {
         let verdict = |passed: bool, evidence: &str| {
             json!({

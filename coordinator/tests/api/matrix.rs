@@ -33,14 +33,7 @@ const CASES: usize = 8;
 /// The model's answer: the word the prompt asks for, except that a model told to fail on
 /// `sabotaged` answers every prompt that mentions it with something else.
 fn answer(body: &Value, sabotaged: Option<&str>) -> Value {
-    let prompt: String = body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "user")
-        .filter_map(|m| m["content"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let prompt: String = skilleval_execution::fixtures::chat_user_text(body);
     let word = prompt
         .rsplit("Reply with exactly: ")
         .next()

@@ -19,6 +19,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use clap::Parser as _;
 use serde_json::{json, Value};
+use skilleval_execution::fixtures::chat_user_text as user_text;
 
 use crate::e2e::{start_worker_with_providers, wait_for_verdict};
 use crate::helpers::{local_provider, only_provider, serve_local, spawn_app_with, AppOptions};
@@ -28,17 +29,6 @@ const SKILL_MD: &str = "---\nname: variants\ndescription: Answers with the magic
 
 /// Calls per (prompt, with the skill) key, to alternate the `flaky` case's answers.
 type Calls = Arc<Mutex<HashMap<(String, bool), usize>>>;
-
-fn user_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "user")
-        .filter_map(|m| m["content"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
 
 /// A trigger eval's selection: the skill for queries about the magic word (and, wrongly, the
 /// one about a magic trick), `none` for the rest.

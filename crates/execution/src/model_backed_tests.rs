@@ -54,14 +54,7 @@ impl Recorded {
     }
 
     fn user_text(&self) -> String {
-        self.body["messages"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|m| m["role"] == "user")
-            .map(|m| m["content"].as_str().unwrap_or_default().to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
+        crate::fixtures::chat_user_text(&self.body)
     }
 
     fn is_structured(&self) -> bool {

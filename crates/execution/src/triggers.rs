@@ -597,6 +597,19 @@ pub mod fixtures {
         best
     }
 
+    /// A chat completion answering a trigger (or catalogue) selection request with
+    /// [`pick_by_word_overlap`] of its user text.
+    pub fn pick_reply_by_word_overlap(body: &Value) -> Value {
+        let prompt = crate::fixtures::chat_user_text(body);
+        let answer =
+            json!({"skill": pick_by_word_overlap(&prompt), "reason": "overlap"}).to_string();
+        json!({
+            "model": "overlap",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 5}
+        })
+    }
+
     /// The `SKILL.md` an agent that reads descriptions would open for `query`, given the
     /// `agent` runner's system prompt: the location of the listed skill whose description
     /// shares the most words with the query (the first listed on a tie: the runner lists
