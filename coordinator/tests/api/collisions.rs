@@ -547,7 +547,12 @@ async fn a_collision_eval_survives_host_faults_and_its_coordinator_and_fails_onl
     switches.open.send_replace(true);
     let done = verdict_of(&app, &alice, run).await;
     assert_eq!(done["verdict"], "pass", "{done}");
-    assert_eq!(eval_row(&app, version).await.0, "completed");
+    let (status, attempts, _) = eval_row(&app, version).await;
+    assert_eq!(
+        (status.as_str(), attempts),
+        ("completed", 2),
+        "the sweep claimed the lapsed eval again"
+    );
 
     // Every attempt faulted: the eval fails, and the run with it, saying the gate was not
     // decided (not that the skill collided).
