@@ -9,6 +9,15 @@ use skilleval_execution::runner::trigger::TriggerPlan;
 
 use crate::error::ApiError;
 
+/// Whether `name` is a plain name of 1 to `max` bytes: ASCII letters, digits, `-`, `_`, `.`
+/// (publisher and provider names).
+pub fn is_plain_name(name: &str, max: usize) -> bool {
+    (1..=max).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 /// A callback URL must be absolute http(s).
 pub fn check_callback_url(field: &str, url: &str) -> Result<(), ApiError> {
     let ok = reqwest::Url::parse(url)

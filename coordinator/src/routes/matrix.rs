@@ -155,12 +155,7 @@ fn invalid(field: &str, rule: impl Into<String>) -> ApiError {
 }
 
 fn check_provider_name(field: &str, name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
+    if crate::routes::fields::is_plain_name(name, 64) {
         Ok(())
     } else {
         Err(invalid(

@@ -126,11 +126,7 @@ pub fn parse_scopes(field: &str, names: &[String]) -> Result<Vec<Scope>, ApiErro
 
 /// Checks a publisher name: 1 to 100 characters, letters, digits, `-`, `_`, `.`.
 pub fn check_publisher(field: &str, name: &str) -> Result<(), ApiError> {
-    let ok = (1..=100).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
+    if crate::routes::fields::is_plain_name(name, 100) {
         Ok(())
     } else {
         Err(ApiError::invalid_field(
