@@ -54,8 +54,16 @@ pub struct SoakOptions {
     /// Every this many cases, one expects a wrong answer (0: none).
     pub fail_every: usize,
     pub fault_every: Duration,
-    /// Give up (an error) when the runs have not all completed by then.
-    pub timeout: Duration,
+    /// Give up (an error) when, for this long, no case was recorded and no run completed: a
+    /// bound on a stall, not on the soak's length, so a machine busy with other work slows
+    /// the soak down without failing it.
+    pub stall: Duration,
+    /// `worker.claim_lease_secs` of every process (`None`: the service's default, 60 s). A
+    /// copy of a job delivered again after its claim's holder was SIGKILLed waits about this
+    /// long (plus the longest delay queue) before it runs the case: the soak's longest gap.
+    pub claim_lease_secs: Option<u64>,
+    /// `worker.retry_tiers_ms` of every process (`None`: the service's default).
+    pub retry_tiers_ms: Option<Vec<u64>>,
     /// 1: a vhost of the machine's RabbitMQ; 3: a private three-node cluster, with node
     /// faults in the rotation.
     pub brokers: usize,
@@ -321,6 +329,19 @@ impl Scene {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
+        .chain(opts.claim_lease_secs.map(|secs| {
+            (
+                "SKILLEVAL__WORKER__CLAIM_LEASE_SECS".to_string(),
+                secs.to_string(),
+            )
+        }))
+        .chain(opts.retry_tiers_ms.as_ref().map(|tiers| {
+            let tiers: Vec<String> = tiers.iter().map(u64::to_string).collect();
+            (
+                "SKILLEVAL__WORKER__RETRY_TIERS_MS".to_string(),
+                tiers.join(","),
+            )
+        }))
         .collect()
     }
 }
@@ -472,6 +493,9 @@ async fn soak_in(scene: &Scene, opts: &SoakOptions) -> anyhow::Result<SoakReport
     let mut census = UidCensus::default();
     let mut injected: Vec<(Instant, FaultKind)> = Vec::new();
     let mut next_fault = Instant::now() + opts.fault_every;
+    // What the unfinished runs hold, said every so often: a slow soak shows where it waits.
+    const PROGRESS_EVERY: Duration = Duration::from_secs(15);
+    let mut next_progress = Instant::now() + PROGRESS_EVERY;
     let rotation: &[FaultKind] = match scene.broker {
         Broker::Vhost(_) => &FaultKind::ROTATION,
         Broker::Cluster(_) => &FaultKind::CLUSTER_ROTATION,
@@ -485,14 +509,32 @@ async fn soak_in(scene: &Scene, opts: &SoakOptions) -> anyhow::Result<SoakReport
     // before the rotation goes on, so a slow restart on a busy machine delays node faults but
     // never drops one from the rotation.
     let mut deferred: VecDeque<FaultKind> = VecDeque::new();
+    // Progress: cases recorded over every run (as last read), and when that or the number of
+    // completed runs last moved.
+    let mut recorded: BTreeMap<String, u64> = BTreeMap::new();
+    let mut progress = (0u64, 0usize);
+    let mut last_progress = Instant::now();
     while runs.iter().any(|(_, _, done)| done.is_none()) {
-        if start.elapsed() > opts.timeout {
+        let now_progress = (
+            recorded.values().sum::<u64>(),
+            runs.iter().filter(|r| r.2.is_some()).count(),
+        );
+        if now_progress != progress {
+            progress = now_progress;
+            last_progress = Instant::now();
+        }
+        if last_progress.elapsed() > opts.stall {
             let pending: Vec<&str> = runs
                 .iter()
                 .filter(|r| r.2.is_none())
                 .map(|r| r.0.as_str())
                 .collect();
-            bail!("runs not completed after {:?}: {pending:?}", opts.timeout);
+            let state = stuck_state(&scene.db_url, &pending, opts.cases).await;
+            bail!(
+                "runs made no progress for {:?} ({:.0} s into the soak): {pending:?}\n{state}",
+                opts.stall,
+                start.elapsed().as_secs_f64()
+            );
         }
         let lost = workers.tend()?;
         if lost > 0 {
@@ -533,9 +575,25 @@ async fn soak_in(scene: &Scene, opts: &SoakOptions) -> anyhow::Result<SoakReport
             let Ok(run) = response.json::<Value>().await else {
                 continue;
             };
+            if let Some(n) = run["counters"]["completed"].as_u64() {
+                recorded.insert(run_id.clone(), n);
+            }
             if run["status"] == "completed" {
                 *done = Some(Instant::now());
             }
+        }
+        if Instant::now() >= next_progress {
+            next_progress += PROGRESS_EVERY;
+            let pending: Vec<&str> = runs
+                .iter()
+                .filter(|r| r.2.is_none())
+                .map(|r| r.0.as_str())
+                .collect();
+            eprint!(
+                "soak: {:.0} s\n{}",
+                start.elapsed().as_secs_f64(),
+                stuck_state(&scene.db_url, &pending, opts.cases).await
+            );
         }
         census.sample();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -632,6 +690,59 @@ async fn inject(
         }
     }
     Ok(None)
+}
+
+/// What the database holds of runs that did not complete, for the progress lines and the
+/// stall's message: the run's counters and publishing watermark, and which cases have no row
+/// yet. Whatever fails to be read is said so in the text: this runs on the way to an error.
+async fn stuck_state(db_url: &str, run_ids: &[&str], cases: usize) -> String {
+    let mut db = match PgConnection::connect(db_url).await {
+        Ok(db) => db,
+        Err(e) => return format!("(the database could not be read: {e})\n"),
+    };
+    let mut out = String::new();
+    for run_id in run_ids {
+        let Ok(id) = Uuid::parse_str(run_id) else {
+            continue;
+        };
+        let run: Result<(String, i32, i32, i32, bool), sqlx::Error> = sqlx::query_as(
+            "SELECT status, total, completed, published_through, finalised FROM runs \
+             WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&mut db)
+        .await;
+        let recorded: Result<Vec<(String,)>, sqlx::Error> =
+            sqlx::query_as("SELECT test_case_id FROM eval_results WHERE run_id = $1")
+                .bind(id)
+                .fetch_all(&mut db)
+                .await;
+        out.push_str(&format!("run {run_id}: "));
+        match run {
+            Ok((status, total, completed, published, finalised)) => out.push_str(&format!(
+                "status {status}, {completed}/{total} completed, published through {published}, \
+                 finalised {finalised}"
+            )),
+            Err(e) => out.push_str(&format!("(its row could not be read: {e})")),
+        }
+        match recorded {
+            Ok(rows) => {
+                let have: std::collections::BTreeSet<&str> =
+                    rows.iter().map(|r| r.0.as_str()).collect();
+                let missing: Vec<String> = (0..cases)
+                    .map(case_id)
+                    .filter(|c| !have.contains(c.as_str()))
+                    .collect();
+                let shown: Vec<&str> = missing.iter().take(20).map(String::as_str).collect();
+                out.push_str(&format!(
+                    "; {} cases without a row: {shown:?}\n",
+                    missing.len()
+                ));
+            }
+            Err(e) => out.push_str(&format!("; (its rows could not be read: {e})\n")),
+        }
+    }
+    out
 }
 
 /// A run's rows against the suite.

@@ -3,7 +3,7 @@
 //! Run with
 //! `cargo run --release -p skilleval-bench --bin soak -- [--soaks 1] [--runs 10] [--cases 1000]
 //! [--workers 3] [--slots 16] [--sleep-ms 50] [--fail-every 10] [--fault-every-ms 3000]
-//! [--timeout-secs 1800] [--brokers 1|3]`.
+//! [--stall-secs 600] [--claim-lease-secs N] [--brokers 1|3]`.
 //!
 //! Needs the local PostgreSQL (`SKILLEVAL_BENCH_PG`, an admin URL without the database) and
 //! RabbitMQ (`SKILLEVAL_BENCH_AMQP`; `rabbitmqctl` on this machine, to create the soak's vhost
@@ -37,7 +37,9 @@ fn args() -> anyhow::Result<Args> {
             sleep_ms: 50,
             fail_every: 10,
             fault_every: Duration::from_secs(3),
-            timeout: Duration::from_secs(1_800),
+            stall: Duration::from_secs(600),
+            claim_lease_secs: None,
+            retry_tiers_ms: None,
             brokers: 1,
         },
     };
@@ -58,7 +60,8 @@ fn args() -> anyhow::Result<Args> {
             "--sleep-ms" => a.opts.sleep_ms = number()?,
             "--fail-every" => a.opts.fail_every = usize::try_from(number()?)?,
             "--fault-every-ms" => a.opts.fault_every = Duration::from_millis(number()?.max(100)),
-            "--timeout-secs" => a.opts.timeout = Duration::from_secs(number()?),
+            "--stall-secs" => a.opts.stall = Duration::from_secs(number()?),
+            "--claim-lease-secs" => a.opts.claim_lease_secs = Some(number()?.max(1)),
             "--brokers" => {
                 a.opts.brokers = match number()? {
                     1 => 1,
