@@ -298,7 +298,8 @@ async fn one_upload_is_one_trace_from_the_request_through_the_queue_to_the_worke
         .await
         .expect("upload answer");
     let run_id = upload["run_id"].as_str().expect("a run id").to_string();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // A hang guard for a run of child processes: generous, so a busy machine is not a failure.
+    let deadline = Instant::now() + Duration::from_secs(120);
     let run = loop {
         let run: Value = http
             .get(format!("{base}/v1/runs/{run_id}"))
@@ -315,21 +316,21 @@ async fn one_upload_is_one_trace_from_the_request_through_the_queue_to_the_worke
     };
     assert_eq!(
         run["verdict"], "pass",
-        "(no verdict: the 30 s wait is a hang guard) {run:#}"
+        "(no verdict: the 120 s wait is a hang guard) {run:#}"
     );
     assert_eq!(
         calls.load(Ordering::SeqCst),
         3,
         "one failed call, two answers"
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(120);
     while hooks.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
         hooks.load(Ordering::SeqCst),
         1,
-        "the webhook was delivered (hang guard: waited up to 30 s)"
+        "the webhook was delivered (hang guard: waited up to 120 s)"
     );
     assert!(stop(worker).await, "the worker exits cleanly on SIGTERM");
     assert!(
