@@ -27,7 +27,7 @@ use skilleval_model::package::{Package, PackageLimits};
 use skilleval_providers::Purpose;
 use skilleval_sandbox::{Sandbox, SandboxMode, SandboxPolicy};
 
-use crate::providers::{self, ProviderOptions};
+use crate::providers::{self, ProviderFlags};
 use crate::{EXIT_BAD_INPUT, EXIT_FAIL, EXIT_PASS};
 
 #[derive(Debug, Clone, Args)]
@@ -53,15 +53,9 @@ pub struct CollisionsArgs {
     /// Print the matrix (and gate) as JSON instead of Markdown.
     #[arg(long)]
     pub json: bool,
-    /// Model providers file (as for `run`; SKILLEVAL_PROVIDER_* variables add one).
-    #[arg(long, value_name = "FILE")]
-    pub providers: Option<PathBuf>,
-    /// Send requests to the model even when the response cache has them.
-    #[arg(long)]
-    pub no_cache: bool,
-    /// Response cache folder (default: ~/.cache/skilleval/llm).
-    #[arg(long, value_name = "DIR", env = "SKILLEVAL_CACHE_DIR")]
-    pub cache_dir: Option<PathBuf>,
+    /// `--providers`, `--no-cache`, `--cache-dir`, as for `run`.
+    #[command(flatten)]
+    pub provider: ProviderFlags,
     /// Agent mode: give each query to the `agent` runner (the skill at /skill, the neighbours
     /// as decoys, in the sandbox) and count the SKILL.md it opens first as its pick.
     #[arg(long)]
@@ -187,15 +181,7 @@ async fn steps(args: &CollisionsArgs) -> Result<(CollisionMatrix, Option<Collisi
     }
     let catalogue = read_catalogue(&args.catalogue)?;
     let out_dir = std::env::temp_dir();
-    let setup = providers::load_with(
-        ProviderOptions {
-            providers: args.providers.as_deref(),
-            no_cache: args.no_cache,
-            cache_dir: args.cache_dir.as_deref(),
-        },
-        &args.path,
-        &out_dir,
-    )?
+    let setup = providers::load_with(&args.provider, &args.path, &out_dir)?
     .ok_or("collisions needs a model provider (--providers FILE or SKILLEVAL_PROVIDER_* variables) to pick skills")?;
     let judge = setup.clients.pick(None, Purpose::Judge)?;
     let embedder = if args.lexical {

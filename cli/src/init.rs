@@ -17,7 +17,7 @@ use skilleval_grading::StrategyRegistry;
 use skilleval_model::package::skill_md::{self, SKILL_MD};
 use skilleval_model::package::{Package, PackageLimits, EVAL_FILES, TRIGGER_FILES};
 
-use crate::providers::{self, ProviderOptions};
+use crate::providers::{self, ProviderFlags};
 use crate::{EXIT_BAD_INPUT, EXIT_PASS};
 
 /// Where `init` writes the definition.
@@ -32,15 +32,9 @@ pub struct InitArgs {
     /// Draft from SKILL.md alone, even when a model provider is configured.
     #[arg(long)]
     pub no_model: bool,
-    /// Model providers file (as for `run`; SKILLEVAL_PROVIDER_* variables add one).
-    #[arg(long, value_name = "FILE")]
-    pub providers: Option<PathBuf>,
-    /// Send the request to the model even when the response cache has it.
-    #[arg(long)]
-    pub no_cache: bool,
-    /// Response cache folder (default: ~/.cache/skilleval/llm).
-    #[arg(long, value_name = "DIR", env = "SKILLEVAL_CACHE_DIR")]
-    pub cache_dir: Option<PathBuf>,
+    /// `--providers`, `--no-cache`, `--cache-dir`, as for `run`.
+    #[command(flatten)]
+    pub provider: ProviderFlags,
 }
 
 /// Why `init` wrote nothing.
@@ -137,12 +131,7 @@ async fn draft_for(
     if args.no_model {
         return Ok(draft::from_skill_md(manifest));
     }
-    let options = ProviderOptions {
-        providers: args.providers.as_deref(),
-        no_cache: args.no_cache,
-        cache_dir: args.cache_dir.as_deref(),
-    };
-    let setup = providers::load_with(options, &args.path, &args.path.join("eval"))
+    let setup = providers::load_with(&args.provider, &args.path, &args.path.join("eval"))
         .map_err(InitError::Provider)?;
     let Some(setup) = setup else {
         return Ok(draft::from_skill_md(manifest));

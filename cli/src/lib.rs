@@ -185,16 +185,9 @@ pub struct RunArgs {
     /// Hide the progress bar.
     #[arg(long)]
     pub quiet: bool,
-    /// Model providers file (TOML; default: skilleval.toml in the skill folder, else in the
-    /// working directory). SKILLEVAL_PROVIDER_* variables add one (see docs/providers.md).
-    #[arg(long, value_name = "FILE")]
-    pub providers: Option<PathBuf>,
-    /// Send every model request; neither read nor write the response cache.
-    #[arg(long)]
-    pub no_cache: bool,
-    /// Response cache folder (default: ~/.cache/skilleval/llm).
-    #[arg(long, value_name = "DIR", env = "SKILLEVAL_CACHE_DIR")]
-    pub cache_dir: Option<PathBuf>,
+    /// `--providers`, `--no-cache`, `--cache-dir`.
+    #[command(flatten)]
+    pub provider: providers::ProviderFlags,
     /// Also run every case without the skill (the bare model) and report the uplift.
     #[arg(long)]
     pub baseline: bool,

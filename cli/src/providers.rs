@@ -83,40 +83,35 @@ fn read_file(path: &Path) -> Result<Providers, String> {
     Providers::from_toml_str(&path.display().to_string(), &text).map_err(|e| e.to_string())
 }
 
-/// The options that say which providers and cache a command uses (`run`'s, `init`'s).
-#[derive(Debug, Clone, Copy)]
-pub struct ProviderOptions<'a> {
-    /// `--providers FILE`.
-    pub providers: Option<&'a Path>,
-    /// `--no-cache`.
+/// The flags that say which providers and response cache a command uses: one definition,
+/// flattened into every command that calls a model (`run`, `rescore`, `init`, `collisions`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ProviderFlags {
+    /// Model providers file (TOML; default: skilleval.toml in the skill folder, else in the
+    /// working directory). SKILLEVAL_PROVIDER_* variables add one (see docs/providers.md).
+    #[arg(long, value_name = "FILE")]
+    pub providers: Option<PathBuf>,
+    /// Send every model request; neither read nor write the response cache.
+    #[arg(long)]
     pub no_cache: bool,
-    /// `--cache-dir DIR`.
-    pub cache_dir: Option<&'a Path>,
-}
-
-impl<'a> From<&'a RunArgs> for ProviderOptions<'a> {
-    fn from(args: &'a RunArgs) -> Self {
-        ProviderOptions {
-            providers: args.providers.as_deref(),
-            no_cache: args.no_cache,
-            cache_dir: args.cache_dir.as_deref(),
-        }
-    }
+    /// Response cache folder (default: ~/.cache/skilleval/llm).
+    #[arg(long, value_name = "DIR", env = "SKILLEVAL_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// Reads the provider configuration; `Ok(None)` when there is none.
 pub fn load(args: &RunArgs, skill_dir: &Path, out_dir: &Path) -> Result<Option<LlmSetup>, String> {
-    load_with(ProviderOptions::from(args), skill_dir, out_dir)
+    load_with(&args.provider, skill_dir, out_dir)
 }
 
 /// [`load`] for any command's options.
 pub fn load_with(
-    args: ProviderOptions<'_>,
+    args: &ProviderFlags,
     skill_dir: &Path,
     out_dir: &Path,
 ) -> Result<Option<LlmSetup>, String> {
     let mut sources = Vec::new();
-    let mut providers = match args.providers {
+    let mut providers = match args.providers.as_deref() {
         Some(path) => {
             sources.push(path.display().to_string());
             read_file(path)?
@@ -149,7 +144,7 @@ pub fn load_with(
     } else {
         Some(
             args.cache_dir
-                .map(Path::to_path_buf)
+                .clone()
                 .or_else(|| DirCache::default_dir(env))
                 .unwrap_or_else(|| out_dir.join(".cache").join("llm")),
         )

@@ -12,11 +12,12 @@ use axum::extract::State;
 use axum::Router;
 use serde_json::Value;
 use skilleval_execution::triggers::fixtures::agent_reply_by_word_overlap;
-use skilleval_infra::config::CatalogueMode;
+use skilleval_infra::config::{CatalogueMode, Settings};
 
 use crate::collisions::{
     catalogue_app, overlap_model, package, pair, settled, token, upload, weather, PDF,
 };
+use crate::helpers::TestApp;
 
 /// Answers agent turns (requests with tools) by word overlap, counting them; anything else as
 /// the model-mode picker does.
@@ -29,8 +30,11 @@ async fn agent_model(State(turns): State<Arc<AtomicUsize>>, body: Bytes) -> axum
     overlap_model(body).await
 }
 
-#[tokio::test]
-async fn in_agent_mode_the_skill_md_the_agent_opens_is_the_pick() {
+/// A coordinator in agent mode whose model is [`agent_model`], with `configure`'s settings
+/// too; the counter is its agent turns.
+async fn agent_app(
+    configure: impl FnOnce(&mut Settings),
+) -> (TestApp, tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
     let turns = Arc::new(AtomicUsize::new(0));
     let (app, model) = catalogue_app(
         Router::new()
@@ -38,10 +42,16 @@ async fn in_agent_mode_the_skill_md_the_agent_opens_is_the_pick() {
             .with_state(turns.clone()),
         |s| {
             s.coordinator.catalogue.mode = CatalogueMode::Agent;
-            s.coordinator.catalogue.runs_per_query = 2;
+            configure(s);
         },
     )
     .await;
+    (app, model, turns)
+}
+
+#[tokio::test]
+async fn in_agent_mode_the_skill_md_the_agent_opens_is_the_pick() {
+    let (app, model, turns) = agent_app(|s| s.coordinator.catalogue.runs_per_query = 2).await;
     let alice = token(&app, "alice").await;
     upload(
         &app,
@@ -104,19 +114,12 @@ async fn in_agent_mode_the_skill_md_the_agent_opens_is_the_pick() {
 
 #[tokio::test]
 async fn agent_mode_without_a_sandbox_fails_the_eval_as_a_configuration_problem() {
-    let turns = Arc::new(AtomicUsize::new(0));
     let missing = tempfile::tempdir().unwrap();
     let bwrap = missing.path().join("bwrap");
-    let (app, model) = catalogue_app(
-        Router::new()
-            .fallback(agent_model)
-            .with_state(turns.clone()),
-        |s| {
-            s.coordinator.catalogue.mode = CatalogueMode::Agent;
-            s.sandbox.bwrap = Some(bwrap);
-            s.sandbox.allow_unsandboxed = false;
-        },
-    )
+    let (app, model, turns) = agent_app(|s| {
+        s.sandbox.bwrap = Some(bwrap);
+        s.sandbox.allow_unsandboxed = false;
+    })
     .await;
     let alice = token(&app, "alice").await;
     upload(
