@@ -1,9 +1,12 @@
 //! Extractors whose rejections are [`ApiError`]s naming the field and the rule it broke,
 //! instead of axum's plain-text rejections.
 
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse as _, Response};
+use percent_encoding::percent_decode_str;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -55,8 +58,21 @@ where
     }
 }
 
-/// Deserializes JSON, naming the failing field as a JSON pointer.
+/// Deserializes JSON, naming the failing field as a JSON pointer. A string holding the NUL
+/// character is refused, naming where it is ([`skilleval_model::text::NUL_RULE`]): JSON can
+/// only carry it escaped, so bodies without the escape `\u0000` skip the search.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.windows(6).any(|w| w == b"\\u0000") {
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            if let Some(pointer) = skilleval_model::text::first_nul(&value) {
+                return Err(ApiError::invalid_field(
+                    "invalid_body",
+                    &pointer,
+                    skilleval_model::text::NUL_RULE,
+                ));
+            }
+        }
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let pointer = json_pointer(&e.path().to_string());
@@ -93,6 +109,49 @@ where
                 ApiError::invalid_field("invalid_query", &field, e.inner().to_string())
             })
     }
+}
+
+/// Middleware: refuses a request whose path or query holds the NUL character (`%00`), which
+/// no stored name, label or id can hold ([`skilleval_model::text::NUL_RULE`]); **400** naming
+/// the path parameter (by the matched route) or the query parameter. One check for every
+/// route, so no handler's database query meets it.
+pub async fn refuse_nul(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string());
+    let uri = request.uri();
+    let found = nul_in_path(uri.path(), route.as_deref())
+        .or_else(|| nul_in_query(uri.query().unwrap_or_default()));
+    match found {
+        Some(e) => e.into_response(),
+        None => next.run(request).await,
+    }
+}
+
+/// The path's first segment holding `%00`, named by the route's parameter there.
+fn nul_in_path(path: &str, route: Option<&str>) -> Option<ApiError> {
+    let i = path
+        .split('/')
+        .position(|segment| percent_decode_str(segment).any(|b| b == 0))?;
+    let field = route
+        .and_then(|r| r.split('/').nth(i))
+        .and_then(|segment| segment.strip_prefix('{')?.strip_suffix('}'))
+        .unwrap_or("path");
+    Some(ApiError::invalid_field(
+        "invalid_path",
+        field,
+        skilleval_model::text::NUL_RULE,
+    ))
+}
+
+/// The first query parameter whose name or value holds the NUL character.
+fn nul_in_query(query: &str) -> Option<ApiError> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(name, value)| name.contains('\0') || value.contains('\0'))
+        .map(|(name, _)| {
+            ApiError::invalid_field("invalid_query", &name, skilleval_model::text::NUL_RULE)
+        })
 }
 
 /// Parses a path parameter that must be a UUID.
@@ -172,5 +231,41 @@ mod tests {
         assert!(e.message.contains("missing field `version_id`"), "{e}");
         let e = parse_json::<Body>(br#"{"version_id": "x"}"#).unwrap_err();
         assert_eq!(e.details["field"], "/version_id");
+    }
+
+    #[test]
+    fn a_nul_in_the_path_names_the_routes_parameter() {
+        let e = nul_in_path(
+            "/v1/skills/a%00b/history",
+            Some("/v1/skills/{name}/history"),
+        )
+        .unwrap();
+        assert_eq!(e.details["field"], "name");
+        assert_eq!(e.code, "invalid_path");
+        assert!(nul_in_path("/v1/skills/a%20b/history", None).is_none());
+        assert_eq!(nul_in_path("/x%00", None).unwrap().details["field"], "path");
+        let e = nul_in_query("limit=2&search=a%00b").unwrap();
+        assert_eq!(e.details["field"], "search");
+        assert!(
+            nul_in_query("search=a%2500b").is_none(),
+            "`%2500` is the text %00"
+        );
+    }
+
+    #[test]
+    fn a_nul_character_is_refused_naming_its_field() {
+        let e = parse_json::<Body>(
+            br#"{"version_id": "00000000-0000-0000-0000-000000000000", "tags": ["a", "b\u0000"]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.details["field"], "/tags/1");
+        assert_eq!(e.details["rule"], skilleval_model::text::NUL_RULE);
+        // An escaped backslash before `u0000` is text: the body parses.
+        let ok = parse_json::<Body>(
+            br#"{"version_id": "00000000-0000-0000-0000-000000000000", "tags": ["\\u0000"]}"#,
+        )
+        .unwrap();
+        assert_eq!(ok.tags.unwrap(), vec!["\\u0000".to_string()]);
     }
 }

@@ -16,6 +16,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::access::guard;
 use crate::error::{log_server_errors, ApiError};
+use crate::extract::refuse_nul;
 use crate::metrics::HttpLabels;
 use crate::state::AppState;
 
@@ -110,6 +111,7 @@ pub fn router(state: AppState) -> Router {
     api_routes()
         .merge(crate::ui::routes())
         .fallback(not_found)
+        .layer(middleware::from_fn(refuse_nul))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(middleware::from_fn_with_state(
             state.clone(),

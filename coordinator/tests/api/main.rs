@@ -25,6 +25,7 @@ mod lists;
 mod matrix;
 mod migrate;
 mod monitoring;
+mod nul;
 mod openapi;
 mod otlp;
 mod packages;

@@ -90,6 +90,10 @@ pub fn parse_sample(index: usize, item: &Value) -> Result<Sample, Vec<SampleErro
         err("", "a sample must be a JSON object".into());
         return Err(errors);
     };
+    if let Some(pointer) = skilleval_model::text::first_nul(item) {
+        err(&pointer, skilleval_model::text::NUL_RULE.into());
+        return Err(errors);
+    }
     for key in obj.keys() {
         if !KEYS.contains(&key.as_str()) {
             err(
@@ -361,7 +365,8 @@ mod tests {
             {"input": "hi", "output": "x", "observed_at": "yesterday", "tool_calls": [{"arguments": {}}]},
             "not an object",
             {"sample_id": "d", "input": {"messages": []}, "output": {"answer": 42}, "traceparent": "nope", "extra": 1},
-            {"sample_id": "e", "input": "q", "output": "a"}
+            {"sample_id": "e", "input": "q", "output": "a"},
+            {"sample_id": "f", "input": "q", "output": {"text": ["fine", "nul\0here"]}}
         ]);
         let parsed = parse_batch(batch.as_array().unwrap());
         let ids: Vec<(usize, &str)> = parsed
@@ -383,8 +388,13 @@ mod tests {
                 (1, "/tool_calls/0/name"),
                 (2, ""),
                 (3, "/extra"),
-                (3, "/traceparent")
+                (3, "/traceparent"),
+                (5, "/output/text/1")
             ]
+        );
+        assert_eq!(
+            parsed.errors.last().unwrap().message,
+            skilleval_model::text::NUL_RULE
         );
         let a = &parsed.samples[0].1;
         assert_eq!(a.tool_calls.as_ref().unwrap()[0].name, "lookup");

@@ -366,6 +366,11 @@ impl Package {
         }
         if streamed {
             let path = paths::join(&self.root, file);
+            // A NUL character is rare enough that its file is read whole to name where it is.
+            if holds_nul_escape_in(&path)? {
+                self.problems
+                    .extend(formats::nul_problem(file, &self.read(file)?));
+            }
             let opened = fs::File::open(&path).map_err(|e| PackageError::io(&path, e))?;
             if let Some(header) = formats::v2_header(file, opened) {
                 self.eval_file = file.to_string();
@@ -382,6 +387,7 @@ impl Package {
             }
         }
         let bytes = self.read(file)?;
+        self.problems.extend(formats::nul_problem(file, &bytes));
         let converted = formats::convert(file, &bytes)?;
         self.eval_file = file.to_string();
         self.format = Some(converted.format);
@@ -492,6 +498,32 @@ impl Package {
         self.trigger_file = Some(file.to_string());
         self.problems.extend(problems);
         Ok(())
+    }
+}
+
+/// [`formats::holds_nul_escape`] over a file read a block at a time (a streamed definition is
+/// never held whole unless it holds the escape).
+fn holds_nul_escape_in(path: &Path) -> Result<bool, PackageError> {
+    use std::io::Read as _;
+    const ESCAPE: usize = 6;
+    let mut file = fs::File::open(path).map_err(|e| PackageError::io(path, e))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    // The last ESCAPE - 1 bytes of a block are kept before the next one, so an escape split
+    // across two reads is seen.
+    let mut kept = 0;
+    loop {
+        let n = file
+            .read(&mut buf[kept..])
+            .map_err(|e| PackageError::io(path, e))?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let filled = kept + n;
+        if formats::holds_nul_escape(&buf[..filled]) {
+            return Ok(true);
+        }
+        kept = filled.min(ESCAPE - 1);
+        buf.copy_within(filled - kept..filled, 0);
     }
 }
 

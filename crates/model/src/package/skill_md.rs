@@ -99,6 +99,10 @@ pub fn parse(text: &str) -> (Option<SkillManifest>, Vec<Problem>) {
             }
         }
     };
+    // YAML refuses a raw NUL but not the escape `"\0"` in a double-quoted string.
+    if let Some(pointer) = crate::text::first_nul(&front) {
+        problems.push(Problem::error(SKILL_MD, pointer, crate::text::NUL_RULE));
+    }
     let Value::Object(front) = front else {
         problems.push(Problem::error(
             SKILL_MD,

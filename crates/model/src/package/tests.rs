@@ -89,3 +89,18 @@ fn declared_dependencies_are_read_when_the_package_opens_and_bad_ones_are_proble
     assert!(bad[0].message.contains("`pandas>>2`"), "{}", bad[0].message);
     assert!(bad[0].message.contains("line 2"), "{}", bad[0].message);
 }
+
+#[test]
+fn the_nul_escape_is_found_in_a_file_read_a_block_at_a_time_even_across_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.json");
+    // Every offset of the escape around the 64 KiB block boundary, and none at all.
+    for at in (64 * 1024 - 6)..=(64 * 1024 + 1) {
+        let mut bytes = vec![b' '; 70 * 1024];
+        bytes[at..at + 6].copy_from_slice(b"\\u0000");
+        fs::write(&path, &bytes).unwrap();
+        assert!(holds_nul_escape_in(&path).unwrap(), "escape at {at}");
+    }
+    fs::write(&path, vec![b' '; 200 * 1024]).unwrap();
+    assert!(!holds_nul_escape_in(&path).unwrap());
+}
