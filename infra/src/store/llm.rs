@@ -332,7 +332,12 @@ impl PgResponseCache {
             if let Some(owner) = e.owner {
                 links.insert((e.key.clone(), owner));
             }
-            if let Some(response) = e.response {
+            // An answer holding the NUL character cannot be stored (`jsonb` refuses it) and
+            // must not be replayed altered: it is not cached (the request is sent again).
+            if let Some(response) = e
+                .response
+                .filter(|r| skilleval_model::text::first_nul(r).is_none())
+            {
                 keys.push(e.key);
                 providers.push(e.provider);
                 models.push(e.model);

@@ -11,12 +11,14 @@
 //! coordinator then writes off the cases never recorded. Deadlocks and lost connections are
 //! transient ([`super::StoreError::is_transient`]): the batch is retried.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use skilleval_analysis::budget::BUDGET_EXCEEDED;
 use skilleval_execution::result::{CaseStatus, JobResult};
 use skilleval_execution::variant::Variant;
+use skilleval_model::text::{replace_nul, replace_nul_in_json};
 use uuid::Uuid;
 
 use super::lifecycle::{self, RunState, StopReason};
@@ -169,7 +171,10 @@ impl RunSpend {
 /// The batch as parallel arrays, one per column (what `UNNEST` takes). Strings are borrowed
 /// from the results; JSON columns are sent as the text PostgreSQL parses into `jsonb`, written
 /// straight from the result (building `serde_json::Value`s first, and cloning `details`, was a
-/// fifth of a worker's CPU at 100,000 given-output cases).
+/// fifth of a worker's CPU at 100,000 given-output cases). PostgreSQL's `text` and `jsonb`
+/// cannot hold the NUL character, which a skill's output may: in the free-text columns and in
+/// every JSON column it is stored as `␀` ([`skilleval_model::text::NUL_STAND_IN`]), so the
+/// result is recorded (the grade was taken on the output as produced).
 #[derive(Default)]
 struct Columns<'a> {
     run_id: Vec<Uuid>,
@@ -178,10 +183,10 @@ struct Columns<'a> {
     strategy: Vec<&'a str>,
     score: Vec<Option<f64>>,
     rubric_scores: Vec<Option<String>>,
-    feedback: Vec<Option<&'a str>>,
-    output: Vec<Option<&'a str>>,
+    feedback: Vec<Option<Cow<'a, str>>>,
+    output: Vec<Option<Cow<'a, str>>>,
     output_truncated: Vec<bool>,
-    expected_output: Vec<Option<&'a str>>,
+    expected_output: Vec<Option<Cow<'a, str>>>,
     matched_patterns: Vec<Option<String>>,
     schema_errors: Vec<Option<String>>,
     duration_ms: Vec<i64>,
@@ -201,7 +206,7 @@ struct Columns<'a> {
     result: Vec<String>,
     started_at: Vec<DateTime<Utc>>,
     finished_at: Vec<DateTime<Utc>>,
-    name: Vec<&'a str>,
+    name: Vec<Cow<'a, str>>,
     case_index: Vec<i32>,
     configuration: Vec<&'static str>,
     run_number: Vec<i32>,
@@ -212,7 +217,9 @@ fn int8(n: u64) -> i64 {
 }
 
 fn json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(serialising)
+    serde_json::to_string(v)
+        .map(replace_nul_in_json)
+        .map_err(serialising)
 }
 
 fn serialising(e: serde_json::Error) -> StoreError {
@@ -231,10 +238,11 @@ impl<'a> Columns<'a> {
         self.score.push(r.score);
         self.rubric_scores
             .push(r.rubric_scores.as_ref().map(json).transpose()?);
-        self.feedback.push(r.feedback.as_deref());
-        self.output.push(r.output.as_deref());
+        self.feedback.push(r.feedback.as_deref().map(replace_nul));
+        self.output.push(r.output.as_deref().map(replace_nul));
         self.output_truncated.push(r.output_truncated);
-        self.expected_output.push(r.expected_output.as_deref());
+        self.expected_output
+            .push(r.expected_output.as_deref().map(replace_nul));
         self.matched_patterns
             .push(r.matched_patterns.as_ref().map(json).transpose()?);
         self.schema_errors
@@ -260,7 +268,7 @@ impl<'a> Columns<'a> {
         self.result.push(json(r)?);
         self.started_at.push(r.started_at);
         self.finished_at.push(r.finished_at);
-        self.name.push(&r.name);
+        self.name.push(replace_nul(&r.name));
         self.case_index
             .push(i32::try_from(r.case_index).unwrap_or(i32::MAX));
         self.configuration.push(r.variant.configuration.as_str());

@@ -231,6 +231,9 @@ async fn the_write_behind_cache_stores_every_answer_in_batches_the_last_put_winn
     // later: the last answer wins either way.
     cache.put("wb-dup", &json!({"text": "first"})).await;
     cache.put("wb-dup", &json!({"text": "second"})).await;
+    // An answer holding the NUL character (`jsonb` refuses it) is not cached, and does not
+    // cost its batch the others.
+    cache.put("wb-nul", &json!({"text": "a\0b"})).await;
     for i in 0..300 {
         cache
             .put(
@@ -255,6 +258,11 @@ async fn the_write_behind_cache_stores_every_answer_in_batches_the_last_put_winn
     }
     assert_eq!(stored().await, 301, "every answer stored once");
     assert_eq!(cache.get("wb-dup").await, Some(json!({"text": "second"})));
+    assert_eq!(
+        cache.get("wb-nul").await,
+        None,
+        "an answer with NUL is not cached"
+    );
     assert_eq!(
         cache.get("wb-299").await,
         Some(json!({"text": "answer 299", "model": "m"}))

@@ -455,3 +455,26 @@ async fn concurrent_batch_publishes_land_every_job_once() {
             .collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn an_output_holding_the_nul_character_is_recorded() {
+    let env = TestEnv::new().await;
+    let seeded = env.seed_run(1, &Produce::Given { fail_every: 0 }).await;
+    let mut result = JobResult::skipped(&seeded.jobs[0], "x");
+    result.status = CaseStatus::Failed;
+    result.score = Some(0.0);
+    result.output = Some("before\0after".into());
+    result.feedback = Some("expected `ok`, got `before\0after`".into());
+    result.details = serde_json::json!({ "output": "before\0after", "note\0": 1 });
+    let changed = env.store.record_results(&[result]).await.unwrap();
+    assert_eq!(changed.len(), 1);
+    let (output, details): (String, serde_json::Value) =
+        sqlx::query_as("SELECT output, details FROM eval_results WHERE run_id = $1")
+            .bind(seeded.run_id)
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(output, "before\u{2400}after");
+    assert_eq!(details["output"], "before\u{2400}after");
+    env.assert_run_consistent(&seeded).await;
+}
