@@ -49,21 +49,20 @@ async fn agent_app(
     (app, model, turns)
 }
 
+/// The skill the near-duplicate collides with.
+fn invoice_tables() -> Vec<u8> {
+    package(
+        "invoice-tables",
+        PDF,
+        &["extract tables from this invoice PDF"],
+    )
+}
+
 #[tokio::test]
 async fn in_agent_mode_the_skill_md_the_agent_opens_is_the_pick() {
     let (app, model, turns) = agent_app(|s| s.coordinator.catalogue.runs_per_query = 2).await;
     let alice = token(&app, "alice").await;
-    upload(
-        &app,
-        &alice,
-        package(
-            "invoice-tables",
-            PDF,
-            &["extract tables from this invoice PDF"],
-        ),
-        "",
-    )
-    .await;
+    upload(&app, &alice, invoice_tables(), "").await;
     settled(&app, &alice, "invoice-tables").await;
     upload(&app, &alice, weather(), "").await;
     settled(&app, &alice, "weather").await;
@@ -122,17 +121,7 @@ async fn agent_mode_without_a_sandbox_fails_the_eval_as_a_configuration_problem(
     })
     .await;
     let alice = token(&app, "alice").await;
-    upload(
-        &app,
-        &alice,
-        package(
-            "invoice-tables",
-            PDF,
-            &["extract tables from this invoice PDF"],
-        ),
-        "",
-    )
-    .await;
+    upload(&app, &alice, invoice_tables(), "").await;
     let (v, body) = settled(&app, &alice, "invoice-tables").await;
     assert_eq!(v["latest"]["status"], "failed", "{body}");
     let error = v["latest"]["error"].as_str().unwrap_or_default();

@@ -131,6 +131,19 @@ async fn token(app: &TestApp, publisher: &str) -> String {
     answer["token"].as_str().unwrap().to_string()
 }
 
+/// Uploads [`model_skill`] `name` as `token`'s and waits for its upload run to pass (the
+/// reference run a matrix cell is compared with); the upload's answer.
+async fn upload_passing(app: &TestApp, token: &str, name: &str) -> Value {
+    let upload = app.upload_zip_as(model_skill(name), token).await;
+    let run_id = upload["run_id"]
+        .as_str()
+        .expect("an upload run")
+        .to_string();
+    let run = wait_for_verdict(app, token, &run_id).await;
+    assert_eq!(run["verdict"], "pass", "{name}: {run}");
+    upload
+}
+
 async fn wait_for_verdict(app: &TestApp, token: &str, run_id: &str) -> Value {
     for _ in 0..1_200 {
         let (_, run) = send(app, Method::GET, &format!("/v1/runs/{run_id}"), token, None).await;
@@ -209,13 +222,7 @@ async fn the_matrix_flags_exactly_the_skill_and_model_made_worse() {
 
     // The reference runs: each skill uploaded, produced by the default provider, passing.
     for name in ["alpha", "beta", "gamma"] {
-        let upload = app.upload_zip_as(model_skill(name), &alice).await;
-        let run_id = upload["run_id"]
-            .as_str()
-            .expect("an upload run")
-            .to_string();
-        let run = wait_for_verdict(&app, &alice, &run_id).await;
-        assert_eq!(run["verdict"], "pass", "{name}: {run}");
+        upload_passing(&app, &alice, name).await;
     }
     let runs_before = app.count("runs").await;
 
@@ -498,14 +505,8 @@ async fn matrix_creation_is_all_or_nothing_on_quotas_idempotent_and_resumable() 
     let alice = token(&app, "alice").await;
     let mut versions = Vec::new();
     for name in ["alpha", "beta"] {
-        let upload = app.upload_zip_as(model_skill(name), &alice).await;
+        let upload = upload_passing(&app, &alice, name).await;
         versions.push(upload["version_id"].as_str().unwrap().to_string());
-        let run_id = upload["run_id"]
-            .as_str()
-            .expect("an upload run")
-            .to_string();
-        let run = wait_for_verdict(&app, &alice, &run_id).await;
-        assert_eq!(run["verdict"], "pass", "{name}: {run}");
     }
     let runs_before = app.count("runs").await;
     let doc = crate::openapi::doc();
