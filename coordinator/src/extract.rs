@@ -62,16 +62,12 @@ where
 /// character is refused, naming where it is ([`skilleval_model::text::NUL_RULE`]): JSON can
 /// only carry it escaped, so bodies without the escape `\u0000` skip the search.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    if bytes.windows(6).any(|w| w == b"\\u0000") {
-        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
-            if let Some(pointer) = skilleval_model::text::first_nul(&value) {
-                return Err(ApiError::invalid_field(
-                    "invalid_body",
-                    &pointer,
-                    skilleval_model::text::NUL_RULE,
-                ));
-            }
-        }
+    if let Some(pointer) = skilleval_model::text::nul_in_json(bytes) {
+        return Err(ApiError::invalid_field(
+            "invalid_body",
+            &pointer,
+            skilleval_model::text::NUL_RULE,
+        ));
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
@@ -119,10 +115,10 @@ pub async fn refuse_nul(request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string());
+        .map(MatchedPath::as_str);
     let uri = request.uri();
-    let found = nul_in_path(uri.path(), route.as_deref())
-        .or_else(|| nul_in_query(uri.query().unwrap_or_default()));
+    let found =
+        nul_in_path(uri.path(), route).or_else(|| nul_in_query(uri.query().unwrap_or_default()));
     match found {
         Some(e) => e.into_response(),
         None => next.run(request).await,

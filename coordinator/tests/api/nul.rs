@@ -33,15 +33,20 @@ async fn a_nul_character_is_refused_naming_where_it_is_and_stores_nothing() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["code"], "invalid_query", "{body}");
     assert_eq!(body["error"]["details"]["field"], "skill", "{body}");
+    assert_eq!(body["error"]["details"]["rule"], NUL_RULE, "{body}");
 
-    // Paths: no such skill or run can hold it.
-    for path in [
-        "/v1/skills/x%00y",
-        "/v1/skills/x%00y/history",
-        "/v1/skills/x%00y/versions/1.0%00/definition",
+    // Paths: the route's parameter is named (the first one holding it).
+    for (path, field) in [
+        ("/v1/skills/x%00y", "name"),
+        ("/v1/skills/x%00y/history", "name"),
+        ("/v1/skills/ok/versions/1.0%00/definition", "version"),
+        ("/v1/skills/x%00y/versions/1.0%00/definition", "name"),
     ] {
         let (status, body) = app.get_json(path).await;
-        assert!((400..500).contains(&status), "{path}: {status} {body}");
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_path", "{path}: {body}");
+        assert_eq!(body["error"]["details"]["field"], field, "{path}: {body}");
+        assert_eq!(body["error"]["details"]["rule"], NUL_RULE, "{path}: {body}");
     }
 
     // An upload whose SKILL.md, definition or trigger file holds it: 422 naming the file and

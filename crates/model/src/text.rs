@@ -29,7 +29,7 @@ pub fn replace_nul(s: &str) -> std::borrow::Cow<'_, str> {
 /// [`NUL_STAND_IN`]. JSON carries NUL only as the escape `\u0000`, so text without it is
 /// returned as it is, unparsed.
 pub fn replace_nul_in_json(text: String) -> String {
-    if !text.contains("\\u0000") {
+    if !holds_nul_escape(text.as_bytes()) {
         return text;
     }
     let Ok(mut value) = serde_json::from_str::<Value>(&text) else {
@@ -58,6 +58,22 @@ fn replace_nul_in_value(value: &mut Value) {
     }
 }
 
+/// Whether JSON text holds the escape `\u0000`, the only way JSON carries NUL (it also
+/// matches the text after an escaped backslash, which a parse tells apart): what lets every
+/// check below skip parsing text that cannot hold NUL.
+pub fn holds_nul_escape(json: &[u8]) -> bool {
+    json.windows(6).any(|w| w == b"\\u0000")
+}
+
+/// [`first_nul`] of JSON text: `None` when it holds no NUL or is not JSON (whoever parses it
+/// reports that). Parses only text that holds the escape.
+pub fn nul_in_json(json: &[u8]) -> Option<String> {
+    if !holds_nul_escape(json) {
+        return None;
+    }
+    first_nul(&serde_json::from_slice::<Value>(json).ok()?)
+}
+
 /// The JSON pointer of the first string (or object key) in `value` that holds the NUL
 /// character (U+0000), depth first in document order; `None` when there is none. A request
 /// whose text reaches PostgreSQL is refused with it naming the field, since `text` and
@@ -69,12 +85,14 @@ pub fn first_nul(value: &Value) -> Option<String> {
             .iter()
             .enumerate()
             .find_map(|(i, item)| first_nul(item).map(|rest| format!("/{i}{rest}"))),
+        // The pointer is built only on the way back from a find: no allocation per member.
         Value::Object(members) => members.iter().find_map(|(key, member)| {
-            let here = format!("/{}", escape_token(key));
-            if key.contains('\0') {
-                return Some(here);
-            }
-            first_nul(member).map(|rest| format!("{here}{rest}"))
+            let rest = if key.contains('\0') {
+                String::new()
+            } else {
+                first_nul(member)?
+            };
+            Some(format!("/{}{rest}", escape_token(key)))
         }),
         _ => None,
     }
@@ -188,6 +206,12 @@ mod tests {
             replaced,
             json!({"out": "x\u{2400}y", "k\u{2400}": ["\u{2400}", 1], "kept": "\\u0000"})
         );
+        assert_eq!(
+            nul_in_json(br#"{"a": [1, "x\u0000"]}"#),
+            Some("/a/1".to_string())
+        );
+        assert_eq!(nul_in_json(br#"{"a": "\\u0000"}"#), None);
+        assert_eq!(nul_in_json(br#"{"a": "\u0000"#), None, "not JSON");
         let plain = json!({"a": "\\u0000 is text"}).to_string();
         assert_eq!(replace_nul_in_json(plain.clone()), plain);
     }

@@ -501,7 +501,7 @@ impl Package {
     }
 }
 
-/// [`formats::holds_nul_escape`] over a file read a block at a time (a streamed definition is
+/// [`crate::text::holds_nul_escape`] over a file read a block at a time (a streamed definition is
 /// never held whole unless it holds the escape).
 fn holds_nul_escape_in(path: &Path) -> Result<bool, PackageError> {
     use std::io::Read as _;
@@ -519,7 +519,7 @@ fn holds_nul_escape_in(path: &Path) -> Result<bool, PackageError> {
             return Ok(false);
         }
         let filled = kept + n;
-        if formats::holds_nul_escape(&buf[..filled]) {
+        if crate::text::holds_nul_escape(&buf[..filled]) {
             return Ok(true);
         }
         kept = filled.min(ESCAPE - 1);

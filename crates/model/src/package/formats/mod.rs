@@ -457,21 +457,10 @@ fn convert_tests_json(value: Value, file: &str) -> Converted {
 /// The problem of a JSON file (an eval definition, a trigger file) holding the NUL character
 /// (U+0000), which no stored case id, prompt or query can hold, pointing at the first string
 /// or key that does; `None` when there is none or the file is not JSON (its syntax problem
-/// is reported by the conversion). JSON carries NUL only as the escape `\u0000`, so a file
-/// without it is not parsed again.
+/// is reported by the conversion).
 pub fn nul_problem(file: &str, bytes: &[u8]) -> Option<Problem> {
-    if !holds_nul_escape(bytes) {
-        return None;
-    }
-    let value: Value = serde_json::from_slice(bytes).ok()?;
-    let pointer = crate::text::first_nul(&value)?;
+    let pointer = crate::text::nul_in_json(bytes)?;
     Some(Problem::error(file, pointer, crate::text::NUL_RULE))
-}
-
-/// Whether `bytes` hold the JSON escape `\u0000` (also as text after an escaped backslash,
-/// which [`nul_problem`]'s parse tells apart).
-pub fn holds_nul_escape(bytes: &[u8]) -> bool {
-    bytes.windows(6).any(|w| w == b"\\u0000")
 }
 
 /// Parses JSON: `Err` refuses a non-UTF-8 file; `Ok(Err)` is a syntax problem with line and
